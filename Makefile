@@ -1,0 +1,38 @@
+# The README's two commands: `make demo` and `make test`. Each sets everything up on a
+# fresh machine that has only Python 3.11 and pip: a virtual environment in .venv,
+# segc installed into it (editable) with its test and mlx-lm extras, then the job.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install demo test lint typecheck pytest bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test,lm]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/segc demo
+
+lint: $(STAMP)
+	$(BIN)/ruff format --check segc tests benchmarks
+	$(BIN)/ruff check segc tests benchmarks
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+pytest: $(STAMP)
+	$(BIN)/python -m pytest
+
+test: lint typecheck pytest
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_llama.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

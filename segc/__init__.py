@@ -1,0 +1,39 @@
+"""segc: a tracing compiler that runs MLX models as boundary segments, bit-identically."""
+
+from .errors import IRError as IRError
+from .errors import ScheduleError as ScheduleError
+from .errors import SegcError as SegcError
+from .errors import SignatureError as SignatureError
+from .errors import TraceError as TraceError
+from .errors import UnsupportedPrimitive as UnsupportedPrimitive
+from .ir import Graph as Graph
+from .ir import parse as parse
+from .ir import segments as segments
+from .ir import verify as verify
+from .jit import Compiled as Compiled
+from .jit import Jitted as Jitted
+from .jit import Lowered as Lowered
+from .jit import Traced as Traced
+from .jit import jit as jit
+from .trace import boundary as boundary
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Compiled",
+    "Graph",
+    "IRError",
+    "Jitted",
+    "Lowered",
+    "ScheduleError",
+    "SegcError",
+    "SignatureError",
+    "TraceError",
+    "Traced",
+    "UnsupportedPrimitive",
+    "boundary",
+    "jit",
+    "parse",
+    "segments",
+    "verify",
+]

@@ -1,0 +1,1 @@
+"""Subcommands of the segc CLI (one module each)."""

@@ -1,0 +1,72 @@
+"""Short dtype names used by the IR text, and conversions to MLX and NumPy."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+# short name -> (mlx dtype, numpy dtype used to hold its raw bytes)
+_TABLE: dict[str, tuple[mx.Dtype, type]] = {
+    "bool": (mx.bool_, np.bool_),
+    "u8": (mx.uint8, np.uint8),
+    "u16": (mx.uint16, np.uint16),
+    "u32": (mx.uint32, np.uint32),
+    "u64": (mx.uint64, np.uint64),
+    "i8": (mx.int8, np.int8),
+    "i16": (mx.int16, np.int16),
+    "i32": (mx.int32, np.int32),
+    "i64": (mx.int64, np.int64),
+    "f16": (mx.float16, np.float16),
+    "bf16": (mx.bfloat16, np.uint16),  # NumPy has no bfloat16: raw bits as u16
+    "f32": (mx.float32, np.float32),
+    "f64": (mx.float64, np.float64),
+    "c64": (mx.complex64, np.complex64),
+}
+_BY_MX = {v[0]: k for k, v in _TABLE.items()}
+
+
+def short(dtype: mx.Dtype) -> str:
+    """The IR's short name of an MLX dtype (``mx.float32`` -> ``"f32"``)."""
+    return _BY_MX[dtype]
+
+
+def to_mx(name: str) -> mx.Dtype:
+    return _TABLE[name][0]
+
+
+def is_dtype_name(name: str) -> bool:
+    return name in _TABLE
+
+
+def itemsize(name: str) -> int:
+    return to_mx(name).size
+
+
+def to_bytes(a: mx.array) -> bytes:
+    """Raw little-endian bytes of an evaluated array (bf16 as its 16-bit patterns)."""
+    if a.dtype == mx.bfloat16:
+        a = a.view(mx.uint16)
+    return np.ascontiguousarray(np.array(a, copy=False)).tobytes()
+
+
+def from_bytes(raw: bytes, shape: tuple[int, ...], name: str) -> mx.array:
+    npdt = _TABLE[name][1]
+    arr = np.frombuffer(raw, dtype=npdt).reshape(shape)
+    if name == "bf16":
+        return mx.array(arr).view(mx.bfloat16)
+    return mx.array(arr)
+
+
+def to_numpy(raw: bytes, shape: tuple[int, ...], name: str) -> np.ndarray:
+    """Values as NumPy (bf16 widened to f32 exactly), for printing."""
+    arr = np.frombuffer(raw, dtype=_TABLE[name][1]).reshape(shape)
+    if name == "bf16":
+        return (arr.astype(np.uint32) << 16).view(np.float32)
+    return arr
+
+
+def from_values(values: list, shape: tuple[int, ...], name: str) -> bytes:
+    if name == "bf16":
+        f = np.asarray(values, dtype=np.float32).reshape(shape)
+        return (f.view(np.uint32) >> 16).astype(np.uint16).tobytes()
+    return np.asarray(values, dtype=_TABLE[name][1]).reshape(shape).tobytes()

@@ -1,0 +1,96 @@
+"""A minimal pytree: tuples, lists, dicts and None are nodes; everything else a leaf.
+
+Array leaves become graph inputs; hashable Python scalars and strings are *static*
+leaves, kept inside the tree definition so they are part of the trace-cache key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+
+from .errors import TraceError
+
+STATIC_TYPES = (bool, int, float, str, bytes, type(None))
+
+
+@dataclass(frozen=True, slots=True)
+class TreeDef:
+    kind: str  # "leaf" | "static" | "tuple" | "list" | "dict" | "none"
+    children: tuple[TreeDef, ...] = ()
+    keys: tuple[Any, ...] = ()  # dict keys, or the static value (one element)
+
+    @property
+    def num_leaves(self) -> int:
+        if self.kind == "leaf":
+            return 1
+        return sum(c.num_leaves for c in self.children)
+
+    def __str__(self) -> str:
+        if self.kind == "leaf":
+            return "*"
+        if self.kind == "static":
+            return repr(self.keys[0])
+        if self.kind == "none":
+            return "None"
+        inner = ", ".join(
+            f"{k!r}: {c}" if self.kind == "dict" else str(c) for k, c in zip(self.keys or [None] * len(self.children), self.children)
+        )
+        return {"tuple": f"({inner})", "list": f"[{inner}]", "dict": f"{{{inner}}}"}[self.kind]
+
+
+def flatten(tree: Any, path: str = "", *, what: str = "argument") -> tuple[list[mx.array], list[str], TreeDef]:
+    """Leaves (arrays), their paths, and the tree definition.
+
+    Raises :class:`TraceError` for a leaf that is neither an array nor a static scalar,
+    naming its path.
+    """
+    leaves: list[mx.array] = []
+    paths: list[str] = []
+
+    def go(x: Any, p: str) -> TreeDef:
+        if isinstance(x, mx.array):
+            leaves.append(x)
+            paths.append(p)
+            return TreeDef("leaf")
+        if x is None:
+            return TreeDef("none")
+        if isinstance(x, tuple | list):
+            kids = tuple(go(v, f"{p}[{i}]") for i, v in enumerate(x))
+            return TreeDef("tuple" if isinstance(x, tuple) else "list", kids)
+        if isinstance(x, dict):
+            keys = tuple(x.keys())
+            kids = tuple(go(x[k], f"{p}[{k!r}]") for k in keys)
+            return TreeDef("dict", kids, keys)
+        if isinstance(x, STATIC_TYPES):
+            return TreeDef("static", (), (x,))
+        raise TraceError(
+            f"{what} {p or '<root>'} is a {type(x).__module__}.{type(x).__qualname__}; "
+            "segc traces mx.array leaves (convert with mx.array) and hashable static "
+            "values (int, float, bool, str, None) inside tuples, lists and dicts"
+        )
+
+    td = go(tree, path)
+    return leaves, paths, td
+
+
+def unflatten(td: TreeDef, leaves: list[Any]) -> Any:
+    it = iter(leaves)
+
+    def go(t: TreeDef) -> Any:
+        if t.kind == "leaf":
+            return next(it)
+        if t.kind == "static":
+            return t.keys[0]
+        if t.kind == "none":
+            return None
+        kids = [go(c) for c in t.children]
+        if t.kind == "tuple":
+            return tuple(kids)
+        if t.kind == "list":
+            return kids
+        return dict(zip(t.keys, kids))
+
+    return go(td)
