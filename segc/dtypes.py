@@ -51,7 +51,7 @@ def to_bytes(a: mx.array) -> bytes:
 
 def from_bytes(raw: bytes, shape: tuple[int, ...], name: str) -> mx.array:
     npdt = _TABLE[name][1]
-    arr = np.frombuffer(raw, dtype=npdt).reshape(shape)
+    arr: np.ndarray = np.frombuffer(raw, dtype=npdt).reshape(shape)
     if name == "bf16":
         return mx.array(arr).view(mx.bfloat16)
     return mx.array(arr)
@@ -59,7 +59,7 @@ def from_bytes(raw: bytes, shape: tuple[int, ...], name: str) -> mx.array:
 
 def to_numpy(raw: bytes, shape: tuple[int, ...], name: str) -> np.ndarray:
     """Values as NumPy (bf16 widened to f32 exactly), for printing."""
-    arr = np.frombuffer(raw, dtype=_TABLE[name][1]).reshape(shape)
+    arr: np.ndarray = np.frombuffer(raw, dtype=_TABLE[name][1]).reshape(shape)
     if name == "bf16":
         return (arr.astype(np.uint32) << 16).view(np.float32)
     return arr

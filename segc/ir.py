@@ -288,10 +288,7 @@ def segment_header(g: Graph, s: Segment) -> str:
     n = sum(1 for e in g.eqns[s.start : s.stop] if not e.is_pseudo)
     inb = sum(vs[v].nbytes for v in s.inputs)
     outb = sum(vs[v].nbytes for v in s.outputs)
-    return (
-        f"  -- segment {s.index} {s.name!r}: {n} eqns, in {len(s.inputs)} ({inb} B), "
-        f"out {len(s.outputs)} ({outb} B)"
-    )
+    return f"  -- segment {s.index} {s.name!r}: {n} eqns, in {len(s.inputs)} ({inb} B), out {len(s.outputs)} ({outb} B)"
 
 
 def to_text(g: Graph, headers: bool = True) -> str:
@@ -341,7 +338,9 @@ def _parse_var(s: str, ctx: str) -> Var:
 
 def _split_top(s: str) -> list[str]:
     """Split on commas that are not inside brackets or quotes."""
-    out, depth, cur, q = [], 0, [], False
+    out: list[str] = []
+    cur: list[str] = []
+    depth, q = 0, False
     for ch in s:
         if ch == '"':
             q = not q

@@ -44,9 +44,9 @@ class Signature:
             if a != b:
                 return f"array argument {k}: {_aval(*a)} -> {_aval(*b)}"
         if old.params != self.params:
-            for a, b in zip(old.params, self.params):
-                if a != b:
-                    return f"parameter {b[0]!r}: {_aval(*a[1:])} -> {_aval(*b[1:])}"
+            for p, q in zip(old.params, self.params):
+                if p != q:
+                    return f"parameter {q[0]!r}: {_aval(p[1], p[2])} -> {_aval(q[1], q[2])}"
             return "the module's parameter set changed"
         return "a different signature"
 
@@ -151,9 +151,8 @@ class Jitted:
         self.boundaries = [boundaries] if isinstance(boundaries, str) else list(boundaries or [])
         if self.boundaries and self.module is None:
             raise TraceError("boundaries= globs name submodules: pass an nn.Module to segc.jit")
-        if self.module is not None and self.boundaries:
-            if not tracing.matching_modules(self.module, self.boundaries):
-                raise TraceError(f"boundaries {self.boundaries} match no submodule of {type(self.module).__name__}")
+        if self.module is not None and self.boundaries and not tracing.matching_modules(self.module, self.boundaries):
+            raise TraceError(f"boundaries {self.boundaries} match no submodule of {type(self.module).__name__}")
         self.static_argnums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
         self.static_argnames = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
         self.drain = drain
@@ -166,7 +165,7 @@ class Jitted:
     # ----------------------------------------------------------------- signature
 
     def _split(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, tuple]:
-        static = []
+        static: list[tuple[str, Any, Any]] = []
         for i in self.static_argnums:
             if i >= len(args):
                 raise SignatureError(f"static_argnums has {i} but {self.name} got {len(args)} positional arguments")
@@ -180,7 +179,9 @@ class Jitted:
             try:
                 hash(v)
             except TypeError:
-                raise SignatureError(f"static argument {where!r} of {self.name} is not hashable ({type(v).__name__})") from None
+                raise SignatureError(
+                    f"static argument {where!r} of {self.name} is not hashable ({type(v).__name__})"
+                ) from None
         return dyn_args, dyn_kw, tuple(static)
 
     def _abstract(self, args: tuple, kwargs: dict) -> tuple[Signature, list[mx.array], dict[str, mx.array]]:
@@ -241,16 +242,15 @@ class Jitted:
 
         t0 = time.perf_counter()
         try:
-            if True:
-                tr = tracing.trace(
-                    fn,
-                    leaves,
-                    [_pretty_path(p) for p in paths],
-                    rebuild,
-                    params=params,
-                    bind_params=bind if module is not None else None,
-                    name=self.name,
-                )
+            tr = tracing.trace(
+                fn,
+                leaves,
+                [_pretty_path(p) for p in paths],
+                rebuild,
+                params=params,
+                bind_params=bind if module is not None else None,
+                name=self.name,
+            )
         finally:
             if module is not None and original is not None:
                 module.update(original)

@@ -198,9 +198,7 @@ def _gather(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
     """
     x, idx = ins[0], ins[1:]
     axes, sizes = list(args[0]), list(args[1])
-    ok = all(sizes[a] == 1 for a in axes) and all(
-        sizes[d] == x.shape[d] for d in range(x.ndim) if d not in axes
-    )
+    ok = all(sizes[a] == 1 for a in axes) and all(sizes[d] == x.shape[d] for d in range(x.ndim) if d not in axes)
     if not ok or axes != sorted(axes):
         raise UnsupportedPrimitive("Gather", f"axes={axes} slice_sizes={sizes} has no MLX op")
     out = mx.take(x, idx[0], axis=axes[0]) if len(axes) == 1 else None

@@ -36,7 +36,8 @@ class TreeDef:
         if self.kind == "none":
             return "None"
         inner = ", ".join(
-            f"{k!r}: {c}" if self.kind == "dict" else str(c) for k, c in zip(self.keys or [None] * len(self.children), self.children)
+            f"{k!r}: {c}" if self.kind == "dict" else str(c)
+            for k, c in zip(self.keys or [None] * len(self.children), self.children)
         )
         return {"tuple": f"({inner})", "list": f"[{inner}]", "dict": f"{{{inner}}}"}[self.kind]
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 import mlx.nn as nn
 
 from . import dtypes
@@ -58,7 +59,7 @@ def boundary(x: Any, name: str = "boundary") -> Any:
 def _marker_name(value: mx.array) -> str | None:
     if value.dtype != mx.uint8 or value.ndim != 1 or value.size < len(_MAGIC):
         return None
-    raw = bytes(value.tolist())
+    raw = bytes(np.array(value, copy=False).tobytes())
     return raw[len(_MAGIC) :].decode() if raw.startswith(_MAGIC) else None
 
 
@@ -201,7 +202,7 @@ def trace(
         return outs
 
     try:
-        mx.export_function(records.append, traced, *arg_leaves, **params)
+        mx.export_function(records.append, traced, *arg_leaves, **params)  # type: ignore[arg-type]
     except (TraceError, UnsupportedPrimitive):
         raise
     except ValueError as exc:

@@ -36,7 +36,9 @@ def run(args: argparse.Namespace) -> int:
     lowered = step.lower(x)
     t_lower = time.perf_counter() - t0
     g = lowered.graph
-    print(f"segc demo: mlx-lm llama, {args.layers} layers, hidden {args.hidden}, {args.tokens} tokens, {mx.default_device()}")
+    print(
+        f"segc demo: mlx-lm llama, {args.layers} layers, hidden {args.hidden}, {args.tokens} tokens, {mx.default_device()}"
+    )
     print(f"traced {len(g.eqns)} equations, {len(g.inputs)} inputs, in {t_lower * 1e3:.1f} ms")
     print(f"{len(lowered.segments)} segments (boundary after every layers.*):")
     for s in lowered.segments:

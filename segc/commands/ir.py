@@ -20,7 +20,11 @@ def run(args: argparse.Namespace) -> int:
     from segc.models import tiny_llama
 
     if args.check:
-        text = sys.stdin.read() if args.check == "-" else open(args.check).read()
+        if args.check == "-":
+            text = sys.stdin.read()
+        else:
+            with open(args.check) as f:
+                text = f.read()
         print(segc.parse(text).as_text(), end="")
         return 0
     model = tiny_llama(num_hidden_layers=args.layers)
