@@ -388,8 +388,8 @@ def parse(text: str) -> Graph:
                 elif val.startswith("hex:"):
                     value = dtypes.from_bytes(bytes.fromhex(val[4:]), var.shape, var.dtype)
                 else:
-                    raw = dtypes.from_values(json.loads(val), var.shape, var.dtype)
-                    value = dtypes.from_bytes(raw, var.shape, var.dtype)
+                    raw_c = dtypes.from_values(json.loads(val), var.shape, var.dtype)
+                    value = dtypes.from_bytes(raw_c, var.shape, var.dtype)
                 consts.append(Const(var, value))
             elif ln.startswith("return "):
                 inner = ln[len("return ") :].strip()[1:-1]

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
-import numpy as np
 import mlx.nn as nn
+import numpy as np
 
 from . import dtypes
 from .errors import TraceError, UnsupportedPrimitive
