@@ -186,7 +186,7 @@ class Jitted:
 
     def _abstract(self, args: tuple, kwargs: dict) -> tuple[Signature, list[mx.array], dict[str, mx.array]]:
         dyn_args, dyn_kw, static = self._split(args, kwargs)
-        leaves, _, td = flatten((dyn_args, dyn_kw, static), what="argument")
+        leaves, _, td = flatten((dyn_args, dyn_kw, static), what="argument", names=_ROOTS)
         params = self._params()
         sig = Signature(
             td,
@@ -215,7 +215,7 @@ class Jitted:
 
     def _trace(self, sig: Signature, args: tuple, kwargs: dict, leaves: list[mx.array], params: dict) -> Traced:
         dyn_args, dyn_kw, static = self._split(args, kwargs)
-        _, paths, td = flatten((dyn_args, dyn_kw, static), what="argument")
+        _, paths, td = flatten((dyn_args, dyn_kw, static), what="argument", names=_ROOTS)
 
         def rebuild(xs: list[mx.array]) -> tuple[tuple, dict]:
             d_args, d_kw, st = unflatten(td, xs)
@@ -245,7 +245,7 @@ class Jitted:
             tr = tracing.trace(
                 fn,
                 leaves,
-                [_pretty_path(p) for p in paths],
+                paths,
                 rebuild,
                 params=params,
                 bind_params=bind if module is not None else None,
@@ -286,13 +286,7 @@ def _short(dt: mx.Dtype) -> str:
     return short(dt)
 
 
-def _pretty_path(p: str) -> str:
-    # flatten paths look like "[0][0][1]" for (args, kwargs, static); show "args[0][1]"
-    if p.startswith("[0]"):
-        return "args" + p[3:]
-    if p.startswith("[1]"):
-        return "kwargs" + p[3:]
-    return p
+_ROOTS = ("args", "kwargs", "static")
 
 
 def jit(fn: Callable[..., Any] | None = None, **options: Any) -> Any:

@@ -42,11 +42,14 @@ class TreeDef:
         return {"tuple": f"({inner})", "list": f"[{inner}]", "dict": f"{{{inner}}}"}[self.kind]
 
 
-def flatten(tree: Any, path: str = "", *, what: str = "argument") -> tuple[list[mx.array], list[str], TreeDef]:
+def flatten(
+    tree: Any, path: str = "", *, what: str = "argument", names: tuple[str, ...] | None = None
+) -> tuple[list[mx.array], list[str], TreeDef]:
     """Leaves (arrays), their paths, and the tree definition.
 
-    Raises :class:`TraceError` for a leaf that is neither an array nor a static scalar,
-    naming its path.
+    ``names`` labels the children of a root tuple (``("args", "kwargs")`` gives paths
+    like ``args[0]['k']``). Raises :class:`TraceError` for a leaf that is neither an
+    array nor a static scalar, naming its path.
     """
     leaves: list[mx.array] = []
     paths: list[str] = []
@@ -73,6 +76,9 @@ def flatten(tree: Any, path: str = "", *, what: str = "argument") -> tuple[list[
             "values (int, float, bool, str, None) inside tuples, lists and dicts"
         )
 
+    if names is not None and isinstance(tree, tuple):
+        kids = tuple(go(v, n) for v, n in zip(tree, names))
+        return leaves, paths, TreeDef("tuple", kids)
     td = go(tree, path)
     return leaves, paths, td
 
