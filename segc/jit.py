@@ -18,13 +18,16 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten, tree_unflatten
+from mlx.utils import tree_unflatten
 
+from . import state as st
 from . import trace as tracing
+from .dtypes import short as _dtype_short
 from .errors import SignatureError, TraceError
 from .ir import Graph, Segment, segments, verify
 from .pytree import TreeDef, flatten, unflatten
 from .runtime.executor import Executor
+from .runtime.params import ParamGatherer, ParamSig
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,7 @@ class Signature:
     tree: TreeDef
     leaves: tuple[tuple[tuple[int, ...], str], ...]
     params: tuple[tuple[str, tuple[int, ...], str], ...]
+    state: tuple[tuple, ...] = ()
 
     def explain_change(self, old: Signature | None) -> str:
         if old is None:
@@ -48,11 +52,30 @@ class Signature:
                 if p != q:
                     return f"parameter {q[0]!r}: {_aval(p[1], p[2])} -> {_aval(q[1], q[2])}"
             return "the module's parameter set changed"
+        if old.state != self.state:
+            if len(old.state) != len(self.state):
+                return f"number of state objects: {len(old.state)} -> {len(self.state)}"
+            for k, (a, b) in enumerate(zip(old.state, self.state)):
+                if a != b:
+                    return f"state[{k}]: {_state_str(a)} -> {_state_str(b)}"
         return "a different signature"
 
 
 def _aval(shape: tuple[int, ...], dtype: str) -> str:
     return f"{dtype}[{','.join(map(str, shape))}]"
+
+
+def _state_str(key: tuple) -> str:
+    def one(x: Any) -> str:
+        if isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], tuple) and isinstance(x[1], str):
+            return _aval(*x)
+        if isinstance(x, tuple) and len(x) == 3 and x[1] in ("array", "static"):
+            return f"{x[0]}={one(x[2])}"
+        if isinstance(x, tuple):
+            return "(" + ", ".join(one(y) for y in x) + ")"
+        return str(x)
+
+    return f"{key[0]}{one(tuple(key[1:]))}"
 
 
 @dataclass
@@ -61,6 +84,8 @@ class CacheInfo:
     misses: int = 0
     retraces: list[str] = field(default_factory=list)
     trace_seconds: float = 0.0
+    # traces abandoned because a state object had to grow or switch to exact mode first
+    aborted: list[str] = field(default_factory=list)
 
     @property
     def traces(self) -> int:
@@ -72,6 +97,8 @@ class Traced:
 
     def __init__(self, jitted: Jitted, sig: Signature, graph: Graph, out_tree: TreeDef):
         self.jitted, self.signature, self.graph, self.out_tree = jitted, sig, graph, out_tree
+        self.commits: tuple[st.Commit, ...] = ()  # per state object: how its outputs are written back
+        self.exact: frozenset[int] = frozenset()  # state objects traced in exact mode
 
     def as_text(self) -> str:
         return self.graph.as_text()
@@ -111,6 +138,9 @@ class Compiled:
         t = lowered.traced
         self.signature = t.signature
         self.out_tree = t.out_tree
+        self.commits = t.commits
+        self.exact = t.exact
+        self._n_state_out = sum(len(c.outputs) for c in self.commits)
         self._param_order = [i.path for i in self.graph.inputs if i.kind == "param"]
 
     @property
@@ -121,16 +151,27 @@ class Compiled:
         return self.graph.as_text()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        sig, leaves, params = self.lowered.traced.jitted._abstract(args, kwargs)
+        jitted = self.lowered.traced.jitted
+        args, kwargs, objs = jitted._extract(args, kwargs)
+        slots = [st.make_slot(i, o, exact=i in self.exact) for i, o in enumerate(objs)]
+        sig, leaves, params = jitted._abstract(args, kwargs, slots)
         if sig != self.signature:
             raise SignatureError(
                 f"{self.graph.name} was compiled for another signature: {sig.explain_change(self.signature)}"
             )
-        return self._run(leaves, params)
+        if any(st.needs_growth(s, c) for s, c in zip(slots, self.commits)):
+            raise SignatureError(f"{self.graph.name}: a KV cache must grow first; call the jitted function instead")
+        return self._run(leaves, params, slots)
 
-    def _run(self, leaves: list[mx.array], params: dict[str, mx.array]) -> Any:
-        inputs = leaves + [params[p] for p in self._param_order]
-        return unflatten(self.out_tree, self.executor(inputs))
+    def _run(self, leaves: list[mx.array], params: dict[str, mx.array], slots: Sequence[st.Slot] = ()) -> Any:
+        inputs = leaves + [x for s in slots for x in s.inputs] + [params[p] for p in self._param_order]
+        outs = self.executor(inputs)
+        n = len(outs) - self._n_state_out
+        k = n
+        for s, c in zip(slots, self.commits):
+            st.commit(s, c, outs[k : k + len(c.outputs)])
+            k += len(c.outputs)
+        return unflatten(self.out_tree, outs[:n])
 
 
 class Jitted:
@@ -143,12 +184,21 @@ class Jitted:
         static_argnames: str | Sequence[str] = (),
         drain: bool = False,
         name: str | None = None,
+        state: Sequence[Any] | Callable[[], Sequence[Any]] | None = None,
+        state_mode: str = "auto",
     ):
         if not callable(fn):
             raise TraceError(f"segc.jit needs a function or an nn.Module, got {type(fn).__name__}")
         self.module = fn if isinstance(fn, nn.Module) else None
         self.fn = fn
+        if boundaries == "auto":
+            boundaries = tracing.auto_boundaries(self.module) if self.module is not None else None
         self.boundaries = [boundaries] if isinstance(boundaries, str) else list(boundaries or [])
+        if state_mode not in ("auto", "exact"):
+            raise TraceError(f"state_mode must be 'auto' or 'exact', got {state_mode!r}")
+        self.state_mode = state_mode
+        self._state = state
+        self._exact_after: dict[Signature, frozenset[int]] = {}
         if self.boundaries and self.module is None:
             raise TraceError("boundaries= globs name submodules: pass an nn.Module to segc.jit")
         if self.module is not None and self.boundaries and not tracing.matching_modules(self.module, self.boundaries):
@@ -160,6 +210,7 @@ class Jitted:
         self._cache: dict[Signature, Compiled] = {}
         self._last: Signature | None = None
         self.info = CacheInfo()
+        self._gather = ParamGatherer(self.module, self.name) if self.module is not None else None
         functools.update_wrapper(self, fn if not isinstance(fn, nn.Module) else type(fn).__call__, updated=())  # type: ignore[arg-type]
 
     # ----------------------------------------------------------------- signature
@@ -184,48 +235,69 @@ class Jitted:
                 ) from None
         return dyn_args, dyn_kw, tuple(static)
 
-    def _abstract(self, args: tuple, kwargs: dict) -> tuple[Signature, list[mx.array], dict[str, mx.array]]:
+    def _extract(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, list[Any]]:
+        """Replace state objects in the arguments by markers; add the explicit ``state=``."""
+        objs: list[Any] = []
+        args = st.extract(args, objs)
+        kwargs = st.extract(kwargs, objs)
+        named = self._state() if callable(self._state) else self._state
+        for o in named or ():
+            if isinstance(o, mx.array) or not hasattr(o, "__dict__"):
+                raise st.StateError(
+                    f"state= of {self.name} holds a {type(o).__name__}; name objects whose attributes it mutates"
+                )
+            if not any(o is x for x in objs):
+                objs.append(o)
+        return args, kwargs, objs
+
+    def _abstract(
+        self, args: tuple, kwargs: dict, slots: Sequence[st.Slot] = ()
+    ) -> tuple[Signature, list[mx.array], dict[str, mx.array]]:
         dyn_args, dyn_kw, static = self._split(args, kwargs)
         leaves, _, td = flatten((dyn_args, dyn_kw, static), what="argument", names=_ROOTS)
-        params = self._params()
-        sig = Signature(
-            td,
-            tuple((tuple(x.shape), _short(x.dtype)) for x in leaves),
-            tuple((k, tuple(v.shape), _short(v.dtype)) for k, v in params.items()),
-        )
+        params, psig = self._gather.gather() if self._gather is not None else ({}, ParamSig())
+        state = tuple(s.key for s in slots)
+        sig = Signature(td, tuple((tuple(x.shape), _short(x.dtype)) for x in leaves), psig, state)
         return sig, leaves, params
 
     def _params(self) -> dict[str, mx.array]:
-        if self.module is None:
-            return {}
-        params = dict(tree_flatten(self.module.parameters()))
-        for k, v in params.items():
-            if not isinstance(v, mx.array):
-                raise TraceError(f"parameter {k!r} of {self.name} is a {type(v).__name__}, not an mx.array")
-        return params
+        # read-only: shared between calls while the parameters do not change
+        return self._gather.gather()[0] if self._gather is not None else {}
 
     # ----------------------------------------------------------------- stages
 
     def trace(self, *args: Any, **kwargs: Any) -> Traced:
-        sig, leaves, params = self._abstract(args, kwargs)
-        return self._trace(sig, args, kwargs, leaves, params)
+        args, kwargs, objs = self._extract(args, kwargs)
+        return self._settle(args, kwargs, objs, cached=False)[0]
 
     def lower(self, *args: Any, **kwargs: Any) -> Lowered:
         return self.trace(*args, **kwargs).lower()
 
-    def _trace(self, sig: Signature, args: tuple, kwargs: dict, leaves: list[mx.array], params: dict) -> Traced:
+    def _trace(
+        self,
+        sig: Signature,
+        args: tuple,
+        kwargs: dict,
+        leaves: list[mx.array],
+        params: dict,
+        slots: Sequence[st.Slot] = (),
+    ) -> Traced:
         dyn_args, dyn_kw, static = self._split(args, kwargs)
         _, paths, td = flatten((dyn_args, dyn_kw, static), what="argument", names=_ROOTS)
+        n_args = len(leaves)
+        objs = [s.obj for s in slots]
+        held: dict[str, list[mx.array]] = {}
 
         def rebuild(xs: list[mx.array]) -> tuple[tuple, dict]:
-            d_args, d_kw, st = unflatten(td, xs)
+            held["state"] = xs[n_args:]
+            d_args, d_kw, stat = unflatten(td, xs[:n_args])
             full = list(d_args)
-            for kind, where, v in st:
+            for kind, where, v in stat:
                 if kind == "arg":
                     full.insert(where, v)
             kw = dict(d_kw)
-            kw.update({where: v for kind, where, v in st if kind == "kw"})
-            return tuple(full), kw
+            kw.update({where: v for kind, where, v in stat if kind == "kw"})
+            return st.restore(tuple(full), objs), st.restore(kw, objs)
 
         module = self.module
         original = module.parameters() if module is not None else None
@@ -236,17 +308,28 @@ class Jitted:
 
         globs = self.boundaries
 
-        def fn(*a: Any, **k: Any) -> Any:
-            with tracing.module_boundaries(module, globs):
-                return self.fn(*a, **k)
+        recorded: list[st.Commit] = []
 
+        def fn(*a: Any, **k: Any) -> Any:
+            xs, per_slot = held["state"], []
+            for s in slots:
+                per_slot.append(xs[: len(s.inputs)])
+                xs = xs[len(s.inputs) :]
+            with st.swapped(list(slots), per_slot) as recs, tracing.module_boundaries(module, globs):
+                out = self.fn(*a, **k)
+                outs = [st.outputs_after(s, r) for s, r in zip(slots, recs)]
+                recorded[:] = [st.commit_plan(s, r) for s, r in zip(slots, recs)]
+            return (out, tuple(x for o in outs for x in o)) if slots else out
+
+        state_paths = [f"state[{s.index}].{n}" for s in slots for n in s.names]
         t0 = time.perf_counter()
         try:
             tr = tracing.trace(
                 fn,
-                leaves,
-                paths,
+                leaves + [x for s in slots for x in s.inputs],
+                list(paths) + state_paths,
                 rebuild,
+                kinds=["arg"] * n_args + ["state"] * len(state_paths),
                 params=params,
                 bind_params=bind if module is not None else None,
                 name=self.name,
@@ -255,22 +338,86 @@ class Jitted:
             if module is not None and original is not None:
                 module.update(original)
         self.info.trace_seconds += time.perf_counter() - t0
-        return Traced(self, sig, tr.graph, tr.out_tree)
+        out_tree = tr.out_tree.children[0] if slots else tr.out_tree
+        t = Traced(self, sig, tr.graph, out_tree)
+        t.commits = tuple(recorded)
+        t.exact = frozenset(s.index for s in slots if s.mode == "exact")
+        return t
 
     # ----------------------------------------------------------------- calling
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        sig, leaves, params = self._abstract(args, kwargs)
-        c = self._cache.get(sig)
-        if c is None:
+        args, kwargs, objs = self._extract(args, kwargs)
+        if not objs:
+            sig, leaves, params = self._abstract(args, kwargs)
+            c = self._cache.get(sig)
+            if c is None:
+                self.info.misses += 1
+                self.info.retraces.append(sig.explain_change(self._last))
+                c = self._trace(sig, args, kwargs, leaves, params).lower().compile(drain=self.drain)
+                self._cache[sig] = c
+            else:
+                self.info.hits += 1
+            self._last = sig
+            return c._run(leaves, params)
+        _, c, leaves, params, slots = self._settle(args, kwargs, objs, cached=True)
+        assert c is not None
+        return c._run(leaves, params, slots)
+
+    def _settle(
+        self, args: tuple, kwargs: dict, objs: list[Any], *, cached: bool
+    ) -> tuple[Traced, Compiled | None, list[mx.array], dict[str, mx.array], list[st.Slot]]:
+        """Find (or trace) the graph for a call with state objects.
+
+        A dynamic KV cache that must grow is grown on the host first (as mlx-lm would grow
+        it) and the signature looked up again; a state object the dynamic stand-in cannot
+        serve is traced in exact mode. Nothing is written into ``objs`` here.
+        """
+        exact: set[int] = set(range(len(objs))) if self.state_mode == "exact" else set()
+        grown: dict[int, dict[str, Any]] = {}
+        for _ in range(2 * len(objs) + 4):
+            slots = [st.make_slot(i, o, exact=i in exact, grown=grown.get(i)) for i, o in enumerate(objs)]
+            sig, leaves, params = self._abstract(args, kwargs, slots)
+            c = self._cache.get(sig) if cached else None
+            if c is None and sig in self._exact_after:
+                exact |= self._exact_after[sig]
+                continue
+            if c is not None:
+                growing = [s for s, p in zip(slots, c.commits) if st.needs_growth(s, p)]
+                if growing:
+                    n = max(p.n for p in c.commits)
+                    self._grow(slots, n, grown)
+                    continue
+                self.info.hits += 1
+                self._last = sig
+                return c.lowered.traced, c, leaves, params, slots
+            try:
+                t = self._trace(sig, args, kwargs, leaves, params, slots)
+            except st._Grow as g:
+                self.info.aborted.append(f"state[{g.slot}] grows for {g.n} more tokens")
+                self._grow(slots, g.n, grown)
+                continue
+            except st._Exact as e:
+                self.info.aborted.append(f"state[{e.slot}] traced in exact mode: {e.why}")
+                exact.add(e.slot)
+                self._exact_after[sig] = frozenset(exact)
+                continue
+            if not cached:
+                return t, None, leaves, params, slots
             self.info.misses += 1
             self.info.retraces.append(sig.explain_change(self._last))
-            c = self._trace(sig, args, kwargs, leaves, params).lower().compile(drain=self.drain)
+            c = t.lower().compile(drain=self.drain)
             self._cache[sig] = c
-        else:
-            self.info.hits += 1
-        self._last = sig
-        return c._run(leaves, params)
+            self._last = sig
+            return t, c, leaves, params, slots
+        raise st.StateError(f"{self.name}: the state objects' layout did not settle: {self.info.aborted[-3:]}")
+
+    @staticmethod
+    def _grow(slots: Sequence[st.Slot], n: int, grown: dict[int, dict[str, Any]]) -> None:
+        """Grow (on the host, uncommitted) every dynamic KV cache that cannot take ``n`` more tokens."""
+        for s in slots:
+            if s.kind == "kv" and s.key[1] is not None and s.host["offset"] + n > s.key[1][0][2]:
+                grown[s.index] = st.grow(s.obj, n)
 
     def cache_info(self) -> CacheInfo:
         return self.info
@@ -281,9 +428,7 @@ class Jitted:
 
 
 def _short(dt: mx.Dtype) -> str:
-    from .dtypes import short
-
-    return short(dt)
+    return _dtype_short(dt)
 
 
 _ROOTS = ("args", "kwargs", "static")
@@ -293,8 +438,13 @@ def jit(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
     """Trace ``fn`` (a function or an ``nn.Module``) once per signature and run it segmented.
 
     Options: ``boundaries`` (globs over submodule paths, e.g. ``"layers.*"``: a boundary
-    after each matching submodule), ``static_argnums``, ``static_argnames``,
-    ``drain`` (host ``mx.eval`` after every segment: a baseline for benchmarks), ``name``.
+    after each matching submodule; ``"auto"``: after each block of the model's
+    ``layers`` list), ``static_argnums``, ``static_argnames``,
+    ``drain`` (host ``mx.eval`` after every segment: a baseline for benchmarks), ``name``,
+    ``state`` (objects ``fn`` captures and mutates, e.g. KV caches; caches passed as
+    arguments are found automatically), ``state_mode`` (``"auto"``: dynamic KV caches
+    that do not retrace per token; ``"exact"``: every state object functionalized as
+    is, retracing when its offset changes). See :mod:`segc.state`.
     Usable as ``@segc.jit`` or ``@segc.jit(boundaries=...)``.
     """
     if fn is None:

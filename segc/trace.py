@@ -180,11 +180,13 @@ def trace(
     params: dict[str, mx.array] | None = None,
     bind_params: Callable[[dict[str, mx.array]], None] | None = None,
     name: str = "fn",
+    kinds: Sequence[str] | None = None,
 ) -> Traced:
     """Trace ``fn`` called as ``fn(*args, **kwargs)`` with ``rebuild_args(leaves)``.
 
     ``params`` (path -> array) become keyword graph inputs; during the trace
-    ``bind_params`` installs the tracer's placeholders in the module.
+    ``bind_params`` installs the tracer's placeholders in the module. ``kinds`` gives
+    each positional leaf its input kind (``"arg"`` by default, ``"state"`` for state).
     """
     params = params or {}
     records: list[dict] = []
@@ -211,11 +213,11 @@ def trace(
             prim = m.group(1)
             raise UnsupportedPrimitive(prim, _HINTS.get(prim, "MLX cannot export it"), where=name) from None
         raise TraceError(f"tracing {name} failed: {exc}") from exc
-    g = _build(records, arg_paths, name)
+    g = _build(records, arg_paths, name, kinds)
     return Traced(verify(g), out_tree[0])
 
 
-def _build(records: list[dict], arg_paths: Sequence[str], name: str) -> Graph:
+def _build(records: list[dict], arg_paths: Sequence[str], name: str, kinds: Sequence[str] | None = None) -> Graph:
     rename: dict[str, str] = {}  # export name -> IR name
     alias: dict[str, str] = {}  # marker output -> marker input (IR names)
     counter = {"v": 0}
@@ -235,7 +237,8 @@ def _build(records: list[dict], arg_paths: Sequence[str], name: str) -> Graph:
                 inputs.append(Input(Var(nm, tuple(shape), dtypes.short(dt)), "param", kw_of[ename]))
             else:
                 nm = f"a{pos}"
-                inputs.append(Input(Var(nm, tuple(shape), dtypes.short(dt)), "arg", arg_paths[pos]))
+                kind = kinds[pos] if kinds is not None else "arg"
+                inputs.append(Input(Var(nm, tuple(shape), dtypes.short(dt)), kind, arg_paths[pos]))
                 pos += 1
             rename[ename] = nm
 
@@ -295,3 +298,18 @@ def param_paths_ok(params: dict[str, mx.array]) -> None:
 
 def matching_modules(module: nn.Module, patterns: Sequence[str]) -> list[str]:
     return [p for _, _, p, _ in _slots(module) if _match(p, patterns)]
+
+
+def auto_boundaries(module: nn.Module) -> str | None:
+    """The glob for "one segment per block": the longest list of submodules named
+    ``layers`` (or ``h``, ``blocks``) in the module, e.g. ``"model.layers.*"``."""
+    best: tuple[int, str] | None = None
+    lists: dict[str, int] = {}
+    for _, _, path, _ in _slots(module):
+        head, _, last = path.rpartition(".")
+        if last.isdigit() and head.rpartition(".")[2] in ("layers", "h", "blocks"):
+            lists[head] = lists.get(head, 0) + 1
+    for head, n in lists.items():
+        if best is None or n > best[0]:
+            best = (n, head)
+    return None if best is None else f"{best[1]}.*"
