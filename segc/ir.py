@@ -25,8 +25,15 @@ from . import dtypes
 from .errors import IRError
 
 CUT = "segc.cut"
+# fences and windows (segc/passes/fences.py, segc/passes/windows.py): effects that no
+# pass may drop or reorder; the verifier checks them (segc/passes/verify.py)
+SIGNAL = "segc.signal"  # args (event, value): signal once this segment has completed
+WAIT = "segc.wait"  # args (event, value): do not dispatch this segment before event >= value
+HOST_EVENT = "segc.host_event"  # args (event,): the host (not the graph) signals this event
+WINDOW = "segc.window"  # args (name, first_id, last_id, mode, entry values, exit values)
+EFFECTS = frozenset({SIGNAL, WAIT, HOST_EVENT, WINDOW})
 # pseudo-primitives that do not compute: they carry schedule information only
-PSEUDO = frozenset({CUT})
+PSEUDO = frozenset({CUT}) | EFFECTS
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,6 +237,10 @@ def verify(g: Graph) -> Graph:
     for v in g.outputs:
         if v not in defined:
             raise IRError(f"graph output {v} is never defined")
+    if any(e.prim in EFFECTS for e in g.eqns):
+        from .passes.verify import verify_effects
+
+        verify_effects(g)
     return g
 
 
@@ -288,7 +299,10 @@ def segment_header(g: Graph, s: Segment) -> str:
     n = sum(1 for e in g.eqns[s.start : s.stop] if not e.is_pseudo)
     inb = sum(vs[v].nbytes for v in s.inputs)
     outb = sum(vs[v].nbytes for v in s.outputs)
-    return f"  -- segment {s.index} {s.name!r}: {n} eqns, in {len(s.inputs)} ({inb} B), out {len(s.outputs)} ({outb} B)"
+    from .passes.analysis import header_stats  # cost, live and boundary bytes, effects
+
+    head = f"  -- segment {s.index} {s.name!r}: {n} eqns, in {len(s.inputs)} ({inb} B), out {len(s.outputs)} ({outb} B)"
+    return head + header_stats(g, s)
 
 
 def to_text(g: Graph, headers: bool = True) -> str:

@@ -103,8 +103,11 @@ class Traced:
     def as_text(self) -> str:
         return self.graph.as_text()
 
-    def lower(self) -> Lowered:
-        return Lowered(self, self.graph)
+    def lower(self, strategy: Any = None) -> Lowered:
+        """Place the cuts by ``strategy`` (default: the jit's; see ``segc.passes.place``)."""
+        from .passes.pipeline import place
+
+        return Lowered(self, place(self.graph, strategy if strategy is not None else self.jitted.strategy))
 
 
 class Lowered:
@@ -186,6 +189,7 @@ class Jitted:
         name: str | None = None,
         state: Sequence[Any] | Callable[[], Sequence[Any]] | None = None,
         state_mode: str = "auto",
+        strategy: Any = None,
     ):
         if not callable(fn):
             raise TraceError(f"segc.jit needs a function or an nn.Module, got {type(fn).__name__}")
@@ -206,6 +210,7 @@ class Jitted:
         self.static_argnums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
         self.static_argnames = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
         self.drain = drain
+        self.strategy = strategy  # cut placement (segc.passes): None keeps the markers' cuts
         self.name = name or getattr(fn, "__qualname__", None) or type(fn).__name__
         self._cache: dict[Signature, Compiled] = {}
         self._last: Signature | None = None
@@ -270,8 +275,8 @@ class Jitted:
         args, kwargs, objs = self._extract(args, kwargs)
         return self._settle(args, kwargs, objs, cached=False)[0]
 
-    def lower(self, *args: Any, **kwargs: Any) -> Lowered:
-        return self.trace(*args, **kwargs).lower()
+    def lower(self, *args: Any, strategy: Any = None, **kwargs: Any) -> Lowered:
+        return self.trace(*args, **kwargs).lower(strategy)
 
     def _trace(
         self,
@@ -445,6 +450,8 @@ def jit(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
     arguments are found automatically), ``state_mode`` (``"auto"``: dynamic KV caches
     that do not retrace per token; ``"exact"``: every state object functionalized as
     is, retracing when its offset changes). See :mod:`segc.state`.
+    ``strategy`` (cut placement: ``"balanced:4"``, a saved ``segc.passes.Plan``, a
+    callable, ...; see :mod:`segc.passes.strategies`).
     Usable as ``@segc.jit`` or ``@segc.jit(boundaries=...)``.
     """
     if fn is None:

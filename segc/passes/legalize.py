@@ -1,0 +1,199 @@
+"""Fusion-aware legalisation: a cut never splits a chain that ``mx.compile`` would fuse.
+
+``mx.compile`` fuses only elementwise, broadcast and select chains (``is_fusable`` in
+``mlx/compile.cpp``). Its ``compile_fuse`` walks the tape backwards from each fusible
+array and pulls in a fusible producer when every consumer of that producer is already
+in the group (a ``Broadcast`` with outside consumers is copied into the group instead),
+up to a depth of 11. :func:`fusion_groups` replays that walk over the whole (uncut)
+graph. A cut point inside a group's span is illegal: splitting the chain changes the
+kernels, costs a round trip through memory, and on CUDA can change low bits through
+FMA contraction. Broadcasts pin nothing unless their input is computed inside the group:
+a broadcast is an exact view, so its value may cross a cut unchanged.
+
+:func:`legalize_plan` moves each illegal cut to the nearest legal point (the earlier one
+on a tie), merges cuts that land on the same point, and records every move in the plan.
+The ``legalize`` pass applies that to the cuts already in a graph.
+"""
+
+from __future__ import annotations
+
+from ..ir import Graph
+from . import register
+from .analysis import ops
+from .plan import Cut, Move, Plan, apply_plan, plan_of
+
+UNARY = frozenset(
+    [
+        "Abs",
+        "ArcCos",
+        "ArcCosh",
+        "ArcSin",
+        "ArcSinh",
+        "ArcTan",
+        "ArcTanh",
+        "AsType",
+        "Ceil",
+        "Cos",
+        "Conjugate",
+        "Cosh",
+        "Remainder",
+        "Erf",
+        "ErfInv",
+        "Exp",
+        "Floor",
+        "Log",
+        "Log1p",
+        "LogicalNot",
+        "Negative",
+        "Round",
+        "Sigmoid",
+        "Sign",
+        "Sin",
+        "Sinh",
+        "Square",
+        "Sqrt",
+        "Tan",
+        "Tanh",
+        "Expm1",
+        "Real",
+        "Imag",
+        "BitwiseInvert",
+    ]
+)
+BINARY = frozenset(
+    [
+        "Add",
+        "Divide",
+        "Equal",
+        "Greater",
+        "GreaterEqual",
+        "Less",
+        "LessEqual",
+        "LogicalAnd",
+        "LogicalOr",
+        "LogAddExp",
+        "Maximum",
+        "Minimum",
+        "Multiply",
+        "NotEqual",
+        "Power",
+        "Subtract",
+        "BitwiseBinary",
+        "ArcTan2",
+    ]
+)
+FUSIBLE = UNARY | BINARY | {"Select", "Broadcast"}
+MAX_DEPTH = 11  # mlx/compile.cpp: max_compile_depth
+
+
+def fusion_groups(g: Graph) -> list[tuple[int, ...]]:
+    """The op indices (see ``analysis.ops``) of each chain ``mx.compile`` would fuse,
+    copied broadcasts left out; groups of one are dropped."""
+    os_ = ops(g)
+    producer: dict[str, int] = {}
+    consumers: dict[int, set[int]] = {}
+    for k, e in enumerate(os_):
+        for v in e.ins:
+            p = producer.get(v)
+            if p is not None:
+                consumers.setdefault(p, set()).add(k)
+        for o in e.outs:
+            producer[o.name] = k
+    outputs = set(g.outputs)
+    assigned: set[int] = set()
+    groups: list[tuple[int, ...]] = []
+    for root in range(len(os_) - 1, -1, -1):
+        if root in assigned or os_[root].prim not in FUSIBLE:
+            continue
+        shape = os_[root].outs[0].shape
+        group: set[int] = set()
+
+        def recurse(
+            k: int, depth: int, group: set[int] = group, shape: tuple[int, ...] = shape, done: set[int] = assigned
+        ) -> None:
+            e = os_[k]
+            if k in group or depth >= MAX_DEPTH or e.prim not in FUSIBLE or k in done:
+                return
+            if any(o.name in outputs and o.shape != shape for o in e.outs):
+                return
+            if depth > 0 and not consumers.get(k, set()) <= group:
+                return  # a broadcast would be copied into the group: it pins nothing
+            group.add(k)
+            for v in e.ins:
+                p = producer.get(v)
+                if p is not None:
+                    recurse(p, depth + 1)
+
+        recurse(root, 0)
+        assigned |= group
+        # a broadcast of a value from outside the group is an exact view: cutting between
+        # it and the group changes no bits and moves no bytes, so it pins nothing
+        pins = {k for k in group if os_[k].prim != "Broadcast" or producer.get(os_[k].ins[0]) in group}
+        if len(pins) > 1:
+            groups.append(tuple(sorted(pins)))
+    groups.reverse()
+    return groups
+
+
+def illegal_points(g: Graph) -> set[int]:
+    """Cut points (``k``: before op ``k``) that would split a fusion group."""
+    bad: set[int] = set()
+    for grp in fusion_groups(g):
+        bad.update(range(grp[0] + 1, grp[-1] + 1))
+    return bad
+
+
+def legal_points(g: Graph) -> list[int]:
+    n = len(ops(g))
+    bad = illegal_points(g)
+    return [k for k in range(1, n) if k not in bad]
+
+
+def legalize_plan(g: Graph, plan: Plan) -> Plan:
+    """Move the plan's illegal cuts to the nearest legal point and record the moves."""
+    os_ = ops(g)
+    if plan.order is not None:  # legality is judged in the plan's order
+        pos_of = {e.id: e for e in os_}
+        os_ = [pos_of[i] for i in plan.order]
+        g = g.replace(eqns=tuple(os_))
+    pos = {e.id: k for k, e in enumerate(os_)}
+    groups = fusion_groups(g)
+    bad = set()
+    span_of: dict[int, tuple[int, int]] = {}
+    for grp in groups:
+        for k in range(grp[0] + 1, grp[-1] + 1):
+            bad.add(k)
+            span_of[k] = (os_[grp[0]].id, os_[grp[-1]].id)
+    legal = [k for k in range(1, len(os_)) if k not in bad]
+    cuts: list[Cut] = []
+    moved = list(plan.moved)
+    placed: set[int] = set()
+    for c in plan.cuts:
+        k = pos[c.after] + 1
+        if k in bad or k >= len(os_):
+            if k >= len(os_):
+                reason = "a cut after the last equation makes an empty segment"
+                target = None
+            else:
+                a, b = span_of[k]
+                reason = f"splits the fused chain #{a}..#{b}"
+                target = min(legal, key=lambda p: (abs(p - k), p), default=None)
+            if target is None or target in placed:
+                moved.append(Move(c.after, None, reason + "; dropped (no other legal point)"))
+                continue
+            moved.append(Move(c.after, os_[target - 1].id, reason))
+            c = Cut(os_[target - 1].id, c.name, c.id)
+            k = target
+        if k in placed:
+            moved.append(Move(c.after, None, "another cut is already at that point; dropped"))
+            continue
+        placed.add(k)
+        cuts.append(c)
+    cuts.sort(key=lambda c: pos[c.after])
+    return Plan(plan.fingerprint, plan.strategy, tuple(cuts), tuple(moved), plan.order, plan.info)
+
+
+@register("legalize")
+def legalize(g: Graph) -> Graph:
+    """Move every cut that splits a fused chain to the nearest legal point."""
+    return apply_plan(g, legalize_plan(g, plan_of(g)))

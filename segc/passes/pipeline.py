@@ -1,0 +1,159 @@
+"""The pass pipeline: a straight list of named passes run top to bottom.
+
+``run(g, steps)`` applies each :class:`Step` (a registered pass and its options). With
+checks on it verifies the graph after every pass (``segc.ir.verify``, fences and windows
+included) and checks that the pass kept every effect: a pass other than ``fences`` and
+``window`` must leave the sequence of fences and windows exactly as it was; those two
+may only add to it. Checks are on when ``checks=True``, when the environment sets
+``SEGC_CHECKS=1``, and always under pytest.
+
+Dumping: ``dump=`` (or the environment's ``SEGC_DUMP_IR``) is a directory (each pass's
+result written there as ``NN-<pass>.segc``), a comma-separated list of pass names (or
+``all``) printed to stderr, or a callable ``dump(pass_name, graph)``. ``input`` names the
+graph before any pass.
+
+The default pipeline (:func:`default_steps`) reads::
+
+    cut (strategy or plan) -> fences (schedule) -> window (first, last)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import IRError
+from ..ir import EFFECTS, WINDOW, Graph, to_text, verify
+from . import EFFECT_PASSES, get
+
+Dump = str | Path | Callable[[str, Graph], None] | None
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def checks_enabled(checks: bool | None = None) -> bool:
+    if checks is not None:
+        return checks
+    if os.environ.get("SEGC_CHECKS", "") not in ("", "0"):
+        return True
+    return "PYTEST_CURRENT_TEST" in os.environ
+
+
+def _dumper(dump: Dump) -> Callable[[int, str, Graph], None] | None:
+    if dump is None:
+        dump = os.environ.get("SEGC_DUMP_IR") or None
+    if dump is None:
+        return None
+    if callable(dump):
+        fn = dump
+        return lambda i, name, g: fn(name, g)
+    text = str(dump)
+    path = Path(text)
+    if os.sep in text or path.is_dir():
+        path.mkdir(parents=True, exist_ok=True)
+
+        def to_dir(i: int, name: str, g: Graph) -> None:
+            (path / f"{i:02d}-{name}.segc").write_text(to_text(g))
+
+        return to_dir
+    wanted = {w.strip() for w in text.split(",") if w.strip()}
+
+    def to_stderr(i: int, name: str, g: Graph) -> None:
+        if "all" in wanted or "1" in wanted or name in wanted:
+            print(f"// IR after {name}", file=sys.stderr)
+            print(to_text(g), file=sys.stderr)
+
+    return to_stderr
+
+
+def _effects(g: Graph, windows: bool = True) -> list:
+    return [e for e in g.eqns if e.prim in EFFECTS and (windows or e.prim != WINDOW)]
+
+
+def _is_subsequence(small: list, big: list) -> bool:
+    it = iter(big)
+    return all(any(x == y for y in it) for x in small)
+
+
+def check_effects_kept(name: str, before: Graph, after: Graph) -> None:
+    if name in EFFECT_PASSES:
+        if not _is_subsequence(_effects(before, False), _effects(after, False)):
+            raise IRError(f"pass {name!r} dropped or reordered a fence")
+    elif _effects(before) != _effects(after):
+        raise IRError(f"pass {name!r} dropped, changed or reordered a fence or window; only fences/window may")
+
+
+def run(
+    g: Graph,
+    steps: Sequence[Step | str | tuple[str, dict[str, Any]]],
+    *,
+    checks: bool | None = None,
+    dump: Dump = None,
+) -> Graph:
+    """Run ``steps`` over ``g``; see the module for checks and dumping."""
+    check = checks_enabled(checks)
+    out = _dumper(dump)
+    if check:
+        verify(g)
+    if out is not None:
+        out(0, "input", g)
+    for i, st in enumerate(steps, 1):
+        if isinstance(st, str):
+            st = Step(st)
+        elif isinstance(st, tuple):
+            st = Step(st[0], dict(st[1]))
+        before = g
+        g = get(st.name)(g, **st.options)
+        if check:
+            try:
+                verify(g)
+            except IRError as exc:
+                raise IRError(f"after pass {st.name!r}: {exc}") from None
+            check_effects_kept(st.name, before, g)
+        if out is not None:
+            out(i, st.name, g)
+    return g
+
+
+def default_steps(
+    strategy: Any = "markers",
+    plan: Any = None,
+    schedule: Any = None,
+    window: tuple[int, int] | None = None,
+    legalize: bool = True,
+) -> list[Step]:
+    steps = [Step("cut", {"strategy": strategy, "plan": plan, "legalize": legalize})]
+    if schedule is not None:
+        steps.append(Step("fences", {"schedule": schedule}))
+    if window is not None:
+        steps.append(Step("window", {"first": window[0], "last": window[1]}))
+    return steps
+
+
+def compile_graph(g: Graph, *, checks: bool | None = None, dump: Dump = None, **options: Any) -> Graph:
+    """The default pipeline over ``g`` (see :func:`default_steps` for ``options``)."""
+    return run(g, default_steps(**options), checks=checks, dump=dump)
+
+
+def place(g: Graph, strategy: Any = None, *, checks: bool | None = None, dump: Dump = None) -> Graph:
+    """``segc.jit``'s hook: cut ``g`` by ``strategy`` (a spec, a strategy or a saved
+    :class:`~segc.passes.plan.Plan`); None leaves ``g`` as traced (unless dumping)."""
+    from .plan import Plan
+
+    if strategy is None and dump is None and not os.environ.get("SEGC_DUMP_IR"):
+        return g
+    if strategy is None:
+        step = Step("cut", {"strategy": "markers", "legalize": False})
+    elif isinstance(strategy, Plan):
+        step = Step("cut", {"plan": strategy})
+    else:
+        step = Step("cut", {"strategy": strategy})
+    return run(g, [step], checks=checks, dump=dump)

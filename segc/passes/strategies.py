@@ -1,0 +1,377 @@
+"""Cut-placement strategies. Each is a callable ``Graph -> Plan``; all produce the same
+:class:`~segc.passes.plan.Plan`, so plans from different strategies can be saved,
+diffed, compared (``segc passes --compare``) and re-applied.
+
+- ``none``: no cuts (the stock path);
+- ``markers``: the cuts in the traced graph (``segc.boundary``, ``boundaries=`` globs);
+- ``every(k)``: every k-th marker (every k equations when there are none);
+- ``balanced(n)``: at most n segments minimising the largest segment cost, by dynamic
+  programming over the legal cut points (as PipeDream's partitioner); the cost is the
+  analytic roofline (``analysis.eqn_cost``) or measured per-segment times
+  (:func:`measure_segments`) spread over each segment's equations;
+- ``memory(budget)``: the fewest segments whose peak live bytes each stay under budget;
+- ``min_boundary_bytes``: one cut between each pair of consecutive markers, where the
+  bytes crossing it are smallest: a minimum s-t cut (networkx) over the equations
+  between the markers, which may put one side of the cut first (the plan's ``order``);
+- a user callable ``fn(graph) -> ids`` (cut after each equation id; or ``(id, name)``).
+
+:func:`make_plan` resolves a spec and legalises the result (``legalize.py``): the plan
+records every cut that had to move.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ScheduleError
+from ..ir import CUT, Graph
+from .analysis import H200, Machine, eqn_cost, liveness, ops, span_peak
+from .legalize import fusion_groups, legal_points, legalize_plan
+from .plan import Cut, Plan, plan_key, plan_of
+
+Strategy = Callable[[Graph], Plan]
+
+
+def _markers(g: Graph) -> list[tuple[int, str, int]]:
+    """(cut point, name, cut id) of every marker cut with ops on both sides."""
+    out: list[tuple[int, str, int]] = []
+    k = 0
+    for e in g.eqns:
+        if e.prim == CUT:
+            if k > 0 and (not out or out[-1][0] != k):
+                out.append((k, str(e.args[0]) if e.args else f"cut{e.id}", e.id))
+        elif not e.is_pseudo:
+            k += 1
+    return [m for m in out if m[0] < k]
+
+
+def _plan(
+    g: Graph, name: str, points: Iterable[int], names: Mapping[int, str] | None = None, os_: Any = None, **kw: Any
+) -> Plan:
+    os_ = os_ if os_ is not None else ops(g)
+    names = names or {}
+    marks = {p: (n, i) for p, n, i in _markers(g)}
+    cuts = []
+    for i, p in enumerate(sorted(set(points))):
+        nm, cid = marks.get(p, (names.get(p, f"cut{i}"), None))
+        cuts.append(Cut(os_[p - 1].id, names.get(p, nm), cid))
+    return Plan(plan_key(g), name, tuple(cuts), **kw)
+
+
+@dataclass(frozen=True)
+class NoCuts:
+    def __call__(self, g: Graph) -> Plan:
+        return Plan(plan_key(g), "none", ())
+
+
+@dataclass(frozen=True)
+class Markers:
+    def __call__(self, g: Graph) -> Plan:
+        p = plan_of(g, "markers")
+        return Plan(p.fingerprint, "markers", p.cuts)
+
+
+@dataclass(frozen=True)
+class Every:
+    k: int
+
+    def __call__(self, g: Graph) -> Plan:
+        if self.k < 1:
+            raise ScheduleError(f"every(k) needs k >= 1, got {self.k}")
+        marks = _markers(g)
+        if marks:
+            return _plan(g, f"every({self.k})", [p for i, (p, _, _) in enumerate(marks) if (i + 1) % self.k == 0])
+        return _plan(g, f"every({self.k})", range(self.k, len(ops(g)), self.k))
+
+
+def _partition(costs: Sequence[float], points: Sequence[int], n: int) -> list[int]:
+    """Cut points (a subset of ``points``) splitting ``costs`` into at most ``n`` runs
+    with the smallest largest sum. dp[j][i]: best with j runs ending at pts[i]."""
+    pre = [0.0]
+    for c in costs:
+        pre.append(pre[-1] + c)
+    pts = [0, *sorted(p for p in set(points) if 0 < p < len(costs)), len(costs)]
+    m = len(pts)
+    n = max(1, min(n, m - 1))
+    s = [pre[p] for p in pts]
+    dp = [s[:]]  # one run: everything up to pts[i]
+    arg: list[list[int]] = [[0] * m]
+    for _ in range(1, n):
+        prev, row, brow = dp[-1], [0.0] * m, [0] * m
+        row[0] = 0.0
+        for i in range(1, m):
+            # max(prev[q], s[i] - s[q]) over q < i: prev rises with q, s[i]-s[q] falls
+            lo, hi = 0, i  # the first q with prev[q] >= s[i] - s[q]
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if prev[mid] >= s[i] - s[mid]:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            best, bq = float("inf"), 0
+            for q in (lo - 1, lo):
+                if 0 <= q < i:
+                    v = max(prev[q], s[i] - s[q])
+                    if v < best:
+                        best, bq = v, q
+            row[i], brow[i] = best, bq
+        dp.append(row)
+        arg.append(brow)
+    j = min(range(n), key=lambda j: (dp[j][m - 1], j))
+    cuts, i = [], m - 1
+    while j > 0:
+        i = arg[j][i]
+        cuts.append(pts[i])
+        j -= 1
+    return sorted(cuts)
+
+
+@dataclass(frozen=True)
+class Balanced:
+    n: int
+    measured: Mapping[str, float] | None = None  # segment name -> seconds, on the graph's segments
+    machine: Machine = H200
+
+    def costs(self, g: Graph) -> list[float]:
+        vs = g.vars()
+        os_ = ops(g)
+        cost = [eqn_cost(e, vs, self.machine) for e in os_]
+        if not self.measured:
+            return cost
+        from ..ir import segments
+
+        k = 0
+        for s in segments(g):
+            n = sum(1 for e in g.eqns[s.start : s.stop] if not e.is_pseudo)
+            if s.name not in self.measured:
+                raise ScheduleError(f"balanced: no measured time for segment {s.name!r}")
+            total = sum(cost[k : k + n]) or float(n)
+            for i in range(k, k + n):  # spread the measured time by analytic share
+                cost[i] = self.measured[s.name] * ((cost[i] or total / n) / total)
+            k += n
+        return cost
+
+    def __call__(self, g: Graph) -> Plan:
+        if self.n < 1:
+            raise ScheduleError(f"balanced(n) needs n >= 1, got {self.n}")
+        cost = self.costs(g)
+        pts = _partition(cost, legal_points(g), self.n)
+        src = "measured" if self.measured else "analytic"
+        return _plan(g, f"balanced({self.n}, {src})", pts, info={"cost": src})
+
+
+@dataclass(frozen=True)
+class Memory:
+    budget: int
+
+    def __call__(self, g: Graph) -> Plan:
+        os_ = ops(g)
+        lv = liveness(g)
+        legal = [*legal_points(g), len(os_)]
+        cuts: list[int] = []
+        a = 0
+        while a < len(os_):
+            i0 = bisect.bisect_right(legal, a)
+            # the peak of [a, legal[i]) rises with i: find the last that fits
+            lo, hi = i0, len(legal) - 1
+            if span_peak(g, a, legal[lo], lv, os_) > self.budget:
+                raise ScheduleError(
+                    f"memory({self.budget}): equations #{os_[a].id}..#{os_[legal[lo] - 1].id} cannot be cut "
+                    f"(a fused chain or one equation) and need {span_peak(g, a, legal[lo], lv, os_)} B"
+                )
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if span_peak(g, a, legal[mid], lv, os_) <= self.budget:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            a = legal[lo]
+            if a < len(os_):
+                cuts.append(a)
+        return _plan(g, f"memory({self.budget})", cuts)
+
+
+@dataclass(frozen=True)
+class MinBoundaryBytes:
+    between: tuple[str, ...] | None = None  # marker names; None: every marker
+
+    def __call__(self, g: Graph) -> Plan:
+        import networkx as nx
+
+        os_ = ops(g)
+        n = len(os_)
+        marks = _markers(g)
+        if self.between is not None:
+            known = {nm for _, nm, _ in marks}
+            missing = [b for b in self.between if b not in known]
+            if missing:
+                raise ScheduleError(f"min_boundary_bytes: no marker named {missing[0]!r}; markers: {sorted(known)}")
+            marks = [m for m in marks if m[1] in self.between]
+        bounds = [m[0] for m in marks]
+        if len(bounds) < 2:
+            raise ScheduleError("min_boundary_bytes needs at least two markers to cut between")
+        producer: dict[str, int] = {}
+        for k, e in enumerate(os_):
+            for o in e.outs:
+                producer[o.name] = k
+        consumers: dict[str, set[int]] = {}
+        for k, e in enumerate(os_):
+            for v in e.ins:
+                if v in producer:
+                    consumers.setdefault(v, set()).add(k)
+        for v in g.outputs:
+            if v in producer:
+                consumers.setdefault(v, set()).add(n)
+        groups = fusion_groups(g)
+        order = list(range(n))
+        points: list[int] = []
+        for lo, hi in itertools.pairwise(bounds):
+
+            def node(k: int, lo: int = lo, hi: int = hi) -> Any:
+                return "s" if k < lo else ("t" if k >= hi else k)
+
+            fg = nx.DiGraph()
+            fg.add_nodes_from(["s", "t", *range(lo, hi)])
+            for v, cs in consumers.items():
+                d = producer[v]
+                if d >= hi or all(c < lo for c in cs):
+                    continue
+                pv = node(d)
+                fg.add_edge(pv, ("in", v))
+                fg.add_edge(("in", v), ("out", v), capacity=_nbytes(os_[d], v))
+                for c in cs:
+                    fg.add_edge(("out", v), node(c))
+                    if node(c) != pv:
+                        fg.add_edge(node(c), pv)  # a consumer before the cut needs its producer there
+            for grp in groups:
+                for a, b in itertools.pairwise(grp):
+                    if node(a) != node(b):
+                        fg.add_edge(node(a), node(b))
+                        fg.add_edge(node(b), node(a))
+            try:
+                _, (side_s, _) = nx.minimum_cut(fg, "s", "t")
+            except nx.NetworkXUnbounded:
+                continue  # a fused chain spans the whole interval: no cut here
+            first = [k for k in range(lo, hi) if k in side_s]
+            rest = [k for k in range(lo, hi) if k not in side_s]
+            order[lo:hi] = first + rest
+            points.append(lo + len(first))
+        os2 = [os_[k] for k in order]
+        reorder = None if order == list(range(n)) else tuple(e.id for e in os2)
+        pts = [p for p in sorted(set(points)) if 0 < p < n]
+        return _plan(g, "min_boundary_bytes", pts, os_=os2, order=reorder)
+
+
+def _nbytes(e: Any, v: str) -> int:
+    return next(o.nbytes for o in e.outs if o.name == v)
+
+
+@dataclass(frozen=True)
+class UserCallable:
+    fn: Callable[[Graph], Any]
+
+    def __call__(self, g: Graph) -> Plan:
+        res = self.fn(g)
+        if isinstance(res, Plan):
+            return res
+        ids = {e.id for e in ops(g)}
+        cuts = []
+        for i, item in enumerate(res):
+            eid, name = item if isinstance(item, tuple) else (item, f"cut{i}")
+            if eid not in ids:
+                raise ScheduleError(f"user strategy: #{eid} is not a computing equation of {g.name}")
+            cuts.append(Cut(int(eid), str(name)))
+        pos = {e.id: k for k, e in enumerate(ops(g))}
+        cuts.sort(key=lambda c: pos[c.after])
+        return Plan(plan_key(g), getattr(self.fn, "__name__", "user"), tuple(cuts))
+
+
+# --------------------------------------------------------------------------- specs
+
+_SPEC = re.compile(r"^\s*(\w+)\s*(?:[:(]\s*([^)]*?)\s*\)?)?\s*$")
+_UNITS = {"": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30}
+
+
+def parse_bytes(text: str) -> int:
+    m = re.fullmatch(r"\s*([0-9.e+]+)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower().rstrip("b") not in {u.rstrip("b") for u in _UNITS}:
+        raise ScheduleError(f"not a byte count: {text!r}")
+    unit = m.group(2).lower()
+    unit = unit if unit in _UNITS else unit.rstrip("b")
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+def resolve(spec: Any) -> Strategy:
+    """A strategy from a spec: a strategy object, a :class:`Plan` (used as is), a callable,
+    or text: ``none``, ``markers``, ``every:K``, ``balanced:N``, ``memory:BYTES`` (``64MiB``),
+    ``min_boundary_bytes`` (``min_boundary_bytes:a,b`` between markers a and b)."""
+    if isinstance(spec, Plan):
+        return lambda g: spec
+    if isinstance(spec, NoCuts | Markers | Every | Balanced | Memory | MinBoundaryBytes | UserCallable):
+        return spec
+    if callable(spec):
+        return UserCallable(spec)
+    if not isinstance(spec, str):
+        raise ScheduleError(f"not a cut strategy: {spec!r}")
+    m = _SPEC.match(spec)
+    if not m:
+        raise ScheduleError(f"cannot read strategy {spec!r}")
+    name, arg = m.group(1), (m.group(2) or "").strip()
+    arg = arg.split("=", 1)[-1] if "=" in arg else arg
+    try:
+        if name == "none":
+            return NoCuts()
+        if name == "markers":
+            return Markers()
+        if name == "every":
+            return Every(int(arg or 1))
+        if name == "balanced":
+            return Balanced(int(arg))
+        if name == "memory":
+            return Memory(parse_bytes(arg))
+        if name == "min_boundary_bytes":
+            return MinBoundaryBytes(tuple(a.strip() for a in arg.split(",")) if arg else None)
+    except ValueError:
+        raise ScheduleError(f"strategy {name!r}: bad argument {arg!r}") from None
+    raise ScheduleError(
+        f"no strategy {name!r}; strategies: none, markers, every:K, balanced:N, memory:BYTES, min_boundary_bytes"
+    )
+
+
+def make_plan(g: Graph, spec: Any, *, legalize: bool = True) -> Plan:
+    """Run a strategy on ``g``; legalise its cuts unless told not to."""
+    plan = resolve(spec)(g)
+    return legalize_plan(g, plan) if legalize else plan
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+def measure_segments(g: Graph, inputs: Sequence[Any], repeats: int = 5) -> dict[str, float]:
+    """Median seconds of each segment of ``g`` (its current cuts), run alone with a host
+    wait after it: per-segment times for ``balanced(n, measured=...)``."""
+    import mlx.core as mx
+
+    from ..runtime.executor import Executor
+
+    ex = Executor(g)
+    env: dict[str, Any] = {i.var.name: x for i, x in zip(g.inputs, inputs)}
+    env.update({c.var.name: c.value for c in g.consts})
+    out: dict[str, float] = {}
+    for st in ex.steps:
+        args = [env[v] for v in st.segment.inputs]
+        times = []
+        for _ in range(max(repeats, 1) + 1):
+            t0 = time.perf_counter()
+            res = st.fn(*args)
+            mx.eval(res)
+            times.append(time.perf_counter() - t0)
+        env.update(zip(st.segment.outputs, res))
+        out[st.segment.name] = sorted(times[1:])[len(times[1:]) // 2]
+    return out

@@ -1,0 +1,99 @@
+"""The verifier for effects: fences and windows (``segc.ir.verify`` calls it).
+
+Rejects, with an :class:`~segc.IRError` naming the equation:
+- malformed fence arguments (event names, values that are not ints >= 1);
+- signal values of one event that do not strictly increase in program order;
+- a wait that no signal can satisfy: no ``segc.signal`` of its event reaches its value
+  and no ``segc.host_event`` declares that the host signals it;
+- a wait that can deadlock: every signal that would satisfy it is in its own segment or
+  a later one (segments dispatch in order; a segment's signal fires when it completes);
+- windows that are malformed or stale (their entry/exit no longer match the cuts) and
+  window names used twice.
+"""
+
+from __future__ import annotations
+
+from ..errors import IRError, ScheduleError
+from ..ir import HOST_EVENT, SIGNAL, WAIT, WINDOW, Graph, segments
+
+
+def _segment_of(g: Graph) -> list[int]:
+    """For each equation position, the index of the (non-empty) segment it belongs to; a
+    pseudo-equation between segments belongs to the next one."""
+    segs = segments(g)
+    out, k = [], 0
+    for p in range(len(g.eqns)):
+        while k < len(segs) - 1 and segs[k].stop <= p:
+            k += 1
+        out.append(k)
+    return out
+
+
+def verify_effects(g: Graph) -> None:
+    seg = _segment_of(g)
+    host: set[str] = set()
+    signals: dict[str, list[tuple[int, int, int]]] = {}  # event -> (value, segment, id)
+    for p, e in enumerate(g.eqns):
+        where = f"equation #{e.id} ({e.prim})"
+        if e.prim == HOST_EVENT:
+            if len(e.args) != 1 or not isinstance(e.args[0], str) or not e.args[0]:
+                raise IRError(f"{where}: expected one event name, got {list(e.args)}")
+            if e.args[0] in host:
+                raise IRError(f"{where}: host event {e.args[0]!r} declared twice")
+            host.add(e.args[0])
+        elif e.prim in (SIGNAL, WAIT):
+            ok = len(e.args) == 2 and isinstance(e.args[0], str) and bool(e.args[0])
+            ok = ok and isinstance(e.args[1], int) and not isinstance(e.args[1], bool) and e.args[1] >= 1
+            if not ok:
+                raise IRError(f"{where}: expected (event name, int value >= 1), got {list(e.args)}")
+            if e.prim == SIGNAL:
+                prev = signals.setdefault(e.args[0], [])
+                if prev and prev[-1][0] >= e.args[1]:
+                    raise IRError(
+                        f"{where}: event {e.args[0]!r} is signalled {e.args[1]} after #{prev[-1][2]} signalled "
+                        f"{prev[-1][0]}; signal values must increase"
+                    )
+                prev.append((e.args[1], seg[p], e.id))
+    for p, e in enumerate(g.eqns):
+        if e.prim != WAIT:
+            continue
+        ev, val = e.args
+        if ev in host:
+            continue
+        sat = [s for s in signals.get(ev, []) if s[0] >= val]
+        if not sat:
+            raise IRError(
+                f"equation #{e.id} (segc.wait): waits for {ev!r} >= {val}, but no signal of {ev!r} reaches {val} "
+                f"and no segc.host_event declares that the host signals it"
+            )
+        if all(s[1] >= seg[p] for s in sat):
+            s = sat[0]
+            raise IRError(
+                f"equation #{e.id} (segc.wait): deadlock: segment {seg[p]} waits for {ev!r} >= {val}, which only "
+                f"segment {s[1]} signals (#{s[2]}), not before it"
+            )
+    _verify_windows(g)
+
+
+def _verify_windows(g: Graph) -> None:
+    from .windows import window_args
+
+    names: set[str] = set()
+    for e in g.eqns:
+        if e.prim != WINDOW:
+            continue
+        where = f"equation #{e.id} (segc.window)"
+        if len(e.args) != 6 or not isinstance(e.args[0], str) or e.args[3] not in ("all", "range"):
+            raise IRError(f"{where}: expected (name, first, last, 'all'|'range', entry, exit), got {list(e.args)}")
+        if e.args[0] in names:
+            raise IRError(f"{where}: window name {e.args[0]!r} used twice")
+        names.add(e.args[0])
+        try:
+            want = window_args(g, e.args[0], e.args[1], e.args[2])
+        except ScheduleError as exc:
+            raise IRError(f"{where}: {exc}") from None
+        if tuple(e.args) != want:
+            raise IRError(
+                f"{where}: window {e.args[0]!r} is stale: the cuts give mode {want[3]}, entry {list(want[4])}, "
+                f"exit {list(want[5])}; place windows after cuts"
+            )
