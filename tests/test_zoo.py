@@ -1,0 +1,80 @@
+"""The model zoo: mlx-lm architectures through segc, bit-identical to eager mlx-lm.
+
+Each model is built from a tiny random configuration (segc.models.zoo), then a 33-token
+prompt is prefilled and 16 tokens are decoded greedily, eagerly and through segc: one
+segment per layer (boundaries found from the model's ``layers`` list) and unsegmented.
+After every call the logits and every cache (keys, values, offset) must be identical to
+eager mlx-lm's.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+
+pytest.importorskip("mlx_lm")
+
+from mlx_lm.models.cache import make_prompt_cache
+
+import segc
+from segc.models.zoo import ZOO, build
+
+PROMPT = mx.array([[(7 * i + 3) % 128 for i in range(33)]])
+DECODE_STEPS = 16
+
+
+def _cache_arrays(cache: list) -> list:
+    out = []
+    for c in cache:
+        out.append((c.offset, getattr(c, "_idx", None), c.keys, c.values))
+    return out
+
+
+def _same_caches(a: list, b: list) -> bool:
+    for (oa, ia, ka, va), (ob, ib, kb, vb) in zip(_cache_arrays(a), _cache_arrays(b)):
+        if oa != ob or ia != ib or ka.shape != kb.shape:
+            return False
+        if not (mx.array_equal(ka, kb).item() and mx.array_equal(va, vb).item()):
+            return False
+    return True
+
+
+def _run(step, model, steps: int = DECODE_STEPS) -> tuple[list[mx.array], list]:
+    """Greedy prefill + decode; returns the logits of every call and the final caches."""
+    cache = make_prompt_cache(model)
+    logits = [step(PROMPT, cache=cache)]
+    for _ in range(steps):
+        tok = mx.argmax(logits[-1][:, -1:], axis=-1)
+        logits.append(step(tok, cache=cache))
+    mx.eval(logits)
+    return logits, cache
+
+
+def _check(model) -> None:
+    eager_logits, eager_cache = _run(model, model)
+    n_layers = len(model.layers)
+    for boundaries, n_segments in (("auto", n_layers + 1), (None, 1)):
+        step = segc.jit(model, boundaries=boundaries)
+        logits, cache = _run(step, model)
+        for k, (a, b) in enumerate(zip(eager_logits, logits)):
+            assert mx.array_equal(a, b).item(), f"boundaries={boundaries}: call {k} logits differ"
+        assert _same_caches(eager_cache, cache), f"boundaries={boundaries}: caches differ"
+        info = step.cache_info()
+        assert info.traces == 2, info.retraces  # the prefill, and one decode graph for all 16 tokens
+        compiled = list(step._cache.values())
+        assert all(len(c.segments) == n_segments for c in compiled)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ZOO)
+def test_zoo_bit_identical(arch: str) -> None:
+    _check(build(arch))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("arch", ["llama", "mixtral"])
+def test_zoo_quantized_bit_identical(arch: str, bits: int) -> None:
+    model = build(arch, bits=bits)
+    assert "QuantizedLinear" in {type(m).__name__ for m in model.modules()}
+    _check(model)
