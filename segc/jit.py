@@ -404,7 +404,8 @@ class Jitted:
                 continue
             except st._Exact as e:
                 self.info.aborted.append(f"state[{e.slot}] traced in exact mode: {e.why}")
-                exact.add(e.slot)
+                # every state object of that kind is likely to need the same: switch them together
+                exact |= {s.index for s in slots if s.kind == slots[e.slot].kind}
                 self._exact_after[sig] = frozenset(exact)
                 continue
             if not cached:

@@ -71,7 +71,7 @@ OVERRIDES: dict[str, dict[str, Any]] = {
 }
 
 
-def model_classes(model_type: str) -> tuple[type, type]:
+def model_classes(model_type: str) -> tuple[Any, Any]:
     """The (Model, ModelArgs) classes of an mlx-lm architecture module."""
     try:
         mod = importlib.import_module(f"mlx_lm.models.{model_type}")
