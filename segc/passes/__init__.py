@@ -44,23 +44,18 @@ def get(name: str) -> Pass:
         raise ScheduleError(f"no pass named {name!r}; passes: {', '.join(sorted(PASSES))}") from None
 
 
-def run_pass(name: str, g: Graph, **options: Any) -> Graph:
-    return get(name)(g, **options)
+def run_pass(pass_name: str, g: Graph, /, **options: Any) -> Graph:
+    return get(pass_name)(g, **options)
 
 
-from . import cut as _cut  # noqa: E402
-from . import fences as _fences  # noqa: E402
-from . import legalize as _legalize  # noqa: E402
-from . import strip as _strip  # noqa: E402
-from . import windows as _windows  # noqa: E402
+# importing each pass module registers its pass
+from . import cut, fences, legalize, strip, windows  # noqa: E402, F401
 from .fences import Schedule as Schedule  # noqa: E402
 from .pipeline import Step as Step  # noqa: E402
 from .pipeline import run as run  # noqa: E402
 from .plan import Plan as Plan  # noqa: E402
 from .strategies import make_plan as make_plan  # noqa: E402
 from .strategies import resolve as resolve  # noqa: E402
-
-del _cut, _fences, _legalize, _strip, _windows
 
 __all__ = [
     "PASSES",

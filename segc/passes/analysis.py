@@ -359,5 +359,10 @@ def _effect_text(e: Eqn) -> str:
     if e.prim == HOST_EVENT:
         return f"host signals {e.args[0]}"
     if e.prim == WINDOW:
-        return f"window {e.args[0]!r} [#{e.args[1]}, #{e.args[2]}] {e.args[3]}"
+        inout = (
+            f", entry {' '.join('%' + v for v in e.args[4]) or '-'}, exit {' '.join('%' + v for v in e.args[5]) or '-'}"
+        )
+        return f"window {e.args[0]!r} [#{e.args[1]}, #{e.args[2]}] {e.args[3]}" + (
+            inout if e.args[3] == "range" else ""
+        )
     return ""
