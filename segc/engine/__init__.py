@@ -1,0 +1,7 @@
+"""Engines built on segc: generation loops over mlx-lm models."""
+
+from .generate import GenerationStats as GenerationStats
+from .generate import generate_tokens as generate_tokens
+from .generate import load_local_model as load_local_model
+
+__all__ = ["GenerationStats", "generate_tokens", "load_local_model"]
