@@ -47,7 +47,7 @@ def test_generate_cli_local_directory(tmp_path, capsys: pytest.CaptureFixture[st
 
 
 def test_generate_errors(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SegcError, match="config.json"):
+    with pytest.raises(SegcError, match=r"config\.json"):
         load_local_model(tmp_path)
     assert main(["generate", "--model", str(tmp_path)]) == 2
     assert main(["generate", "--prompt", "hello"]) == 2
