@@ -10,6 +10,7 @@ import sys
 COMMANDS = {
     "demo": "demo",
     "ir": "ir",
+    "passes": "passes",
     "generate": "generate",
 }
 
