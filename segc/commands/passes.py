@@ -49,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--window", metavar="FIRST:LAST", help="an execution window over equation ids")
 
 
-def _model(args: argparse.Namespace) -> tuple[Any, Any]:
+def _model(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     import mlx.core as mx
 
     import segc
