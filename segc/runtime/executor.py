@@ -11,6 +11,7 @@ here so the per-call loop does no name lookups.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -26,9 +27,29 @@ class Step:
     fn: Callable[..., list[mx.array]]
     in_slots: tuple[int, ...]
     out_slots: tuple[int, ...]
+    dead: tuple[int, ...] = ()  # slots whose last reader is this step: released after it
+
+
+def _getter(slots: tuple[int, ...]) -> Callable[[list], tuple]:
+    """``env -> tuple(env[i] for i in slots)`` as one C call."""
+    if len(slots) == 1:
+        (i,) = slots
+        return lambda env: (env[i],)
+    if not slots:
+        return lambda env: ()
+    return operator.itemgetter(*slots)
 
 
 class Executor:
+    """Runs a segmented graph; ``executor(inputs)`` takes the graph's inputs in order
+    (arguments, then parameters) and returns its outputs.
+
+    The per-call loop is the host's dispatch path, so everything it needs is resolved
+    here: each step's compiled function, a getter for its input slots, its output slots
+    and the slots it is the last reader of (released right after it, so a value lives
+    no longer than its last segment).
+    """
+
     def __init__(self, g: Graph, *, compile: bool = True, drain: bool = False):
         check_supported(g)
         self.graph = g
@@ -42,27 +63,46 @@ class Executor:
         for c in g.consts:
             slot[c.var.name] = len(slot)
             self.preset.append((slot[c.var.name], c.value))
-        steps = []
+        fns = []
         for s in self.segments:
             fn = segment_fn(g, s)
             if compile:
                 fn = mx.compile(fn)
             for o in s.outputs:
                 slot[o] = len(slot)
-            steps.append(Step(s, fn, tuple(slot[v] for v in s.inputs), tuple(slot[v] for v in s.outputs)))
-        self.steps = tuple(steps)
+            fns.append(fn)
         self.n_slots = len(slot)
         self.out_slots = tuple(slot[v] for v in g.outputs)
+        # the last step reading each segment-produced slot (graph outputs are never released)
+        last: dict[int, int] = {}
+        for k, s in enumerate(self.segments):
+            for v in s.inputs:
+                if slot[v] >= self.n_inputs + len(g.consts):
+                    last[slot[v]] = k
+        keep = set(self.out_slots)
+        dead: dict[int, list[int]] = {}
+        for i, k in last.items():
+            if i not in keep:
+                dead.setdefault(k, []).append(i)
+        self.steps = tuple(
+            Step(s, fn, tuple(slot[v] for v in s.inputs), tuple(slot[v] for v in s.outputs), tuple(dead.get(k, ())))
+            for k, (s, fn) in enumerate(zip(self.segments, fns))
+        )
+        # env = inputs + _tail: constants in their slots, then room for segment outputs
+        self._tail: list = [c.value for c in g.consts] + [None] * (self.n_slots - self.n_inputs - len(g.consts))
+        self._plan = tuple((st.fn, _getter(st.in_slots), st.out_slots, st.dead) for st in self.steps)
+        self._outs = _getter(self.out_slots)
 
     def __call__(self, inputs: Sequence[mx.array]) -> list[mx.array]:
-        env: list = [None] * self.n_slots
-        env[: self.n_inputs] = inputs
-        for k, v in self.preset:
-            env[k] = v
+        if len(inputs) != self.n_inputs:
+            raise ValueError(f"{self.graph.name} takes {self.n_inputs} inputs, got {len(inputs)}")
+        env = [*inputs, *self._tail]
         sync = mx.eval if self.drain else mx.async_eval
-        for st in self.steps:
-            res = st.fn(*[env[i] for i in st.in_slots])
+        for fn, take, outs, dead in self._plan:
+            res = fn(*take(env))
             sync(res)
-            for k, r in zip(st.out_slots, res):
+            for k, r in zip(outs, res):
                 env[k] = r
-        return [env[i] for i in self.out_slots]
+            for k in dead:
+                env[k] = None
+        return list(self._outs(env))

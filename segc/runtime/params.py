@@ -1,0 +1,167 @@
+"""Gather a module's parameters on every call without walking the module tree.
+
+``dict(tree_flatten(module.parameters()))`` rebuilds nested dicts for the whole module
+on every call: about 20 us per llama layer, more than segc's whole per-segment budget.
+:class:`ParamGatherer` walks the module once and keeps a *plan*: for every parameter the
+container (module, dict or list) that holds it and its key. A call then
+
+1. checks that the module tree still has the shape the plan was made from: every
+   container still sits at its key in its parent, and still has as many entries (so a
+   replaced submodule, as ``nn.quantize`` does, or an added or removed array is seen);
+2. reads each parameter from its container (one lookup each);
+3. reuses the previous abstract signature when every array is the same object as last
+   time (arrays with the same identity have the same shape and dtype).
+
+Any mismatch rebuilds the plan from ``module.parameters()``, so the result is always
+what ``dict(tree_flatten(module.parameters()))`` would give, in the same order. When the
+walker cannot reproduce ``parameters()`` exactly (an exotic container), the gatherer
+falls back to ``parameters()`` on every call.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+from .. import dtypes
+from ..errors import TraceError
+
+ParamEntry = tuple[str, tuple[int, ...], str]
+
+
+class ParamSig(tuple):
+    """The abstract signature of a module's parameters: ``((name, shape, dtype), ...)``.
+
+    A tuple whose hash is computed once: the trace cache hashes it on every call.
+    """
+
+    _hash: int
+
+    def __hash__(self) -> int:
+        try:
+            return self._hash
+        except AttributeError:
+            self._hash = tuple.__hash__(self)
+            return self._hash
+
+
+def _valid(key: Any, value: Any) -> bool:
+    # nn.Module.valid_parameter_filter, for a key inside a module
+    return isinstance(value, dict | list | mx.array) and not (isinstance(key, str) and key.startswith("_"))
+
+
+class _Plan:
+    """Where each parameter lives, and what to check that this is still so.
+
+    Kept as parallel lists so that each check is one ``map`` over them, a loop in C.
+    """
+
+    def __init__(self, module: nn.Module):
+        self.names: list[str] = []
+        self.leaf_in: list[Any] = []  # the container holding each parameter
+        self.leaf_key: list[Any] = []  # and its key there
+        self.parents: list[Any] = []  # for every container below the root: its parent,
+        self.keys: list[Any] = []  # its key in the parent,
+        self.children: list[Any] = []  # and the container itself
+        self.containers: list[Any] = []  # every container, the root first,
+        self.sizes: list[int] = []  # and its number of entries
+        self._walk(module, "")
+
+    def _walk(self, c: Any, prefix: str) -> None:
+        self.containers.append(c)
+        self.sizes.append(len(c))
+        if isinstance(c, nn.Module):
+            items = [(k, v) for k, v in c.items() if _valid(k, v)]
+        elif isinstance(c, dict):
+            items = [(k, v) for k, v in c.items() if isinstance(v, dict | list | mx.array)]
+        else:  # list
+            items = [(i, v) for i, v in enumerate(c) if isinstance(v, dict | list | mx.array)]
+        for k, v in items:
+            path = f"{prefix}.{k}" if prefix else str(k)
+            if isinstance(v, mx.array):
+                self.names.append(path)
+                self.leaf_in.append(c)
+                self.leaf_key.append(k)
+            else:
+                self.parents.append(c)
+                self.keys.append(k)
+                self.children.append(v)
+                self._walk(v, path)
+
+    def valid(self) -> bool:
+        if list(map(len, self.containers)) != self.sizes:
+            return False
+        try:
+            return all(map(operator.is_, map(operator.getitem, self.parents, self.keys), self.children))
+        except (KeyError, IndexError):  # pragma: no cover - a size change is seen first
+            return False
+
+    def read(self) -> list[Any]:
+        return list(map(operator.getitem, self.leaf_in, self.leaf_key))
+
+
+class ParamGatherer:
+    """``gather()`` returns ``(params, signature)``: the module's parameters by path, as
+    ``dict(tree_flatten(module.parameters()))`` would, and their :class:`ParamSig`.
+
+    The returned dict is shared between calls while the parameters do not change: read
+    it, do not modify it.
+    """
+
+    def __init__(self, module: nn.Module, name: str = "module"):
+        self.module = module
+        self.name = name
+        self._plan: _Plan | None = None
+        self._exact = True  # the walker reproduces parameters(); else always fall back
+        self._arrays: list[Any] = []
+        self._params: dict[str, mx.array] = {}
+        self._sig = ParamSig()
+
+    def gather(self) -> tuple[dict[str, mx.array], ParamSig]:
+        plan = self._plan
+        if plan is None or not plan.valid():
+            return self._rebuild()
+        arrays = plan.read()
+        if len(arrays) == len(self._arrays) and all(map(operator.is_, arrays, self._arrays)):
+            return self._params, self._sig
+        return self._update(plan.names, arrays)
+
+    def _rebuild(self) -> tuple[dict[str, mx.array], ParamSig]:
+        flat = tree_flatten(self.module.parameters())
+        names = [k for k, _ in flat]
+        arrays = [v for _, v in flat]
+        if self._exact:
+            plan = _Plan(self.module)
+            if plan.names == names and all(map(operator.is_, plan.read(), arrays)):
+                self._plan = plan
+            else:
+                self._plan, self._exact = None, False
+        return self._update(names, arrays)
+
+    def _update(self, names: list[str], arrays: list[Any]) -> tuple[dict[str, mx.array], ParamSig]:
+        old = dict(zip(self._params, self._arrays))
+        sig_old = {e[0]: e for e in self._sig}
+        entries: list[ParamEntry] = []
+        for k, v in zip(names, arrays):
+            if old.get(k) is v and k in sig_old:
+                entries.append(sig_old[k])
+                continue
+            if not isinstance(v, mx.array):
+                raise TraceError(f"parameter {k!r} of {self.name} is a {type(v).__name__}, not an mx.array")
+            entries.append((k, tuple(v.shape), dtypes.short(v.dtype)))
+        sig = ParamSig(entries)
+        if sig == self._sig:
+            sig = self._sig  # keep the object whose hash is cached
+        self._arrays = arrays
+        self._params = dict(zip(names, arrays))
+        self._sig = sig
+        return self._params, sig
+
+
+def module_params(module: nn.Module, name: str = "module") -> dict[str, mx.array]:
+    """``dict(tree_flatten(module.parameters()))``, checked: every leaf an array."""
+    return ParamGatherer(module, name).gather()[0]

@@ -1,0 +1,176 @@
+"""The segmented executor and the parameter gatherer on the cached-call path."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+from mlx.utils import tree_flatten
+
+import segc
+from segc.dtypes import short
+from segc.runtime.executor import Executor
+from segc.runtime.params import ParamGatherer, ParamSig
+
+
+class Block(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+        self.norm = nn.RMSNorm(d)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return x + self.lin(self.norm(x))
+
+
+class Net(nn.Module):
+    def __init__(self, d: int = 8, n: int = 3):
+        super().__init__()
+        self.layers = [Block(d) for _ in range(n)]
+        self.head = nn.Linear(d, 4)
+        self.extra = {"scale": mx.ones((4,)), "more": [mx.zeros((4,))]}
+        self._private = mx.ones((2,))  # not a parameter: the name starts with "_"
+
+    def __call__(self, x: mx.array) -> mx.array:
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x) * self.extra["scale"] + self.extra["more"][0]
+
+
+@pytest.fixture
+def net() -> Net:
+    mx.random.seed(3)
+    m = Net()
+    mx.eval(m.parameters())
+    return m
+
+
+def _skip(x: mx.array, w: mx.array) -> tuple[mx.array, mx.array]:
+    a = segc.boundary(mx.tanh(x @ w), "a")
+    b = segc.boundary(mx.exp(a) + x, "b")  # x read again after a boundary
+    c = b * a  # a read two segments after it was made
+    return c, a  # an intermediate that is also an output
+
+
+def _graph() -> tuple[segc.Graph, list[mx.array]]:
+    x = mx.random.normal((4, 4))
+    w = mx.random.normal((4, 4))
+    return segc.jit(_skip).lower(x, w).graph, [x, w]
+
+
+def test_executor_matches_uncompiled_replay_and_eager() -> None:
+    g, ins = _graph()
+    ref = _skip(*ins)
+    for compile in (True, False):
+        for drain in (False, True):
+            out = Executor(g, compile=compile, drain=drain)(ins)
+            assert len(out) == 2
+            for o, r in zip(out, ref):
+                assert mx.array_equal(o, r).item()
+
+
+def test_executor_releases_values_after_their_last_reader() -> None:
+    g, _ = _graph()
+    ex = Executor(g)
+    assert len(ex.steps) == 3
+    released = [k for st in ex.steps for k in st.dead]
+    assert len(released) == len(set(released))
+    assert not set(released) & set(ex.out_slots)  # outputs are never released
+    assert all(k >= ex.n_inputs for k in released)  # nor inputs
+    for st in ex.steps:  # a step releases only values it reads
+        assert set(st.dead) <= set(st.in_slots)
+
+
+def test_executor_checks_the_input_count() -> None:
+    g, ins = _graph()
+    with pytest.raises(ValueError, match="takes 2 inputs"):
+        Executor(g)(ins[:1])
+
+
+def test_gatherer_matches_tree_flatten(net: Net) -> None:
+    g = ParamGatherer(net)
+    params, sig = g.gather()
+    ref = dict(tree_flatten(net.parameters()))
+    assert list(params) == list(ref)
+    assert all(params[k] is ref[k] for k in ref)
+    assert "_private" not in params
+    assert [e[0] for e in sig] == list(ref)
+    assert isinstance(sig, ParamSig)
+
+
+def test_gatherer_reuses_the_signature_object(net: Net) -> None:
+    g = ParamGatherer(net)
+    p1, s1 = g.gather()
+    p2, s2 = g.gather()
+    assert s1 is s2 and p1 is p2
+    assert hash(s1) == hash(tuple(s1))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "update",  # new arrays, same shapes
+        "reshape",  # a parameter of another shape
+        "dtype",
+        "replace_module",  # a submodule swapped, as nn.quantize does
+        "replace_list_item",
+        "add_param",
+        "remove_param",
+        "dict_item",
+        "list_append",
+    ],
+)
+def test_gatherer_sees_every_change(net: Net, change: str) -> None:
+    g = ParamGatherer(net)
+    _, s0 = g.gather()
+    if change == "update":
+        net.update({"head": {"weight": net.head.weight + 1}})
+    elif change == "reshape":
+        net.head.weight = mx.zeros((4, 3))
+    elif change == "dtype":
+        net.head.bias = net.head.bias.astype(mx.float16)
+    elif change == "replace_module":
+        net.layers[0].lin = nn.Linear(8, 8, bias=False)
+    elif change == "replace_list_item":
+        net.layers[1] = Block(8)
+    elif change == "add_param":
+        net.layers[2].norm.extra_weight = mx.ones((8,))
+    elif change == "remove_param":
+        del net.head["bias"]
+    elif change == "dict_item":
+        net.extra["scale"] = mx.full((4,), 2.0)
+    elif change == "list_append":
+        net.extra["more"].append(mx.ones((3,)))
+    params, sig = g.gather()
+    ref = dict(tree_flatten(net.parameters()))
+    assert list(params) == list(ref)
+    assert all(params[k] is ref[k] for k in ref)
+    assert list(sig) == [(k, tuple(v.shape), short(v.dtype)) for k, v in ref.items()]
+    if change in ("update", "dict_item", "replace_list_item"):
+        assert sig == s0  # same shapes: same signature, no retrace
+    else:
+        assert sig != s0
+
+
+def test_jit_follows_new_weights_without_retracing(net: Net) -> None:
+    x = mx.random.normal((2, 8))
+    step = segc.jit(net, boundaries="layers.*")
+    assert mx.array_equal(step(x), net(x)).item()
+    net.update({"head": {"weight": net.head.weight * 2}})
+    assert mx.array_equal(step(x), net(x)).item()
+    net.layers[0].lin = nn.Linear(8, 8)
+    mx.eval(net.parameters())
+    assert mx.array_equal(step(x), net(x)).item()
+    info = step.cache_info()
+    assert info.misses == 1 and info.hits == 2
+
+
+def test_gatherer_walks_lists_and_dicts() -> None:
+    class Odd(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stuff = [mx.ones((2,)), {"k": mx.zeros((1,))}]
+
+    m = Odd()
+    params, _ = ParamGatherer(m).gather()
+    assert list(params) == ["stuff.0", "stuff.1.k"]
