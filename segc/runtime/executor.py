@@ -81,9 +81,9 @@ class Executor:
                     last[slot[v]] = k
         keep = set(self.out_slots)
         dead: dict[int, list[int]] = {}
-        for i, k in last.items():
-            if i not in keep:
-                dead.setdefault(k, []).append(i)
+        for reader_slot, k in last.items():
+            if reader_slot not in keep:
+                dead.setdefault(k, []).append(reader_slot)
         self.steps = tuple(
             Step(s, fn, tuple(slot[v] for v in s.inputs), tuple(slot[v] for v in s.outputs), tuple(dead.get(k, ())))
             for k, (s, fn) in enumerate(zip(self.segments, fns))

@@ -21,7 +21,7 @@ falls back to ``parameters()`` on every call.
 from __future__ import annotations
 
 import operator
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -33,7 +33,7 @@ from ..errors import TraceError
 ParamEntry = tuple[str, tuple[int, ...], str]
 
 
-class ParamSig(tuple):
+class ParamSig(tuple[ParamEntry, ...]):
     """The abstract signature of a module's parameters: ``((name, shape, dtype), ...)``.
 
     A tuple whose hash is computed once: the trace cache hashes it on every call.
@@ -131,7 +131,7 @@ class ParamGatherer:
         return self._update(plan.names, arrays)
 
     def _rebuild(self) -> tuple[dict[str, mx.array], ParamSig]:
-        flat = tree_flatten(self.module.parameters())
+        flat = cast(list[tuple[str, Any]], tree_flatten(self.module.parameters()))
         names = [k for k, _ in flat]
         arrays = [v for _, v in flat]
         if self._exact:
