@@ -116,7 +116,7 @@ programs = st.lists(
 
 
 @given(steps=programs, data=st.data())
-@SETTINGS
+@settings(SETTINGS, max_examples=80)
 def test_random_programs_any_plan_bit_identical(steps: list, data: Any) -> None:
     x = mx.random.normal((4, 4), key=mx.random.key(1))
     y = mx.random.normal((4, 4), key=mx.random.key(2))
@@ -137,12 +137,13 @@ def test_random_programs_any_plan_bit_identical(steps: list, data: Any) -> None:
 @functools.cache
 def lm(arch: str) -> tuple[Graph, list[mx.array], list[mx.array]]:
     from segc.models import tiny_llama
+    from segc.models.zoo import build
 
     if arch == "llama":
         model = tiny_llama(num_hidden_layers=3)
+    elif arch == "llama-q4":
+        model = build("llama", bits=4)
     else:
-        from segc.models.zoo import build
-
         model = build(arch)
     x = mx.array([[3, 1, 4, 1, 5, 9, 2, 6]], dtype=mx.int32)
     g = segc.jit(model, boundaries="layers.*").lower(x).graph
@@ -160,13 +161,29 @@ def test_tiny_llama_any_plan_bit_identical(data: Any) -> None:
     check_plan(g, data.draw(specs(g)), inputs, ref)
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "mixtral"])
-@pytest.mark.parametrize("spec", ["markers", "every:2", "balanced:3", "min_boundary_bytes"])
+@pytest.mark.parametrize("spec", ["none", "markers", "every:1", "balanced:2", "balanced:5", "memory:150KiB"])
+def test_cut_by_strategy_is_idempotent(spec: str) -> None:
+    g, _, _ = lm("llama")
+    once = run_pass("cut", g, strategy=spec)
+    assert run_pass("cut", once, strategy=spec) == once
+    assert run_pass("legalize", once) == once
+
+
+def zoo() -> list[str]:
+    from segc.models.zoo import ZOO
+
+    return [a for a in ZOO if a != "llama"] + ["llama-q4"]
+
+
+@pytest.mark.parametrize("arch", zoo())
+@pytest.mark.parametrize("spec", ["every:2", "balanced:3", "memory", "min_boundary_bytes"])
 def test_zoo_models_every_strategy_bit_identical(arch: str, spec: str) -> None:
     try:
         g, inputs, ref = lm(arch)
     except ImportError:
         pytest.skip(f"{arch} is not available in this mlx-lm")
+    if spec == "memory":  # the budget of the largest per-layer segment
+        spec = f"memory:{analyze(g).max_segment_peak}"
     check_plan(g, spec, inputs, ref)
 
 

@@ -1,0 +1,61 @@
+"""``segc passes``: compare strategies, print the IR after passes, save/diff/apply plans."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from segc.cli import main
+
+SMALL = ["--layers", "2", "--hidden", "64", "--intermediate", "128", "--heads", "4", "--kv-heads", "2"]
+SMALL += ["--vocab", "128", "--tokens", "8"]
+
+
+def test_compare_prints_a_table_of_every_strategy(capsys):
+    assert main(["passes", "--compare", "--check-bits", *SMALL]) == 0
+    out = capsys.readouterr().out
+    rows = [ln for ln in out.splitlines() if ln.startswith("| `")]
+    names = [r.split("`")[1] for r in rows]
+    assert names[:3] == ["none", "markers", "every(2)"]
+    assert any(n.startswith("balanced(") for n in names) and any(n.startswith("memory(") for n in names)
+    assert "min_boundary_bytes" in names and "after_each_softmax" in names
+    assert all(r.endswith("bit-identical |") for r in rows)
+
+
+def test_print_after_every_pass(capsys, tmp_path):
+    sched = tmp_path / "s.json"
+    sched.write_text(
+        json.dumps({"cuts": [{"after": 20, "signal": ["kv", 1]}], "waits": [{"at": 200, "event": "kv", "value": 1}]})
+    )
+    argv = ["passes", *SMALL, "--strategy", "balanced:3", "--schedule", str(sched), "--window", "30:150"]
+    assert main([*argv, "--print-after", "all"]) == 0
+    out = capsys.readouterr().out
+    assert [ln for ln in out.splitlines() if ln.startswith("// IR after")] == [
+        "// IR after input",
+        "// IR after cut",
+        "// IR after fences",
+        "// IR after window",
+    ]
+    assert 'segc.signal() ["kv", 1]' in out and 'segc.window() ["window", 30, 150, "range"' in out
+
+
+def test_plans_save_diff_and_apply(capsys, tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    assert main(["passes", *SMALL, "--strategy", "balanced:2", "--plan-out", str(a)]) == 0
+    assert main(["passes", *SMALL, "--strategy", "markers", "--plan-out", str(b)]) == 0
+    capsys.readouterr()
+    assert main(["passes", "--diff", str(a), str(b)]) == 0
+    assert "+ cut after #" in capsys.readouterr().out
+    assert main(["passes", *SMALL, "--plan-in", str(a)]) == 0
+    text = capsys.readouterr().out
+    assert text.count("-- segment") == 2
+    # the plan belongs to this graph only
+    assert main(["passes", *SMALL, "--layers", "3", "--plan-in", str(a)]) == 2
+    assert "was made for graph" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("spec", ["bogus", "memory:1"])
+def test_bad_strategy_is_a_clean_error(capsys, spec):
+    assert main(["passes", *SMALL, "--strategy", spec]) == 2
+    assert capsys.readouterr().err.startswith("segc passes: ")
