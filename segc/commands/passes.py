@@ -83,9 +83,9 @@ def after_each_softmax(g: Any) -> list[tuple[int, str]]:
 
 def default_specs(g: Any) -> list[Any]:
     from segc.passes.analysis import analyze
-    from segc.passes.strategies import _markers
+    from segc.passes.plan import marker_points
 
-    n = max(len(_markers(g)), 1)
+    n = max(len(marker_points(g)), 1)
     per_layer = analyze(g).max_segment_peak
     return [
         "none",

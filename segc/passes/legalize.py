@@ -86,9 +86,21 @@ FUSIBLE = UNARY | BINARY | {"Select", "Broadcast"}
 MAX_DEPTH = 11  # mlx/compile.cpp: max_compile_depth
 
 
+_GROUPS: list[tuple[Graph, list[tuple[int, ...]]]] = []  # the last few graphs (identity)
+
+
 def fusion_groups(g: Graph) -> list[tuple[int, ...]]:
     """The op indices (see ``analysis.ops``) of each chain ``mx.compile`` would fuse,
-    copied broadcasts left out; groups of one are dropped."""
+    broadcasts of outside values left out; groups of one are dropped."""
+    for gg, groups in _GROUPS:
+        if gg is g:
+            return list(groups)
+    groups = _fusion_groups(g)
+    _GROUPS[:] = [(g, groups), *_GROUPS[:3]]
+    return list(groups)
+
+
+def _fusion_groups(g: Graph) -> list[tuple[int, ...]]:
     os_ = ops(g)
     producer: dict[str, int] = {}
     consumers: dict[int, set[int]] = {}

@@ -16,6 +16,7 @@ pseudo-equations keep their place relative to the computing equations: a
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,11 +93,19 @@ class Plan:
         return Plan.from_json(Path(path).read_text())
 
 
+_KEYS: list[tuple[Graph, str]] = []  # the last few graphs keyed (identity), for speed
+
+
 def plan_key(g: Graph) -> str:
     """The key a plan is filed under: the fingerprint of ``g``'s computing equations in
     id order (trace order), so neither cuts, fences, windows nor a plan's reordering
     change it."""
-    return g.replace(eqns=tuple(sorted((e for e in g.eqns if not e.is_pseudo), key=lambda e: e.id))).fingerprint()
+    for gg, key in _KEYS:
+        if gg is g:
+            return key
+    key = g.replace(eqns=tuple(sorted((e for e in g.eqns if not e.is_pseudo), key=lambda e: e.id))).fingerprint()
+    _KEYS[:] = [(g, key), *_KEYS[:3]]
+    return key
 
 
 def plan_of(g: Graph, strategy: str = "graph") -> Plan:
@@ -111,6 +120,32 @@ def plan_of(g: Graph, strategy: str = "graph") -> Plan:
         elif not e.is_pseudo:
             last = e.id
     return Plan(plan_key(g), strategy, tuple(cuts))
+
+
+def marker_points(g: Graph) -> list[tuple[int, str, int]]:
+    """(cut point, name, cut id) of every marker cut with ops on both sides."""
+    out: list[tuple[int, str, int]] = []
+    k = 0
+    for e in g.eqns:
+        if e.prim == CUT:
+            if k > 0 and (not out or out[-1][0] != k):
+                out.append((k, str(e.args[0]) if e.args else f"cut{e.id}", e.id))
+        elif not e.is_pseudo:
+            k += 1
+    return [m for m in out if m[0] < k]
+
+
+def plan_at(  # the plan cutting before each op index in points; marker names and ids kept
+    g: Graph, name: str, points: Iterable[int], names: Mapping[int, str] | None = None, os_: Any = None, **kw: Any
+) -> Plan:
+    os_ = os_ if os_ is not None else [e for e in g.eqns if not e.is_pseudo]
+    names = names or {}
+    marks = {p: (n, i) for p, n, i in marker_points(g)}
+    cuts = []
+    for i, p in enumerate(sorted(set(points))):
+        nm, cid = marks.get(p, (names.get(p, f"cut{i}"), None))
+        cuts.append(Cut(os_[p - 1].id, names.get(p, nm), cid))
+    return Plan(plan_key(g), name, tuple(cuts), **kw)
 
 
 def diff(a: Plan, b: Plan) -> str:

@@ -22,46 +22,20 @@ records every cut that had to move.
 from __future__ import annotations
 
 import bisect
-import itertools
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ScheduleError
-from ..ir import CUT, Graph
+from ..ir import Graph
 from .analysis import H200, Machine, eqn_cost, liveness, ops, span_peak
-from .legalize import fusion_groups, legal_points, legalize_plan
-from .plan import Cut, Plan, plan_key, plan_of
+from .legalize import legal_points, legalize_plan
+from .mincut import MinBoundaryBytes
+from .plan import Cut, Plan, marker_points, plan_at, plan_key, plan_of
 
 Strategy = Callable[[Graph], Plan]
-
-
-def _markers(g: Graph) -> list[tuple[int, str, int]]:
-    """(cut point, name, cut id) of every marker cut with ops on both sides."""
-    out: list[tuple[int, str, int]] = []
-    k = 0
-    for e in g.eqns:
-        if e.prim == CUT:
-            if k > 0 and (not out or out[-1][0] != k):
-                out.append((k, str(e.args[0]) if e.args else f"cut{e.id}", e.id))
-        elif not e.is_pseudo:
-            k += 1
-    return [m for m in out if m[0] < k]
-
-
-def _plan(
-    g: Graph, name: str, points: Iterable[int], names: Mapping[int, str] | None = None, os_: Any = None, **kw: Any
-) -> Plan:
-    os_ = os_ if os_ is not None else ops(g)
-    names = names or {}
-    marks = {p: (n, i) for p, n, i in _markers(g)}
-    cuts = []
-    for i, p in enumerate(sorted(set(points))):
-        nm, cid = marks.get(p, (names.get(p, f"cut{i}"), None))
-        cuts.append(Cut(os_[p - 1].id, names.get(p, nm), cid))
-    return Plan(plan_key(g), name, tuple(cuts), **kw)
 
 
 @dataclass(frozen=True)
@@ -84,10 +58,10 @@ class Every:
     def __call__(self, g: Graph) -> Plan:
         if self.k < 1:
             raise ScheduleError(f"every(k) needs k >= 1, got {self.k}")
-        marks = _markers(g)
+        marks = marker_points(g)
         if marks:
-            return _plan(g, f"every({self.k})", [p for i, (p, _, _) in enumerate(marks) if (i + 1) % self.k == 0])
-        return _plan(g, f"every({self.k})", range(self.k, len(ops(g)), self.k))
+            return plan_at(g, f"every({self.k})", [p for i, (p, _, _) in enumerate(marks) if (i + 1) % self.k == 0])
+        return plan_at(g, f"every({self.k})", range(self.k, len(ops(g)), self.k))
 
 
 def _partition(costs: Sequence[float], points: Sequence[int], n: int) -> list[int]:
@@ -163,7 +137,7 @@ class Balanced:
         cost = self.costs(g)
         pts = _partition(cost, legal_points(g), self.n)
         src = "measured" if self.measured else "analytic"
-        return _plan(g, f"balanced({self.n}, {src})", pts, info={"cost": src})
+        return plan_at(g, f"balanced({self.n}, {src})", pts, info={"cost": src})
 
 
 @dataclass(frozen=True)
@@ -194,82 +168,7 @@ class Memory:
             a = legal[lo]
             if a < len(os_):
                 cuts.append(a)
-        return _plan(g, f"memory({self.budget})", cuts)
-
-
-@dataclass(frozen=True)
-class MinBoundaryBytes:
-    between: tuple[str, ...] | None = None  # marker names; None: every marker
-
-    def __call__(self, g: Graph) -> Plan:
-        import networkx as nx
-
-        os_ = ops(g)
-        n = len(os_)
-        marks = _markers(g)
-        if self.between is not None:
-            known = {nm for _, nm, _ in marks}
-            missing = [b for b in self.between if b not in known]
-            if missing:
-                raise ScheduleError(f"min_boundary_bytes: no marker named {missing[0]!r}; markers: {sorted(known)}")
-            marks = [m for m in marks if m[1] in self.between]
-        bounds = [m[0] for m in marks]
-        if len(bounds) < 2:
-            raise ScheduleError("min_boundary_bytes needs at least two markers to cut between")
-        producer: dict[str, int] = {}
-        for k, e in enumerate(os_):
-            for o in e.outs:
-                producer[o.name] = k
-        consumers: dict[str, set[int]] = {}
-        for k, e in enumerate(os_):
-            for v in e.ins:
-                if v in producer:
-                    consumers.setdefault(v, set()).add(k)
-        for v in g.outputs:
-            if v in producer:
-                consumers.setdefault(v, set()).add(n)
-        groups = fusion_groups(g)
-        order = list(range(n))
-        points: list[int] = []
-        for lo, hi in itertools.pairwise(bounds):
-
-            def node(k: int, lo: int = lo, hi: int = hi) -> Any:
-                return "s" if k < lo else ("t" if k >= hi else k)
-
-            fg = nx.DiGraph()
-            fg.add_nodes_from(["s", "t", *range(lo, hi)])
-            for v, cs in consumers.items():
-                d = producer[v]
-                if d >= hi or all(c < lo for c in cs):
-                    continue
-                pv = node(d)
-                fg.add_edge(pv, ("in", v))
-                fg.add_edge(("in", v), ("out", v), capacity=_nbytes(os_[d], v))
-                for c in cs:
-                    fg.add_edge(("out", v), node(c))
-                    if node(c) != pv:
-                        fg.add_edge(node(c), pv)  # a consumer before the cut needs its producer there
-            for grp in groups:
-                for a, b in itertools.pairwise(grp):
-                    if node(a) != node(b):
-                        fg.add_edge(node(a), node(b))
-                        fg.add_edge(node(b), node(a))
-            try:
-                _, (side_s, _) = nx.minimum_cut(fg, "s", "t")
-            except nx.NetworkXUnbounded:
-                continue  # a fused chain spans the whole interval: no cut here
-            first = [k for k in range(lo, hi) if k in side_s]
-            rest = [k for k in range(lo, hi) if k not in side_s]
-            order[lo:hi] = first + rest
-            points.append(lo + len(first))
-        os2 = [os_[k] for k in order]
-        reorder = None if order == list(range(n)) else tuple(e.id for e in os2)
-        pts = [p for p in sorted(set(points)) if 0 < p < n]
-        return _plan(g, "min_boundary_bytes", pts, os_=os2, order=reorder)
-
-
-def _nbytes(e: Any, v: str) -> int:
-    return next(o.nbytes for o in e.outs if o.name == v)
+        return plan_at(g, f"memory({self.budget})", cuts)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,100 @@
+"""``min_boundary_bytes``: cut where the fewest bytes cross, by a minimum s-t cut.
+
+Between each pair of consecutive markers (all of them, or those named), the equations
+form a flow network (networkx): equations before the interval are the source, those
+after it the sink; each value is one edge ``in -> out`` weighted by its bytes (however
+many equations read it), with infinite edges from its producer and to its consumers;
+an infinite edge from each consumer back to its producer keeps the source side closed
+under dependencies (a valid prefix of some topological order); fused chains
+(``legalize.fusion_groups``) are tied together so no cut splits them. The minimum cut
+is one cut point; when its source side is not already a prefix of the interval, the
+plan reorders the interval's equations (source side first, each side in its original
+order), which changes no value.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ScheduleError
+from ..ir import Graph
+from .analysis import ops
+from .legalize import fusion_groups
+from .plan import Plan, marker_points, plan_at
+
+
+@dataclass(frozen=True)
+class MinBoundaryBytes:
+    between: tuple[str, ...] | None = None  # marker names; None: every marker
+
+    def __call__(self, g: Graph) -> Plan:
+        import networkx as nx
+
+        os_ = ops(g)
+        n = len(os_)
+        marks = marker_points(g)
+        if self.between is not None:
+            known = {nm for _, nm, _ in marks}
+            missing = [b for b in self.between if b not in known]
+            if missing:
+                raise ScheduleError(f"min_boundary_bytes: no marker named {missing[0]!r}; markers: {sorted(known)}")
+            marks = [m for m in marks if m[1] in self.between]
+        bounds = [m[0] for m in marks]
+        if len(bounds) < 2:
+            raise ScheduleError("min_boundary_bytes needs at least two markers to cut between")
+        producer: dict[str, int] = {}
+        for k, e in enumerate(os_):
+            for o in e.outs:
+                producer[o.name] = k
+        consumers: dict[str, set[int]] = {}
+        for k, e in enumerate(os_):
+            for v in e.ins:
+                if v in producer:
+                    consumers.setdefault(v, set()).add(k)
+        for v in g.outputs:
+            if v in producer:
+                consumers.setdefault(v, set()).add(n)
+        groups = fusion_groups(g)
+        order = list(range(n))
+        points: list[int] = []
+        for lo, hi in itertools.pairwise(bounds):
+
+            def node(k: int, lo: int = lo, hi: int = hi) -> Any:
+                return "s" if k < lo else ("t" if k >= hi else k)
+
+            fg = nx.DiGraph()
+            fg.add_nodes_from(["s", "t", *range(lo, hi)])
+            for v, cs in consumers.items():
+                d = producer[v]
+                if d >= hi or all(c < lo for c in cs):
+                    continue
+                pv = node(d)
+                fg.add_edge(pv, ("in", v))
+                fg.add_edge(("in", v), ("out", v), capacity=_nbytes(os_[d], v))
+                for c in cs:
+                    fg.add_edge(("out", v), node(c))
+                    if node(c) != pv:
+                        fg.add_edge(node(c), pv)  # a consumer before the cut needs its producer there
+            for grp in groups:
+                for a, b in itertools.pairwise(grp):
+                    if node(a) != node(b):
+                        fg.add_edge(node(a), node(b))
+                        fg.add_edge(node(b), node(a))
+            try:
+                _, (side_s, _) = nx.minimum_cut(fg, "s", "t")
+            except nx.NetworkXUnbounded:
+                continue  # a fused chain spans the whole interval: no cut here
+            first = [k for k in range(lo, hi) if k in side_s]
+            rest = [k for k in range(lo, hi) if k not in side_s]
+            order[lo:hi] = first + rest
+            points.append(lo + len(first))
+        os2 = [os_[k] for k in order]
+        reorder = None if order == list(range(n)) else tuple(e.id for e in os2)
+        pts = [p for p in sorted(set(points)) if 0 < p < n]
+        return plan_at(g, "min_boundary_bytes", pts, os_=os2, order=reorder)
+
+
+def _nbytes(e: Any, v: str) -> int:
+    return next(o.nbytes for o in e.outs if o.name == v)
