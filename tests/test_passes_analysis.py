@@ -55,11 +55,33 @@ def test_flops_and_bytes(g):
 def test_liveness_and_crossing(g):
     lv = liveness(g)
     assert lv.defined["v2"] == 2 and lv.last_use["v2"] == 4
-    assert lv.last_use["v7"] == 8  # a graph output lives to the end (8 ops)
+    assert lv.root["v7"] == "v6" and lv.last_use["v6"] == 8  # the output, a view of v6, lives to the end
     cross = crossing_bytes(g)
     assert cross[3] == 256  # after #2 only %v2 is live
     assert cross[1] == 256 + 0  # after #0: %v0 (the input %a0 is not an activation)
     assert cross[4] == 2 * 256  # after #4: %v3 and %v2
+
+
+def test_views_own_no_memory():
+    g = parse(
+        """graph f(%a0: f32[4,4] arg="0") {
+  const %c0: f32[] = [2.0]
+  %v0: f32[4,4] = Broadcast(%c0) [[4, 4]] #0
+  %v1: f32[4,4] = Exp(%a0) #1
+  %v2: f32[4,4] = Transpose(%v1) [[1, 0]] #2
+  %v3: f32[16] = Reshape(%v2) [[16]] #3
+  %v4: f32[4,4] = Matmul(%v2, %v0) #4
+  %v5: f32[16] = Reshape(%v4) [[16]] #5
+  %v6: f32[16] = Add(%v5, %v3) #6
+  return (%v6)
+}"""
+    )
+    lv = liveness(g)
+    assert lv.root["v0"] == "c0" and lv.nbytes["c0"] == 0  # a broadcast constant crosses for free
+    assert lv.root["v2"] == "v1" and lv.last_use["v1"] == 4  # the transpose keeps v1 alive
+    assert lv.root["v3"] == "v3"  # reshaping a transposed value copies
+    assert lv.root["v5"] == "v4"  # reshaping a contiguous one does not
+    assert crossing_bytes(g)[1] == 0 and crossing_bytes(g)[3] == 64
 
 
 def test_span_peak_counts_inputs_and_intermediates(g):

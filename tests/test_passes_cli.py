@@ -23,6 +23,11 @@ def test_compare_prints_a_table_of_every_strategy(capsys):
     assert all(r.endswith("bit-identical |") for r in rows)
 
 
+def test_compare_with_measured_costs(capsys):
+    assert main(["passes", "--compare", "--measure", *SMALL]) == 0
+    assert "| `balanced(3, measured)` | " in capsys.readouterr().out
+
+
 def test_print_after_every_pass(capsys, tmp_path):
     sched = tmp_path / "s.json"
     sched.write_text(

@@ -41,6 +41,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-legalize", action="store_true", help="keep cuts that split a fused chain")
     p.add_argument("--compare", action="store_true", help="a markdown table of the strategies")
     p.add_argument("--check-bits", action="store_true", help="run each plan; compare with the unsegmented graph")
+    p.add_argument(
+        "--measure",
+        action="store_true",
+        help="with --compare: also balanced:N from measured per-marker-segment times (this machine)",
+    )
     p.add_argument("--print-after", metavar="PASSES", help="print the IR after these passes (comma list, or all)")
     p.add_argument("--plan-out", metavar="FILE", help="save the plan of the (first) strategy as JSON")
     p.add_argument("--plan-in", metavar="FILE", help="apply a saved plan instead of a strategy")
@@ -147,6 +152,12 @@ def _run(args: argparse.Namespace) -> int:
             "| boundary bytes | moved cuts |"
         )
         print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        if args.measure and model is not None:
+            from segc.passes.plan import marker_points
+            from segc.passes.strategies import Balanced, measure_segments
+
+            times = measure_segments(g, _inputs(model, g, x), repeats=5)
+            specs.append(Balanced(len(marker_points(g)) + 1, measured=times))
         for spec in specs:
             plan = make_plan(g, spec, legalize=legalize)
             name = getattr(spec, "__name__", None) or plan.strategy
@@ -184,16 +195,21 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _inputs(model: Any, g: Any, x: Any) -> list[Any]:
+    from mlx.utils import tree_flatten
+
+    params = dict(tree_flatten(model.parameters()))
+    return [x] + [params[i.path] for i in g.inputs if i.kind == "param"]
+
+
 def _same_bits(model: Any, g: Any, plan: Any, x: Any) -> bool:
     import mlx.core as mx
-    from mlx.utils import tree_flatten
 
     from segc.passes import run_pass
     from segc.passes.plan import apply_plan
     from segc.runtime.executor import Executor
 
-    params = dict(tree_flatten(model.parameters()))
-    inputs = [x] + [params[i.path] for i in g.inputs if i.kind == "param"]
+    inputs = _inputs(model, g, x)
     want = Executor(run_pass("strip_cuts", g))(inputs)
     got = Executor(apply_plan(g, plan))(inputs)
     return all(mx.array_equal(a, b).item() for a, b in zip(got, want))

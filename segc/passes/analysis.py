@@ -11,10 +11,13 @@ makes them without copying. Bytes are counted as if nothing were fused; that
 overestimates elementwise chains, equally for every cut placement (fusion-aware
 legalisation never splits a fused chain).
 
-Liveness assumes a value is freed after its last use. The peak live bytes of a segment
-is its working set: the inputs it reads (parameters included) plus its own intermediates
-live at the worst point. The whole-run peak adds, for each segment, the activations held
-across it for later segments.
+Liveness is buffer-level: a view (a broadcast of a constant, a transposed weight) owns
+no memory and keeps its source alive; a buffer is freed after its last use through any
+alias. The peak live bytes of a segment is its working set: the buffers it reads (graph
+inputs and parameters included) plus its own buffers live at the worst point. The
+whole-run peak adds, for each segment, the activations held across it for later
+segments. Boundary bytes count activation buffers crossing a cut (a view of a constant
+crosses for free).
 """
 
 from __future__ import annotations
@@ -132,38 +135,63 @@ def ops(g: Graph) -> list[Eqn]:
     return [e for e in g.eqns if not e.is_pseudo]
 
 
+# views alias their input's buffer; these keep a contiguous buffer contiguous
+ALIASES = frozenset(
+    {"Broadcast", "BroadcastAxes", "ExpandDims", "Squeeze", "Transpose", "Slice", "AsStrided", "Split"}
+    | {"StopGradient", "Depends", "Reshape", "Flatten", "Unflatten"}
+)
+_KEEP_CONTIGUOUS = frozenset({"ExpandDims", "Squeeze", "StopGradient", "Depends", "Reshape", "Flatten", "Unflatten"})
+_RESHAPES = frozenset({"Reshape", "Flatten", "Unflatten"})
+
+
 @dataclass(frozen=True, slots=True)
 class Liveness:
-    """For each value defined by an equation: the op index defining it and its last use
-    (``len(ops)`` for a graph output). ``reads[k]``: values op ``k`` reads."""
+    """Buffer-level liveness. A view (broadcast, transpose, slice, a reshape of a
+    contiguous value, ...) owns no memory: ``root`` maps every value to the buffer it
+    reads (itself for a computed value, a graph input or a constant) and a view keeps its
+    root alive. ``defined``: op index of each computed buffer; ``last_use``: last op
+    reading the buffer through any alias (``n`` for a graph output); ``nbytes``: bytes of
+    each buffer (graph inputs included, constants 0)."""
 
     n: int
     defined: dict[str, int]
     last_use: dict[str, int]
     nbytes: dict[str, int]
+    root: dict[str, str]
 
 
 def liveness(g: Graph) -> Liveness:
     os_ = ops(g)
-    defined: dict[str, int] = {}
-    last: dict[str, int] = {}
+    root: dict[str, str] = {}
+    contiguous: dict[str, bool] = {}
     nbytes: dict[str, int] = {}
     for i in g.inputs:
-        nbytes[i.var.name] = i.var.nbytes
+        root[i.var.name], contiguous[i.var.name], nbytes[i.var.name] = i.var.name, True, i.var.nbytes
+    for c in g.consts:
+        root[c.var.name], contiguous[c.var.name], nbytes[c.var.name] = c.var.name, True, 0
+    defined: dict[str, int] = {}
+    last: dict[str, int] = {}
     for k, e in enumerate(os_):
         for v in e.ins:
-            last[v] = k
+            last[root[v]] = k
+        src = e.ins[0] if e.ins else None
+        alias = e.prim in ALIASES and src is not None and not (e.prim in _RESHAPES and not contiguous[src])
         for o in e.outs:
-            defined[o.name] = k
-            nbytes[o.name] = o.nbytes
-            last.setdefault(o.name, k)
+            if alias:
+                assert src is not None
+                root[o.name] = root[src]
+                contiguous[o.name] = contiguous[src] and e.prim in _KEEP_CONTIGUOUS
+            else:
+                root[o.name], contiguous[o.name], nbytes[o.name] = o.name, True, o.nbytes
+                defined[o.name] = k
+                last[o.name] = k
     for v in g.outputs:
-        last[v] = len(os_)
-    return Liveness(len(os_), defined, last, nbytes)
+        last[root[v]] = len(os_)
+    return Liveness(len(os_), defined, last, nbytes, root)
 
 
 def crossing_bytes(g: Graph, live: Liveness | None = None) -> list[int]:
-    """``out[k]``: bytes of activations (values computed by the graph, not its inputs or
+    """``out[k]``: bytes of activation buffers (computed by the graph, not its inputs or
     constants) that a cut at point ``k`` would carry from before it to after it."""
     lv = live or liveness(g)
     diff = [0] * (lv.n + 2)
@@ -180,22 +208,25 @@ def crossing_bytes(g: Graph, live: Liveness | None = None) -> list[int]:
 
 
 def span_peak(g: Graph, a: int, b: int, live: Liveness | None = None, os_: Sequence[Eqn] | None = None) -> int:
-    """Peak live bytes of ops ``[a, b)`` run as one segment: the bytes of every value it
-    reads from outside (graph inputs included, constants not) plus its intermediates
-    live at the worst point."""
+    """Peak live bytes of ops ``[a, b)`` run as one segment: the buffers it reads from
+    outside (graph inputs included, constants not) plus its own buffers live at the
+    worst point."""
     lv = live or liveness(g)
     os_ = os_ if os_ is not None else ops(g)
     outside = 0
     seen: set[str] = set()
     for e in os_[a:b]:
         for v in e.ins:
-            if v not in seen and v in lv.nbytes and not (a <= lv.defined.get(v, -1) < b):
-                seen.add(v)
-                outside += lv.nbytes[v]
+            r = lv.root[v]
+            if r not in seen and not (a <= lv.defined.get(r, -1) < b):
+                seen.add(r)
+                outside += lv.nbytes[r]
     cur = peak = 0
     frees: dict[int, int] = {}
     for k in range(a, b):
         for o in os_[k].outs:
+            if lv.defined.get(o.name) != k:
+                continue  # a view: no memory of its own
             cur += o.nbytes
             end = lv.last_use[o.name]
             if end < b:
@@ -284,7 +315,7 @@ def analyze(g: Graph, m: Machine = H200) -> GraphStats:
         a, b = _op_span(g, s)
         peak = span_peak(g, a, b, lv, os_)
         held = cross[a] if a > 0 else 0
-        held -= sum(lv.nbytes[v] for v in s.inputs if v in lv.defined)
+        held -= sum(lv.nbytes[r] for r in {lv.root[v] for v in s.inputs} if lv.defined.get(r, a) < a)
         run_peak = max(run_peak, peak + max(held, 0))
         segs.append(
             SegmentStats(

@@ -9,7 +9,8 @@ under dependencies (a valid prefix of some topological order); fused chains
 (``legalize.fusion_groups``) are tied together so no cut splits them. The minimum cut
 is one cut point; when its source side is not already a prefix of the interval, the
 plan reorders the interval's equations (source side first, each side in its original
-order), which changes no value.
+order), which changes no value. Among cuts as cheap, one that needs no reordering and
+lies nearest the middle of the interval wins.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from typing import Any
 
 from ..errors import ScheduleError
 from ..ir import Graph
-from .analysis import ops
-from .legalize import fusion_groups
+from .analysis import crossing_bytes, liveness, ops
+from .legalize import fusion_groups, illegal_points
 from .plan import Plan, marker_points, plan_at
 
 
@@ -44,19 +45,26 @@ class MinBoundaryBytes:
         bounds = [m[0] for m in marks]
         if len(bounds) < 2:
             raise ScheduleError("min_boundary_bytes needs at least two markers to cut between")
+        lv = liveness(g)
         producer: dict[str, int] = {}
         for k, e in enumerate(os_):
             for o in e.outs:
                 producer[o.name] = k
-        consumers: dict[str, set[int]] = {}
+        deps: set[tuple[int, int]] = set()  # (consumer, producer) of every data edge
+        readers: dict[str, set[int]] = {}  # buffer -> ops reading it through any alias
         for k, e in enumerate(os_):
             for v in e.ins:
                 if v in producer:
-                    consumers.setdefault(v, set()).add(k)
+                    deps.add((k, producer[v]))
+                r = lv.root[v]
+                if r in lv.defined:
+                    readers.setdefault(r, set()).add(k)
         for v in g.outputs:
-            if v in producer:
-                consumers.setdefault(v, set()).add(n)
+            if lv.root[v] in lv.defined:
+                readers.setdefault(lv.root[v], set()).add(n)
         groups = fusion_groups(g)
+        bad = illegal_points(g)
+        cross = crossing_bytes(g, lv)
         order = list(range(n))
         points: list[int] = []
         for lo, hi in itertools.pairwise(bounds):
@@ -66,26 +74,32 @@ class MinBoundaryBytes:
 
             fg = nx.DiGraph()
             fg.add_nodes_from(["s", "t", *range(lo, hi)])
-            for v, cs in consumers.items():
-                d = producer[v]
+            for c, d in deps:  # a consumer on the source side needs its producer there
+                if lo <= c < hi or lo <= d < hi:
+                    fg.add_edge(node(c), node(d))
+            for r, cs in readers.items():  # one edge per buffer, weighted by its bytes
+                d = lv.defined[r]
                 if d >= hi or all(c < lo for c in cs):
                     continue
-                pv = node(d)
-                fg.add_edge(pv, ("in", v))
-                fg.add_edge(("in", v), ("out", v), capacity=_nbytes(os_[d], v))
+                fg.add_edge(node(d), ("in", r))
+                fg.add_edge(("in", r), ("out", r), capacity=lv.nbytes[r])
                 for c in cs:
-                    fg.add_edge(("out", v), node(c))
-                    if node(c) != pv:
-                        fg.add_edge(node(c), pv)  # a consumer before the cut needs its producer there
+                    fg.add_edge(("out", r), node(c))
             for grp in groups:
                 for a, b in itertools.pairwise(grp):
                     if node(a) != node(b):
                         fg.add_edge(node(a), node(b))
                         fg.add_edge(node(b), node(a))
             try:
-                _, (side_s, _) = nx.minimum_cut(fg, "s", "t")
+                value, (side_s, _) = nx.minimum_cut(fg, "s", "t")
             except nx.NetworkXUnbounded:
                 continue  # a fused chain spans the whole interval: no cut here
+            # among cuts as cheap, prefer one in the current order, nearest the middle
+            same = [k for k in range(lo, hi + 1) if 0 < k < n and k not in bad and cross[k] <= value]
+            if same:
+                mid = lo + hi
+                points.append(min(same, key=lambda k: (abs(2 * k - mid), k)))
+                continue
             first = [k for k in range(lo, hi) if k in side_s]
             rest = [k for k in range(lo, hi) if k not in side_s]
             order[lo:hi] = first + rest
@@ -94,7 +108,3 @@ class MinBoundaryBytes:
         reorder = None if order == list(range(n)) else tuple(e.id for e in os2)
         pts = [p for p in sorted(set(points)) if 0 < p < n]
         return plan_at(g, "min_boundary_bytes", pts, os_=os2, order=reorder)
-
-
-def _nbytes(e: Any, v: str) -> int:
-    return next(o.nbytes for o in e.outs if o.name == v)
