@@ -64,3 +64,13 @@ def test_plans_save_diff_and_apply(capsys, tmp_path):
 def test_bad_strategy_is_a_clean_error(capsys, spec):
     assert main(["passes", *SMALL, "--strategy", spec]) == 2
     assert capsys.readouterr().err.startswith("segc passes: ")
+
+
+def test_docs_example_runs(capsys):
+    from pathlib import Path
+
+    text = (Path(__file__).parent.parent / "docs" / "passes.md").read_text()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(code, "docs/passes.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert "fences" in out and "segc.window()" in out and "segc.signal()" in out
