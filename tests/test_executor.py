@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
@@ -28,7 +30,7 @@ class Net(nn.Module):
         super().__init__()
         self.layers = [Block(d) for _ in range(n)]
         self.head = nn.Linear(d, 4)
-        self.extra = {"scale": mx.ones((4,)), "more": [mx.zeros((4,))]}
+        self.extra: dict[str, Any] = {"scale": mx.ones((4,)), "more": [mx.zeros((4,))]}
         self._private = mx.ones((2,))  # not a parameter: the name starts with "_"
 
     def __call__(self, x: mx.array) -> mx.array:

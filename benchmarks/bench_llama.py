@@ -1,0 +1,626 @@
+"""Side-by-side timings of an mlx-lm llama: eager, ``mx.compile``, segc, segc with host drains.
+
+One run times, interleaved round by round so that drift hits every variant alike:
+
+* ``eager``    -- the mlx-lm model called directly;
+* ``compile``  -- ``mx.compile`` of the whole forward (weights captured as constants);
+* ``segc``     -- ``segc.jit(model, boundaries="layers.*")``: one compiled segment per
+  layer, ``mx.async_eval`` after each (no host wait between segments);
+* ``drain``    -- the same segments with a host ``mx.eval`` after each (``drain=True``):
+  the host-draining baseline of the seed;
+* ``whole``    -- (optional) ``segc.jit(model)`` with no boundaries: one segment, the
+  stock path, to separate the cost of cutting from the cost of segc's call path.
+
+on two workloads: a decode step (one token; with a KV cache at ``--context`` when
+``segc.jit`` accepts one, else a plain 1-token forward, and the output says which) and a
+prefill (``--prefill`` tokens). Also: the first call of a ``--first-call-layers``-layer
+model split into trace / passes / lower / segc replay / MLX compile, and the host
+dispatch cost of a cached call per segment (a model of trivial segments; the slope over
+the segment count is the per-segment cost, the intercept the per-call cost).
+
+Every variant's output is compared with eager's: segc must be bit-identical.
+On the CPU quote ratios only; absolute times are meaningful on the GPU.
+
+    python benchmarks/bench_llama.py --preset reference --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+import segc
+from segc.models import tiny_llama
+from segc.runtime.params import ParamGatherer
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # fast enough for a smoke test on a laptop CPU
+    "tiny": dict(
+        hidden_size=64,
+        num_hidden_layers=4,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+        dtype="float32",
+    ),
+    # a small llama for CPU ratios (MLX's CPU matmul here runs at a few GFLOP/s)
+    "cpu": dict(
+        hidden_size=128,
+        num_hidden_layers=8,
+        intermediate_size=256,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=1024,
+        dtype="float32",
+    ),
+    # DESIGN.md's reference model: 1.10 B parameters, 2.21 GB in bf16
+    "reference": dict(
+        hidden_size=2048,
+        num_hidden_layers=16,
+        intermediate_size=8192,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=32000,
+        dtype="bfloat16",
+    ),
+}
+
+VARIANTS = ("eager", "compile", "segc", "drain", "whole")
+DEFAULT_VARIANTS = ("eager", "compile", "segc", "drain")
+
+# H200 figures used for the floors printed beside GPU timings (DESIGN.md)
+HBM_BYTES_PER_S = 4.8e12
+BF16_FLOP_PER_S = 790e12
+
+
+# --------------------------------------------------------------------------- models
+
+
+def make_model(preset: str, layers: int | None = None, seed: int = 0) -> nn.Module:
+    cfg = dict(PRESETS[preset])
+    dtype = getattr(mx, cfg.pop("dtype"))
+    if layers is not None:
+        cfg["num_hidden_layers"] = layers
+    return tiny_llama(dtype=dtype, seed=seed, **cfg)
+
+
+def _params(model: nn.Module) -> dict[str, mx.array]:
+    return ParamGatherer(model).gather()[0]
+
+
+def weight_bytes(model: nn.Module) -> int:
+    return sum(v.nbytes for v in _params(model).values())
+
+
+def linear_flops(model: nn.Module, tokens: int) -> int:
+    """2 * tokens * (parameters of every matmul weight, the embedding's gather excluded)."""
+    n = sum(v.size for k, v in _params(model).items() if v.ndim == 2 and "embed_tokens" not in k)
+    return 2 * tokens * n
+
+
+# --------------------------------------------------------------------------- KV cache
+
+
+def segc_takes_cache() -> bool:
+    """Whether this segc's ``jit`` threads mlx-lm KV caches through a call (issue 3)."""
+    try:
+        model = make_model("tiny", layers=1)
+        from mlx_lm.models.cache import make_prompt_cache
+
+        cache = make_prompt_cache(model)
+        step = segc.jit(model, boundaries="layers.*")
+        prompt = mx.array([[1, 2, 3]])
+        ref_cache = make_prompt_cache(model)
+        ref = model(prompt, cache=ref_cache)
+        out = step(prompt, cache=cache)
+        mx.eval(out, ref)
+        return bool(mx.array_equal(out, ref).item()) and cache[0].offset == 3
+    except Exception:
+        return False
+
+
+class FixedContext:
+    """mlx-lm KV caches held at one context length: every decode call writes position
+    ``context`` again, so every timed call does the same work."""
+
+    def __init__(self, model: nn.Module, context: int):
+        from mlx_lm.models.cache import make_prompt_cache
+
+        self.model = model
+        self.context = context
+        self.cache = make_prompt_cache(model)
+        dtype = model.parameters()["model"]["embed_tokens"]["weight"].dtype
+        args = model.args
+        kvh = args.num_key_value_heads
+        hd = args.head_dim or args.hidden_size // args.num_attention_heads
+        mx.random.seed(1)
+        for c in self.cache:
+            k = mx.random.normal((1, kvh, context, hd)).astype(dtype)
+            v = mx.random.normal((1, kvh, context, hd)).astype(dtype)
+            c.update_and_fetch(k, v)
+        mx.eval([(c.keys, c.values) for c in self.cache])
+
+    def reset(self) -> list[Any]:
+        for c in self.cache:
+            c.offset = self.context
+        return self.cache
+
+    def arrays(self) -> list[mx.array]:
+        return [a for c in self.cache for a in (c.keys, c.values)]
+
+
+def compiled_with_cache(model: nn.Module, fc: FixedContext) -> Callable[[mx.array], mx.array]:
+    """``mx.compile`` of a decode step whose cache buffers are explicit inputs and outputs."""
+
+    def pure(x: mx.array, *kv: mx.array) -> list[mx.array]:
+        for i, c in enumerate(fc.cache):
+            c.keys, c.values, c.offset = kv[2 * i], kv[2 * i + 1], fc.context
+        y = model(x, cache=fc.cache)
+        return [y, *fc.arrays()]
+
+    cpure = mx.compile(pure)
+
+    def call(x: mx.array) -> mx.array:
+        keep = fc.arrays()
+        y, *kv = cpure(x, *keep)
+        for i, c in enumerate(fc.cache):
+            c.keys, c.values, c.offset = kv[2 * i], kv[2 * i + 1], fc.context
+        return y
+
+    return call
+
+
+# --------------------------------------------------------------------------- timing
+
+
+def stats(xs: list[float]) -> dict[str, float]:
+    s = sorted(xs)
+    q = statistics.quantiles(s, n=4) if len(s) >= 2 else [s[0], s[0], s[0]]
+    return {"median": statistics.median(s), "min": s[0], "max": s[-1], "p25": q[0], "p75": q[2], "n": len(s)}
+
+
+def time_interleaved(
+    fns: dict[str, Callable[[], Any]], sync: dict[str, Callable[[], Any]], warmup: int, repeats: int
+) -> dict[str, dict[str, Any]]:
+    """Round-robin over the variants; per call: host time (until the call returns) and
+    wall time (until its outputs, and any cache state, are evaluated)."""
+    for _ in range(warmup):
+        for name, f in fns.items():
+            mx.eval(f(), sync[name]())
+    wall: dict[str, list[float]] = {k: [] for k in fns}
+    host: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for name, f in fns.items():
+            mx.synchronize()
+            t0 = time.perf_counter()
+            y = f()
+            t1 = time.perf_counter()
+            mx.eval(y, sync[name]())
+            t2 = time.perf_counter()
+            host[name].append(t1 - t0)
+            wall[name].append(t2 - t0)
+    return {k: {"wall": stats(wall[k]), "host": stats(host[k])} for k in fns}
+
+
+def workload(
+    model: nn.Module,
+    tokens: int,
+    *,
+    context: int | None,
+    warmup: int,
+    repeats: int,
+    variants: tuple[str, ...],
+) -> dict[str, Any]:
+    """Time every variant on one input; check each against eager for bit-identity."""
+    mx.random.seed(2)
+    x = mx.random.randint(0, model.args.vocab_size, (1, tokens))
+    fc = FixedContext(model, context) if context else None
+    fns: dict[str, Callable[[], Any]] = {}
+    sync: dict[str, Callable[[], Any]] = {}
+    nothing: Callable[[], Any] = lambda: []  # noqa: E731
+    jitted: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    for v in variants:
+        try:
+            if v == "eager":
+                fns[v] = (lambda: model(x, cache=fc.reset())) if fc else (lambda: model(x))
+            elif v == "compile":
+                fns[v] = _compile_cached(model, fc, x) if fc else _compile_plain(model, x)
+            else:
+                step = segc.jit(model, boundaries=None if v == "whole" else "layers.*", drain=(v == "drain"))
+                jitted[v] = step
+                fns[v] = _bind_segc(step, x, fc)
+            sync[v] = fc.arrays if fc else nothing
+            mx.eval(fns[v](), sync[v]())  # trace, compile, first run
+        except Exception as exc:  # a variant that cannot run is reported, not fatal
+            errors[v] = f"{type(exc).__name__}: {exc}"
+            fns.pop(v, None)
+    # bit-identity against eager (same input, same cache state)
+    outs = {k: f() for k, f in fns.items()}
+    mx.eval(outs)
+    identical: dict[str, bool | None] = {}
+    for k, y in outs.items():
+        identical[k] = None if "eager" not in outs else bool(mx.array_equal(y, outs["eager"]).item())
+    t = time_interleaved(fns, sync, warmup, repeats)
+    res: dict[str, Any] = {
+        "tokens": tokens,
+        "context": context,
+        "timings": t,
+        "bit_identical_to_eager": identical,
+        "errors": errors,
+    }
+    for k, step in jitted.items():
+        info = step.cache_info()
+        res.setdefault("segments", {})[k] = len(next(iter(step._cache.values())).segments)
+        res.setdefault("retraces", {})[k] = list(info.retraces)
+    return res
+
+
+def _compile_plain(model: nn.Module, x: mx.array) -> Callable[[], Any]:
+    f = mx.compile(lambda t: model(t))
+    return lambda: f(x)
+
+
+def _compile_cached(model: nn.Module, fc: FixedContext, x: mx.array) -> Callable[[], Any]:
+    f = compiled_with_cache(model, fc)
+    return lambda: f(x)
+
+
+def _bind_segc(step: Any, x: mx.array, fc: FixedContext | None) -> Callable[[], Any]:
+    if fc is None:
+        return lambda: step(x)
+    return lambda: step(x, cache=fc.reset())
+
+
+# --------------------------------------------------------------------------- first call
+
+
+def first_call(preset: str, layers: int, tokens: int) -> dict[str, Any]:
+    """Trace, passes (verify + segmentation), lower (executor build), segc replay (the
+    lowering rules rebuilding the MLX graph, uncompiled), MLX compile + first run."""
+    from segc.jit import Compiled
+    from segc.runtime.executor import Executor
+
+    model = make_model(preset, layers=layers)
+    x = mx.random.randint(0, model.args.vocab_size, (1, tokens))
+    step = segc.jit(model, boundaries="layers.*")
+    t: dict[str, float] = {}
+    t0 = time.perf_counter()
+    traced = step.trace(x)
+    t1 = time.perf_counter()
+    lowered = traced.lower()
+    segs = lowered.segments
+    t2 = time.perf_counter()
+    compiled = Compiled(lowered)
+    t3 = time.perf_counter()
+    t["trace"], t["passes"], t["lower"] = t1 - t0, t2 - t1, t3 - t2
+    _, leaves, params = step._abstract((x,), {})
+    inputs = leaves + [params[p] for p in compiled._param_order]
+    # segc replay: the same lowering rules, uncompiled and not evaluated
+    plain = Executor(lowered.graph, compile=False)
+    t4 = time.perf_counter()
+    lazy = plain(inputs)
+    t["replay"] = time.perf_counter() - t4
+    del lazy
+    # the first compiled call: MLX traces each segment function (the replay again),
+    # compiles it, and (on the GPU) builds its kernels; then a cached call for reference
+    t5 = time.perf_counter()
+    mx.eval(compiled._run(leaves, params))
+    t["first_run"] = time.perf_counter() - t5
+    t6 = time.perf_counter()
+    mx.eval(compiled._run(leaves, params))
+    t["cached_run"] = time.perf_counter() - t6
+    t["mlx_compile"] = max(0.0, t["first_run"] - t["replay"] - t["cached_run"])
+    t["segc_total"] = t["trace"] + t["passes"] + t["lower"] + t["replay"]
+    return {
+        "layers": layers,
+        "tokens": tokens,
+        "equations": len(lowered.graph.eqns),
+        "segments": len(segs),
+        "seconds": t,
+    }
+
+
+# --------------------------------------------------------------------------- dispatch
+
+
+class _Tiny(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = mx.ones((8,))
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return x * self.w + 1.0
+
+
+class _Stack(nn.Module):
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.layers = [_Tiny() for _ in range(n)]
+
+    def __call__(self, x: mx.array) -> mx.array:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def _host_per_call(f: Callable[[], Any], calls: int) -> float:
+    """Median host time of one call (until it returns), each call's outputs evaluated after."""
+    ts = []
+    for _ in range(calls):
+        mx.synchronize()
+        t0 = time.perf_counter()
+        y = f()
+        ts.append(time.perf_counter() - t0)
+        mx.eval(y)
+    return statistics.median(ts)
+
+
+def dispatch(counts: tuple[int, ...] = (1, 8, 32), calls: int = 300) -> dict[str, Any]:
+    """Host cost of a cached segc call of ``n`` trivial segments, against the least an
+    MLX program can do for the same work: ``n`` ``mx.compile``d functions each followed
+    by ``mx.async_eval``, in a plain Python loop. Slopes over ``n`` are per segment."""
+    rows = []
+    for n in counts:
+        model = _Stack(n)
+        mx.eval(model.parameters())
+        x = mx.ones((8,))
+        step = segc.jit(model, boundaries="layers.*")
+        f = mx.compile(lambda t, w: t * w + 1.0)
+        ws = [layer.w for layer in model.layers]
+
+        def loop(ws: list[mx.array] = ws, f: Any = f, x: mx.array = x) -> mx.array:
+            h = x
+            for w in ws:
+                h = f(h, w)
+                mx.async_eval(h)
+            return h
+
+        mx.eval(step(x), loop())
+        assert mx.array_equal(step(x), loop()).item()
+        segs = len(next(iter(step._cache.values())).segments)
+        rows.append(
+            {
+                "layers": n,
+                "segments": segs,
+                "segc_s": _host_per_call(functools.partial(step, x), calls),
+                "mlx_loop_s": _host_per_call(loop, calls),
+            }
+        )
+
+    def slope(key: str) -> tuple[float, float]:
+        xs = [r["segments"] for r in rows]
+        ys = [r[key] for r in rows]
+        mxs, mys = statistics.fmean(xs), statistics.fmean(ys)
+        b = sum((a - mxs) * (c - mys) for a, c in zip(xs, ys)) / sum((a - mxs) ** 2 for a in xs)
+        return b, mys - b * mxs
+
+    s_segc, i_segc = slope("segc_s")
+    s_loop, i_loop = slope("mlx_loop_s")
+    return {
+        "rows": rows,
+        "per_segment_s": {"segc": s_segc, "mlx_loop": s_loop, "segc_overhead": s_segc - s_loop},
+        "per_call_s": {"segc": i_segc, "mlx_loop": i_loop, "segc_overhead": i_segc - i_loop},
+    }
+
+
+# --------------------------------------------------------------------------- report
+
+
+def fmt_t(s: float) -> str:
+    if s >= 1:
+        return f"{s:8.3f} s "
+    if s >= 1e-3:
+        return f"{s * 1e3:8.3f} ms"
+    return f"{s * 1e6:8.1f} us"
+
+
+def print_header(r: dict[str, Any], out: Any = sys.stdout) -> None:
+    p = print
+    p(f"segc benchmark: mlx-lm llama, preset {r['preset']} ({r['config']}), device {r['device']}", file=out)
+    p(f"mlx {r['mlx']}, segc {r['segc']}, {r['repeats']} timed calls each, {r['warmup']} warm-up", file=out)
+    if r["device_kind"] == "cpu":
+        p("CPU run: quote the ratios (x eager), not the absolute times.", file=out)
+
+
+def print_workload(r: dict[str, Any], name: str, w: dict[str, Any], out: Any = sys.stdout) -> None:
+    p = print
+    p("", file=out)
+    what = f"{name}: {w['tokens']} token(s)"
+    what += f" at context {w['context']} (KV cache)" if w["context"] else " (no KV cache)"
+    if w.get("note"):
+        what += f" -- {w['note']}"
+    p(what, file=out)
+    t = w["timings"]
+    base = t["eager"]["wall"]["median"] if "eager" in t else math.nan
+    p(f"  {'variant':<8} {'median':>11} {'p25':>11} {'p75':>11} {'host':>11} {'x eager':>8}  bit-identical", file=out)
+    for v, tv in t.items():
+        m = tv["wall"]
+        same = w["bit_identical_to_eager"].get(v)
+        p(
+            f"  {v:<8} {fmt_t(m['median'])} {fmt_t(m['p25'])} {fmt_t(m['p75'])} "
+            f"{fmt_t(tv['host']['median'])} {m['median'] / base:8.3f}  {same}",
+            file=out,
+        )
+    for v, e in w["errors"].items():
+        p(f"  {v:<8} FAILED: {e}", file=out)
+    med = {v: tv["wall"]["median"] for v, tv in t.items()}
+    ratios = [
+        f"{a} / {b} = {med[a] / med[b]:.2f}x"
+        for a, b in (("drain", "segc"), ("segc", "compile"), ("segc", "eager"))
+        if a in med and b in med
+    ]
+    if ratios:
+        p("  " + "   ".join(ratios), file=out)
+    if w.get("floor_s") and r["device_kind"] == "gpu":
+        p(f"  floor ({w['floor_what']}): {fmt_t(w['floor_s'])}", file=out)
+
+
+def print_first_call(fc: dict[str, Any], out: Any = sys.stdout) -> None:
+    s = fc["seconds"]
+    print("", file=out)
+    print(
+        f"first call, {fc['layers']} layers, {fc['tokens']} token(s), {fc['equations']} equations, "
+        f"{fc['segments']} segments:",
+        file=out,
+    )
+    for k in ("trace", "passes", "lower", "replay", "segc_total", "mlx_compile", "first_run", "cached_run"):
+        print(f"  {k:<12} {fmt_t(s[k])}", file=out)
+
+
+def print_dispatch(d: dict[str, Any], out: Any = sys.stdout) -> None:
+    p = print
+    p("", file=out)
+    p("cached-call host dispatch (trivial segments, median host time per call):", file=out)
+    for row in d["rows"]:
+        p(
+            f"  {row['segments']:>3} segments: segc {fmt_t(row['segc_s'])}  plain MLX loop {fmt_t(row['mlx_loop_s'])}",
+            file=out,
+        )
+    ps, pc = d["per_segment_s"], d["per_call_s"]
+    p(
+        f"  per segment: segc {fmt_t(ps['segc'])}, plain loop {fmt_t(ps['mlx_loop'])}, "
+        f"segc's own {fmt_t(ps['segc_overhead'])}",
+        file=out,
+    )
+    p(
+        f"  per call:    segc {fmt_t(pc['segc'])}, plain loop {fmt_t(pc['mlx_loop'])}, "
+        f"segc's own {fmt_t(pc['segc_overhead'])}",
+        file=out,
+    )
+
+
+def print_report(r: dict[str, Any], out: Any = sys.stdout) -> None:
+    """The whole report, e.g. from a saved JSON file."""
+    print_header(r, out)
+    if r.get("first_call"):
+        print_first_call(r["first_call"], out)
+    for name, w in r["workloads"].items():
+        print_workload(r, name, w, out)
+    if r.get("dispatch"):
+        print_dispatch(r["dispatch"], out)
+    for part, e in r.get("errors", {}).items():
+        print(f"\n{part} FAILED: {e}", file=out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
+    ap.add_argument("--layers", type=int, default=None, help="override the preset's layer count")
+    ap.add_argument("--repeats", type=int, default=20, help="timed calls of each variant per workload")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed calls of each variant first")
+    ap.add_argument("--prefill", type=int, default=512, help="prefill tokens (0: skip)")
+    ap.add_argument("--context", type=int, default=1024, help="KV-cache context of the decode step")
+    ap.add_argument("--no-decode", action="store_true", help="skip the decode workload")
+    ap.add_argument("--first-call-layers", type=int, default=32, help="layers of the first-call model (0: skip)")
+    ap.add_argument("--no-dispatch", action="store_true", help="skip the dispatch-overhead measurement")
+    ap.add_argument("--dispatch-calls", type=int, default=300, help="timed calls per size in the dispatch measurement")
+    ap.add_argument(
+        "--variants",
+        default=",".join(DEFAULT_VARIANTS),
+        help="comma-separated subset of " + ",".join(VARIANTS) + " (whole: segc with no boundaries, one segment)",
+    )
+    ap.add_argument("--json", metavar="PATH", help="also write the results as JSON, after every part")
+    a = ap.parse_args(argv)
+    variants = tuple(v for v in a.variants.split(",") if v)
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad:
+        ap.error(f"unknown variants {bad}")
+
+    model = make_model(a.preset, layers=a.layers)
+    cfg = dict(PRESETS[a.preset])
+    if a.layers:
+        cfg["num_hidden_layers"] = a.layers
+    dev = mx.default_device()
+    r: dict[str, Any] = {
+        "preset": a.preset,
+        "config": cfg,
+        "device": str(dev),
+        "device_kind": "gpu" if dev.type == mx.DeviceType.gpu else "cpu",
+        "mlx": getattr(mx, "__version__", "?"),
+        "segc": getattr(segc, "__version__", "?"),
+        "python": platform.python_version(),
+        "repeats": a.repeats,
+        "warmup": a.warmup,
+        "weight_bytes": weight_bytes(model),
+        "workloads": {},
+        "errors": {},
+    }
+
+    def save() -> None:
+        sys.stdout.flush()
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(r, f, indent=1)
+
+    def part(name: str, fn: Callable[[], None]) -> None:
+        # one failing part is reported and the others still run
+        try:
+            fn()
+        except Exception as exc:
+            r["errors"][name] = f"{type(exc).__name__}: {exc}"
+            print(f"\n{name} FAILED: {r['errors'][name]}")
+        save()
+
+    def do_first_call() -> None:
+        r["first_call"] = first_call(a.preset, a.first_call_layers, 1)
+        print_first_call(r["first_call"])
+
+    def do_decode() -> None:
+        cached = segc_takes_cache()
+        w = workload(
+            model, 1, context=a.context if cached else None, warmup=a.warmup, repeats=a.repeats, variants=variants
+        )
+        if not cached:
+            w["note"] = "segc.jit does not take a KV cache yet: a plain 1-token forward"
+        w["floor_s"] = r["weight_bytes"] / HBM_BYTES_PER_S
+        w["floor_what"] = "weight bytes / 4.8 TB/s"
+        r["workloads"]["decode"] = w
+        print_workload(r, "decode", w)
+
+    def do_prefill() -> None:
+        w = workload(model, a.prefill, context=None, warmup=a.warmup, repeats=a.repeats, variants=variants)
+        w["floor_s"] = linear_flops(model, a.prefill) / BF16_FLOP_PER_S
+        w["floor_what"] = "linear FLOPs / 790 TFLOP/s"
+        r["workloads"]["prefill"] = w
+        print_workload(r, "prefill", w)
+
+    def do_dispatch() -> None:
+        r["dispatch"] = dispatch(calls=a.dispatch_calls)
+        print_dispatch(r["dispatch"])
+
+    print_header(r)
+    if a.first_call_layers:  # first, before any kernel of these shapes is built
+        part("first_call", do_first_call)
+    if not a.no_decode:
+        part("decode", do_decode)
+    if a.prefill:
+        part("prefill", do_prefill)
+    if not a.no_dispatch:
+        part("dispatch", do_dispatch)
+    ok = not r["errors"] and all(
+        w["bit_identical_to_eager"].get(v) is not False and v not in w["errors"]
+        for w in r["workloads"].values()
+        for v in ("segc", "drain", "whole")
+        if v in variants
+    )
+    r["segc_bit_identical"] = ok
+    save()
+    print(f"\nsegc outputs bit-identical to eager mlx-lm in every workload: {ok}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

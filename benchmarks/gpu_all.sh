@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Everything segc measures and checks on the GPU machine, in one call (device time is
+# scarce: a machine start costs minutes). Run from the repository root on the device,
+# after MLX's CUDA build is staged (../shared/gpu/prepare, then .gpu/one/stage and
+# .gpu/two/stage):
+#
+#   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_all.sh [PARTS]
+#
+# PARTS: any of  env bench tests lowering prefill2048  (default: all, in that order).
+# Logs go to $OUT (at most 8 files come back from the device): env.txt,
+# bench_reference.{txt,json}, tests.log, lowering.log, bench_prefill2048.{txt,json},
+# summary.txt. BENCH_PRESET=tiny tries it out on a CPU. Each part has its own time limit so that one hang cannot eat the call.
+set -u
+OUT="${OUT:-/tmp/segc-gpu-out}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+export PYTHONPATH="${PYTHONPATH:-/tmp/site:$PWD}"
+PY="${PY:-python3}"
+parts="${*:-env bench tests lowering prefill2048}"
+summary="$OUT/summary.txt"
+note() { echo "$(date -u +%H:%M:%S) $*" | tee -a "$summary"; }
+has() { case " $parts " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+# pytest's last line ("N passed, M failed in Xs")
+tally() { grep -E '(passed|failed|error|no tests ran)' "$1" | tail -1; }
+
+note "segc gpu_all: parts [$parts] in $PWD"
+
+if has env; then
+  {
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
+    $PY -c "import sys, mlx.core as mx; print(sys.version); print('mlx', mx.__version__, mx.default_device())"
+    $PY -c "import mlx_lm, pytest, hypothesis, networkx, numpy; print('mlx_lm', mlx_lm.__version__, 'pytest', pytest.__version__, 'hypothesis', hypothesis.__version__)"
+    git log --oneline -1 2>/dev/null || true
+  } >"$OUT/env.txt" 2>&1
+  note "env: $(grep -m1 '^mlx ' "$OUT/env.txt")"
+fi
+
+if has bench; then
+  timeout 240 $PY benchmarks/bench_llama.py --preset "${BENCH_PRESET:-reference}" --repeats 50 --warmup 5 \
+    --json "$OUT/bench_reference.json" >"$OUT/bench_reference.txt" 2>&1
+  note "bench reference (decode at context 1024, prefill 512): rc=$?"
+fi
+
+if has tests; then
+  # the core suite on the GPU; the lowering files run in their own part below
+  ignore=()
+  for f in tests/test_lower_*.py tests/test_nn_layers.py; do [ -e "$f" ] && ignore+=("--ignore=$f"); done
+  timeout 150 $PY -m pytest -o addopts= -q -rfE -p no:cacheprovider -m "not slow" "${ignore[@]}" tests >"$OUT/tests.log" 2>&1
+  note "tests (not slow, lowering files apart): rc=$? -- $(tally "$OUT/tests.log")"
+fi
+
+if has lowering; then
+  if [ -f tests/gpu_lowering.sh ]; then
+    timeout 200 bash tests/gpu_lowering.sh >"$OUT/lowering.log" 2>&1
+  else
+    files=$(ls tests/test_lower_*.py tests/test_nn_layers.py 2>/dev/null)
+    if [ -n "$files" ]; then
+      # shellcheck disable=SC2086
+      timeout 200 $PY -m pytest -o addopts= -q -rfE -p no:cacheprovider $files >"$OUT/lowering.log" 2>&1
+    else
+      echo "no lowering tests in this checkout" >"$OUT/lowering.log"
+    fi
+  fi
+  note "lowering tests: rc=$? -- $(tally "$OUT/lowering.log")"
+fi
+
+if has prefill2048; then
+  # DESIGN.md's prefill figures are for 2048 tokens: the same comparison at that size
+  timeout 90 $PY benchmarks/bench_llama.py --preset "${BENCH_PRESET:-reference}" --repeats 30 --warmup 3 --no-decode \
+    --prefill 2048 --first-call-layers 0 --no-dispatch \
+    --json "$OUT/bench_prefill2048.json" >"$OUT/bench_prefill2048.txt" 2>&1
+  note "bench reference prefill 2048: rc=$?"
+fi
+
+for f in bench_reference.txt bench_prefill2048.txt; do
+  [ -f "$OUT/$f" ] && { echo "== $f"; cat "$OUT/$f"; }
+done
+echo "== summary"
+cat "$summary"
