@@ -277,3 +277,13 @@ def test_unknown_pass_is_a_schedule_error(g):
 
 def test_expected_text_helper_matches_source():
     assert body(0, 1, 2, 3, 4) == textwrap.dedent(SRC)
+
+
+def test_jit_hook_dumps_from_the_environment(monkeypatch, tmp_path):
+    from segc.passes.pipeline import place
+
+    g = parse(SRC)
+    monkeypatch.setenv("SEGC_DUMP_IR", str(tmp_path / "d"))
+    assert place(g, None) == g  # no strategy: unchanged, dumped as the input
+    assert place(g, "every:2") == run_pass("cut", g, strategy="every:2")
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["00-input.segc", "01-cut.segc"]

@@ -150,10 +150,9 @@ def place(g: Graph, strategy: Any = None, *, checks: bool | None = None, dump: D
 
     if strategy is None and dump is None and not os.environ.get("SEGC_DUMP_IR"):
         return g
-    if strategy is None:
-        step = Step("cut", {"strategy": "markers", "legalize": False})
-    elif isinstance(strategy, Plan):
-        step = Step("cut", {"plan": strategy})
-    else:
-        step = Step("cut", {"strategy": strategy})
-    return run(g, [step], checks=checks, dump=dump)
+    steps: list[Step] = []  # no strategy: the traced cuts as they are (dumped as "input")
+    if isinstance(strategy, Plan):
+        steps.append(Step("cut", {"plan": strategy}))
+    elif strategy is not None:
+        steps.append(Step("cut", {"strategy": strategy}))
+    return run(g, steps, checks=checks, dump=dump)
