@@ -1,0 +1,136 @@
+"""Shared helpers for tests that run MLX: trace a function, cut its graph at every
+point, run it through the segmented executor, and compare bits with eager MLX.
+
+Import them as ``from conftest import ...`` (pytest puts ``tests/`` on ``sys.path``).
+Everything here runs on MLX's default device, so the same tests run on the CPU build
+and on the CUDA build.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+import segc
+from segc import dtypes
+from segc.ir import CUT, Eqn, Graph
+from segc.runtime import Executor
+
+FLOATS = (mx.float32, mx.float16, mx.bfloat16)
+INTS = (mx.int32, mx.int16, mx.uint8, mx.uint32, mx.int8)
+
+
+def bits(a: mx.array) -> tuple[tuple[int, ...], str, bytes]:
+    """Shape, dtype and raw bytes: two arrays are bit-identical iff these are equal
+    (NaN payloads and the sign of zero included)."""
+    mx.eval(a)
+    return tuple(a.shape), dtypes.short(a.dtype), dtypes.to_bytes(a)
+
+
+def same_bits(a: mx.array, b: mx.array) -> bool:
+    return bits(a) == bits(b)
+
+
+def leaves(x: Any) -> list[mx.array]:
+    if isinstance(x, mx.array):
+        return [x]
+    if isinstance(x, list | tuple):
+        return [y for v in x for y in leaves(v)]
+    raise TypeError(f"not an array or a list of arrays: {type(x).__name__}")
+
+
+def assert_same_bits(got: Sequence[mx.array], want: Sequence[mx.array], what: str = "") -> None:
+    assert len(got) == len(want), f"{what}: {len(got)} outputs, expected {len(want)}"
+    for k, (g, w) in enumerate(zip(got, want)):
+        bg, bw = bits(g), bits(w)
+        if bg != bw:
+            raise AssertionError(
+                f"{what}: output {k} differs: got {bg[1]}{list(bg[0])}, want {bw[1]}{list(bw[0])}\n"
+                f"got  {np.array(g.astype(mx.float32) if g.dtype == mx.bfloat16 else g)!r}\n"
+                f"want {np.array(w.astype(mx.float32) if w.dtype == mx.bfloat16 else w)!r}"
+            )
+
+
+def trace_graph(fn: Callable[..., Any], *args: mx.array) -> Graph:
+    """The IR of ``fn(*args)`` (array arguments only)."""
+    return segc.jit(fn).trace(*args).graph
+
+
+def with_cuts(g: Graph, positions: Sequence[int]) -> Graph:
+    """``g`` with a ``segc.cut`` before each equation index in ``positions``."""
+    eqns: list[Eqn] = []
+    next_id = max((e.id for e in g.eqns), default=-1) + 1
+    cut_at = set(positions)
+    for k, e in enumerate(g.eqns):
+        if k in cut_at:
+            eqns.append(Eqn(next_id, CUT, (), (), (f"cut{k}",)))
+            next_id += 1
+        eqns.append(e)
+    return g.replace(eqns=tuple(eqns))
+
+
+def cut_variants(g: Graph, singles: Sequence[int] | None = None) -> Iterator[tuple[str, Graph]]:
+    """The graph uncut, cut at each single point (or at those in ``singles``), and cut
+    at every point at once."""
+    n = len(g.eqns)
+    yield "uncut", g
+    if n < 2:
+        return
+    for k in range(1, n) if singles is None else singles:
+        yield f"cut before eqn {k}", with_cuts(g, [k])
+    yield "cut everywhere", with_cuts(g, range(1, n))
+
+
+def run_graph(g: Graph, inputs: Sequence[mx.array], *, compile: bool = True) -> list[mx.array]:
+    out = Executor(g, compile=compile)(list(inputs))
+    mx.eval(out)
+    return out
+
+
+def graph_inputs(g: Graph, args: Sequence[mx.array]) -> list[mx.array]:
+    assert all(i.kind == "arg" for i in g.inputs), "plain functions only"
+    return list(args)
+
+
+def prims(g: Graph) -> set[str]:
+    return {e.prim for e in g.eqns if not e.is_pseudo}
+
+
+def check_segmented(
+    fn: Callable[..., Any],
+    args: Sequence[mx.array],
+    *,
+    choose_cuts: Callable[[int], Sequence[int]] | None = None,
+    compile_may_differ: bool = False,
+) -> tuple[Graph, bool]:
+    """Trace ``fn``, run it uncut and cut at every point; every run must give eager's
+    bits. ``choose_cuts(n)`` may pick which single cut points of the ``n`` equations to
+    try (all by default); the graph cut at every point at once always runs. Where ``mx.compile(fn)`` itself differs from eager (returned as the second
+    value), ``compile_may_differ`` must be set, and each run must then match either
+    eager or ``mx.compile`` bits, output by output."""
+    args = list(args)
+    mx.eval(args)
+    eager = leaves(fn(*args))
+    mx.eval(eager)
+    compiled = leaves(mx.compile(fn)(*args))
+    mx.eval(compiled)
+    differs = any(not same_bits(a, b) for a, b in zip(eager, compiled))
+    g = trace_graph(fn, *args)
+    if differs and not compile_may_differ:
+        raise AssertionError(
+            f"mx.compile differs from eager for {sorted(prims(g))}: list the case in "
+            "COMPILE_MAY_DIFFER and in docs/lowering.md"
+        )
+    inputs = graph_inputs(g, args)
+    singles = None if choose_cuts is None else choose_cuts(len(g.eqns))
+    for label, gv in cut_variants(g, singles):
+        got = run_graph(gv, inputs)
+        if not differs:
+            assert_same_bits(got, eager, label)
+            continue
+        for k, (o, a, b) in enumerate(zip(got, eager, compiled)):
+            assert same_bits(o, a) or same_bits(o, b), f"{label}: output {k} matches neither eager nor mx.compile"
+    return g, differs
