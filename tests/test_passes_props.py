@@ -69,6 +69,11 @@ def check_plan(g: Graph, spec: Any, inputs: list[mx.array], ref: list[mx.array])
     assert not (cut_points(cut) & illegal_points(run_pass("strip_cuts", cut))), "a legal plan split a fused chain"
     assert apply_plan(cut, plan) == cut, "applying a plan twice changed the graph"
     assert same_bits(Executor(cut)(inputs), ref), f"{plan.strategy}: segmented run differs"
+    stats = analyze(cut)
+    if isinstance(spec, str) and spec.startswith("memory:"):
+        assert stats.max_segment_peak <= int(spec.split(":")[1])
+    if isinstance(spec, str) and spec.startswith("balanced:"):
+        assert len(stats.segments) <= int(spec.split(":")[1])
     return cut
 
 
