@@ -145,7 +145,15 @@ def _run(args: argparse.Namespace) -> int:
     specs = [_spec(s) for s in args.strategy] if args.strategy else (default_specs(g) if args.compare else ["markers"])
 
     if args.compare:
-        print(f"graph {g.name}: {sum(1 for e in g.eqns if not e.is_pseudo)} equations, key {g.fingerprint()}")
+        from segc.passes.analysis import analyze, fmt_seconds
+        from segc.passes.plan import plan_key
+
+        whole = analyze(g)
+        print(
+            f"graph {g.name}: {sum(1 for e in g.eqns if not e.is_pseudo)} equations, plan key {plan_key(g)}, "
+            f"{whole.flops / 1e9:.3g} GFLOP, cost {fmt_seconds(whole.cost)}, critical path "
+            f"{len(whole.critical_path)} equations ({fmt_seconds(whole.critical_cost)})"
+        )
         print()
         print(
             "| strategy | segments | largest segment cost | peak live (largest segment) | peak live (run) "
