@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ScheduleError
-from ..ir import CUT, SIGNAL, Eqn, Graph
+from ..ir import CUT, EFFECTS, SIGNAL, Eqn, Graph
 
 VERSION = 1
 
@@ -235,6 +235,8 @@ def apply_plan(g: Graph, plan: Plan) -> Graph:
             eqns.append(Eqn(eid, CUT, (), (), (cut.name,)))
     if plan.order is not None:
         _check_order(g, eqns)
+        if [e for e in eqns if e.prim in EFFECTS] != [e for e in g.eqns if e.prim in EFFECTS]:
+            raise ScheduleError(f"plan {plan.strategy!r} reorders equations across fences or windows; cut first")
     return g.replace(eqns=tuple(eqns))
 
 
