@@ -1,0 +1,136 @@
+"""mlx.nn layers through segc: bit-identical to eager uncut, with a boundary after every
+layer (``segc.jit(model, boundaries="layers.*")``), and cut at every point of the graph."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from conftest import assert_same_bits, cut_variants, run_graph
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from mlx.utils import tree_flatten
+
+import segc
+from segc.ir import Graph
+
+
+class Stack(nn.Module):
+    """``layers`` applied in turn: ``boundaries="layers.*"`` cuts after each."""
+
+    def __init__(self, layers: list[nn.Module], call: Callable[[nn.Module, mx.array], mx.array] | None = None):
+        super().__init__()
+        self.layers = layers
+        self._call = call
+
+    def __call__(self, x: mx.array) -> mx.array:
+        for layer in self.layers:
+            x = self._call(layer, x) if self._call else layer(x)
+        return x
+
+
+def _attn(layer: nn.Module, x: mx.array) -> mx.array:
+    mask = nn.MultiHeadAttention.create_additive_causal_mask(x.shape[1]).astype(x.dtype)
+    return layer(x, x, x, mask=mask)
+
+
+def _encoder(layer: nn.Module, x: mx.array) -> mx.array:
+    return layer(x, mask=nn.MultiHeadAttention.create_additive_causal_mask(x.shape[1]).astype(x.dtype))
+
+
+def _quantized() -> list[nn.Module]:
+    m = Stack([nn.Linear(64, 64), nn.Linear(64, 32)])
+    nn.quantize(m, group_size=32, bits=4)
+    return list(m.layers)
+
+
+# name -> (layers, input shape, input dtype, call)
+LAYERS: dict[str, tuple[Callable[[], list[nn.Module]], tuple[int, ...], mx.Dtype, Any]] = {
+    "Linear": (lambda: [nn.Linear(8, 16), nn.Linear(16, 8, bias=False)], (2, 3, 8), mx.float32, None),
+    "Conv1d": (lambda: [nn.Conv1d(4, 6, 3, padding=1), nn.Conv1d(6, 4, 3, stride=2)], (2, 9, 4), mx.float32, None),
+    "Conv2d": (lambda: [nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(4, 2, 2, stride=2)], (1, 6, 6, 3), mx.float32, None),
+    "Embedding": (lambda: [nn.Embedding(50, 16)], (2, 7), mx.int32, None),
+    "RMSNorm": (lambda: [nn.RMSNorm(16), nn.RMSNorm(16, eps=1e-3)], (2, 5, 16), mx.float32, None),
+    "LayerNorm": (lambda: [nn.LayerNorm(16), nn.LayerNorm(16, affine=False)], (2, 5, 16), mx.float32, None),
+    "RoPE": (lambda: [nn.RoPE(8), nn.RoPE(16, traditional=True, base=500.0)], (1, 2, 5, 16), mx.float32, None),
+    "MultiHeadAttention": (
+        lambda: [nn.MultiHeadAttention(16, 4), nn.MultiHeadAttention(16, 2)],
+        (2, 5, 16),
+        mx.float32,
+        _attn,
+    ),
+    "TransformerEncoder": (
+        lambda: [nn.TransformerEncoder(2, 16, 4, mlp_dims=32), nn.TransformerEncoder(1, 16, 2, norm_first=False)],
+        (1, 6, 16),
+        mx.float32,
+        _encoder,
+    ),
+    "QuantizedLinear": (_quantized, (3, 64), mx.float32, None),
+    "Linear bf16": (lambda: [nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8)], (2, 3, 8), mx.bfloat16, None),
+    "RMSNorm f16": (lambda: [nn.RMSNorm(16), nn.SiLU(), nn.RMSNorm(16)], (2, 5, 16), mx.float16, None),
+}
+
+
+def build(name: str, seed: int) -> tuple[Stack, mx.array]:
+    make, shape, dt, call = LAYERS[name]
+    mx.random.seed(seed)
+    model = Stack(make(), call)
+    if dt in (mx.bfloat16, mx.float16):
+        model.set_dtype(dt)
+    mx.eval(model.parameters())
+    rng = np.random.default_rng(seed)
+    x = (
+        mx.array(rng.integers(0, 50, shape)).astype(dt)
+        if dt == mx.int32
+        else mx.array(rng.standard_normal(shape)).astype(dt)
+    )
+    return model, x
+
+
+def module_inputs(g: Graph, model: nn.Module, args: list[mx.array]) -> list[mx.array]:
+    params = dict(tree_flatten(model.parameters()))
+    it = iter(args)
+    return [next(it) if i.kind == "arg" else params[i.path] for i in g.inputs]
+
+
+def sampled_cuts(n: int, k: int = 8) -> list[int]:
+    """At most ``k`` single cut points, spread over the graph (all of them if fewer)."""
+    return list(range(1, n)) if n - 1 <= k else sorted({int(p) for p in np.linspace(1, n - 1, k)})
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_layer_bit_identical(name: str) -> None:
+    model, x = build(name, 0)
+    want = model(x)
+    mx.eval(want)
+
+    # uncut, and with a boundary after every layer, through the public API
+    assert_same_bits([segc.jit(model)(x)], [want], f"{name} uncut")
+    step = segc.jit(model, boundaries="layers.*")
+    assert len(step.lower(x).segments) >= len(model.layers)  # nested "layers.N" match too
+    assert_same_bits([step(x)], [want], f"{name} per layer")
+
+    # every single cut point (sampled in large graphs) and every point at once
+    g = segc.jit(model).trace(x).graph
+    ins = module_inputs(g, model, [x])
+    for label, gv in cut_variants(g, sampled_cuts(len(g.eqns))):
+        assert_same_bits(run_graph(gv, ins), [want], f"{name} {label}")
+
+
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**16), name=st.sampled_from(list(LAYERS)), data=st.data())
+def test_layer_random_cuts(seed: int, name: str, data: st.DataObject) -> None:
+    """Random weights and inputs, random cut plans (any set of cut points)."""
+    model, x = build(name, seed)
+    want = model(x)
+    mx.eval(want)
+    g = segc.jit(model).trace(x).graph
+    n = len(g.eqns)
+    cuts = data.draw(st.lists(st.integers(1, max(1, n - 1)), max_size=6, unique=True)) if n > 1 else []
+    from conftest import with_cuts
+
+    assert_same_bits(run_graph(with_cuts(g, cuts), module_inputs(g, model, [x])), [want], f"{name} cuts {cuts}")
