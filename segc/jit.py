@@ -26,7 +26,7 @@ from .dtypes import short as _dtype_short
 from .errors import SignatureError, TraceError
 from .ir import Graph, Segment, segments, verify
 from .pytree import TreeDef, flatten, unflatten
-from .runtime.executor import Executor
+from .runtime.executor import Executor, donate_state
 from .runtime.params import ParamGatherer, ParamSig
 
 
@@ -144,6 +144,7 @@ class Compiled:
         self.commits = t.commits
         self.exact = t.exact
         self._n_state_out = sum(len(c.outputs) for c in self.commits)
+        self._ran = False
         self._param_order = [i.path for i in self.graph.inputs if i.kind == "param"]
 
     @property
@@ -168,7 +169,12 @@ class Compiled:
 
     def _run(self, leaves: list[mx.array], params: dict[str, mx.array], slots: Sequence[st.Slot] = ()) -> Any:
         inputs = leaves + [x for s in slots for x in s.inputs] + [params[p] for p in self._param_order]
-        outs = self.executor(inputs)
+        # Once this signature has run, hand KV-cache buffers that the call rewrites to the
+        # executor alone: MLX then updates them in place instead of copying every cache on
+        # every decode step (the commit below puts the results back into the objects).
+        donate = self._ran and donate_state(slots, self.commits)
+        outs = self.executor(inputs, consume=donate)
+        self._ran = True
         n = len(outs) - self._n_state_out
         k = n
         for s, c in zip(slots, self.commits):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import mlx.core as mx
 
@@ -73,11 +74,14 @@ class Executor:
             fns.append(fn)
         self.n_slots = len(slot)
         self.out_slots = tuple(slot[v] for v in g.outputs)
-        # the last step reading each segment-produced slot (graph outputs are never released)
+        # the last step reading each value (graph outputs and constants are never released);
+        # graph inputs too: a state buffer (a KV cache) that nothing else holds when its
+        # last reader is dispatched can be updated in place by MLX instead of copied
+        const_slots = range(self.n_inputs, self.n_inputs + len(g.consts))
         last: dict[int, int] = {}
         for k, s in enumerate(self.segments):
             for v in s.inputs:
-                if slot[v] >= self.n_inputs + len(g.consts):
+                if slot[v] not in const_slots:
                     last[slot[v]] = k
         keep = set(self.out_slots)
         dead: dict[int, list[int]] = {}
@@ -93,16 +97,42 @@ class Executor:
         self._plan = tuple((st.fn, _getter(st.in_slots), st.out_slots, st.dead) for st in self.steps)
         self._outs = _getter(self.out_slots)
 
-    def __call__(self, inputs: Sequence[mx.array]) -> list[mx.array]:
+    def __call__(self, inputs: Sequence[mx.array], *, consume: bool = False) -> list[mx.array]:
+        """Dispatch every segment; return the graph's outputs (not waited for).
+
+        ``consume=True`` empties ``inputs`` (a list) once read, so that the executor holds
+        the only references to them: an input buffer then dies with its last reader, and
+        MLX may update it in place (a KV cache written by slice updates) if the caller
+        holds it nowhere else either.
+        """
         if len(inputs) != self.n_inputs:
             raise ValueError(f"{self.graph.name} takes {self.n_inputs} inputs, got {len(inputs)}")
         env = [*inputs, *self._tail]
+        if consume:
+            del inputs[:]  # type: ignore[attr-defined]
         sync = mx.eval if self.drain else mx.async_eval
         for fn, take, outs, dead in self._plan:
             res = fn(*take(env))
+            for k in dead:  # before the dispatch, so that MLX may donate those buffers
+                env[k] = None
             sync(res)
             for k, r in zip(outs, res):
                 env[k] = r
-            for k in dead:
-                env[k] = None
         return list(self._outs(env))
+
+
+def donate_state(slots: Sequence[Any], commits: Sequence[Any]) -> bool:
+    """Detach the KV-cache buffers that a call rewrites from their cache objects and
+    slots, so that the executor (``consume=True``) holds the only references and MLX
+    can update them in place. The call's commit writes the new buffers back.
+
+    ``slots`` and ``commits`` are :mod:`segc.state`'s ``Slot`` and ``Commit`` records.
+    Returns whether anything was detached.
+    """
+    any_ = False
+    for s, c in zip(slots, commits):
+        if c.kind in ("kv", "rotating") and c.n and s.kind == c.kind and len(s.inputs) >= 2:
+            s.inputs.clear()
+            s.obj.keys = s.obj.values = None
+            any_ = True
+    return any_
