@@ -124,6 +124,8 @@ def _copy(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
     return ins[0]
 
 
+REBUILT["Slice"] = "only a stop before the front (negative): restated from the element count"
+REBUILT["SliceUpdate"] = REBUILT["Slice"]
 REBUILT["Copy"] = "returns its input (a copy's value); no Python op creates a Copy"
 
 
@@ -199,7 +201,7 @@ def _broadcast(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
 
 @rule("Reshape")
 def _reshape(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
-    return mx.reshape(ins[0], e.outs[0].shape)
+    return mx.reshape(ins[0], list(args[0]) if args else e.outs[0].shape)
 
 
 @rule("Transpose")
@@ -236,17 +238,19 @@ def _as_strided(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
 def _slices(args: tuple, counts: Sequence[int]) -> tuple[slice, ...]:
     """Python slices taking ``counts[d]`` elements from ``start[d]`` by ``strides[d]``.
 
-    MLX states a slice after normalising it (a reversed slice running to the front has
-    ``stop = -n - 1``), which Python's slice syntax cannot always restate; the element
-    count, from the output shape, can."""
-    start, _, strides = args
+    MLX states a slice after normalising it; a non-negative stop means what it means in
+    Python, but a reversed slice running to the front has ``stop = -n - 1``, which
+    Python's slice cannot restate: there the element count (the output shape) is used."""
+    start, stop, strides = args
     out = []
-    for a, s, n in zip(start, strides, counts):
-        stop = a + s * n
-        if n == 0:
+    for a, b, s, n in zip(start, stop, strides, counts):
+        if b >= 0:
+            out.append(slice(a, b, s))
+        elif n == 0:
             out.append(slice(0, 0, 1))
         else:
-            out.append(slice(a, None if stop < 0 else stop, s))
+            end = a + s * n
+            out.append(slice(a, None if end < 0 else end, s))
     return tuple(out)
 
 
@@ -506,13 +510,24 @@ def _addmm(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
     return mx.addmm(c, a, b, alpha=args[0], beta=args[1])
 
 
+def _sorted_indices(li: mx.array, ri: mx.array, left_sorted: bool, right_sorted: bool) -> tuple[Any, Any, bool]:
+    """``gather_mm``/``gather_qmm`` state ``right_sorted = sorted_indices and no
+    lhs_indices were given`` (and the converse): the recorded index that was the default
+    arange is passed as None again, so the op rebuilds it and states the same flags."""
+    if left_sorted and right_sorted:
+        return None, None, True
+    if right_sorted:
+        return None, ri, True
+    if left_sorted:
+        return li, None, True
+    return li, ri, False
+
+
 @rule("GatherMM")
 def _gather_mm(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
-    left_sorted, right_sorted = args
-    if left_sorted:
-        raise _unsupported(e, "mx.gather_mm cannot state sorted left indices")
     a, b, li, ri = ins
-    return mx.gather_mm(a, b, li, ri, sorted_indices=bool(right_sorted))
+    li2, ri2, srt = _sorted_indices(li, ri, *map(bool, args))
+    return mx.gather_mm(a, b, li2, ri2, sorted_indices=srt)
 
 
 def _quant_inputs(e: Eqn, ins: list[mx.array], mode: int, n_before: int, n_after: int) -> list[Any]:
@@ -538,21 +553,20 @@ def _quantized_matmul(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
 @rule("GatherQMM")
 def _gather_qmm(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
     group_size, bits, mode, transpose, left_sorted, right_sorted = args
-    if left_sorted:
-        raise _unsupported(e, "mx.gather_qmm cannot state sorted left indices")
     x, w, scales, biases, li, ri = _quant_inputs(e, ins, mode, 2, 2)
+    li2, ri2, srt = _sorted_indices(li, ri, bool(left_sorted), bool(right_sorted))
     return mx.gather_qmm(
         x,
         w,
         scales,
         biases,
-        li,
-        ri,
+        li2,
+        ri2,
         transpose=bool(transpose),
         group_size=group_size,
         bits=bits,
         mode=_QMODE[mode],
-        sorted_indices=bool(right_sorted),
+        sorted_indices=srt,
     )
 
 
@@ -705,10 +719,6 @@ def _check_quant(n_before: int, n_after: int, mode_at: int) -> Check:
     return check
 
 
-def _check_left_sorted(at: int) -> Check:
-    return lambda e, ins: "the MLX op cannot state sorted left indices" if e.args[at] else None
-
-
 def _check_sdpa(e: Eqn, ins: list[Var]) -> str | None:
     _, causal, has_sinks, output_lse = e.args[:4]
     if output_lse:
@@ -723,13 +733,11 @@ CHECKS: dict[str, Check] = {
     "RandomBits": _check_random_bits,
     "QuantizedMatmul": _check_quant(2, 0, 2),
     "GatherQMM": _check_quant(2, 2, 2),
-    "GatherMM": _check_left_sorted(0),
     "RoPE": lambda e, ins: None if e.args[4] else "the inverse rotation (RoPE's VJP) has no MLX op",
     "ScaledDotProductAttention": _check_sdpa,
     "Gather": lambda e, ins: None if e.args[0] else "a Gather without index arrays has no MLX op",
     "Scatter": lambda e, ins: None if e.args[1] else "a Scatter without index arrays has no MLX op",
 }
-CHECKS["GatherQMM"] = lambda e, ins: _check_left_sorted(4)(e, ins) or _check_quant(2, 2, 2)(e, ins)
 
 
 # --------------------------------------------------------------------------- driving

@@ -17,6 +17,7 @@ import numpy as np
 import segc
 from segc import dtypes
 from segc.ir import CUT, Eqn, Graph
+from segc.lower import REBUILT, replay_fn
 from segc.runtime import Executor
 
 FLOATS = (mx.float32, mx.float16, mx.bfloat16)
@@ -99,6 +100,28 @@ def prims(g: Graph) -> set[str]:
     return {e.prim for e in g.eqns if not e.is_pseudo}
 
 
+def retrace(g: Graph, e: Eqn) -> Graph:
+    """The trace of ``e``'s lowering rule, run on placeholder inputs of the same types."""
+    vs = g.vars()
+    consts = {c.var.name: c.value for c in g.consts}
+    names = [v for v in dict.fromkeys(e.ins) if v not in consts]
+    fn = replay_fn([e], names, [o.name for o in e.outs], consts)
+    return trace_graph(lambda *xs: fn(*xs), *[mx.zeros(vs[v].shape, dtypes.to_mx(vs[v].dtype)) for v in names])
+
+
+def assert_rules_exact(g: Graph) -> None:
+    """Each equation's rule builds the very primitive it replaces, with the same state
+    (except the rules of ``segc.lower.REBUILT``, which rebuild the values another way)."""
+    for e in g.eqns:
+        if e.is_pseudo or e.prim in REBUILT:
+            continue
+        again = [(x.prim, x.args) for x in retrace(g, e).eqns]
+        vs = g.vars()
+        if not again and len(e.outs) == 1 and any(vs[v].shape == e.outs[0].shape for v in e.ins):
+            continue  # an identity (a whole slice, say): MLX's Python op returns its input
+        assert (e.prim, e.args) in again, f"the rule for {e.prim}{list(e.args)} built {again}"
+
+
 def check_segmented(
     fn: Callable[..., Any],
     args: Sequence[mx.array],
@@ -125,6 +148,7 @@ def check_segmented(
             "COMPILE_MAY_DIFFER and in docs/lowering.md"
         )
     inputs = graph_inputs(g, args)
+    assert_rules_exact(g)
     singles = None if choose_cuts is None else choose_cuts(len(g.eqns))
     for label, gv in cut_variants(g, singles):
         got = run_graph(gv, inputs)

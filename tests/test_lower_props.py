@@ -585,6 +585,8 @@ def _gather_mm(draw: Any) -> Built:
     srt = draw(st.booleans())
     if srt:
         ri = mx.sort(ri)
+    if draw(st.booleans()):  # no lhs indices: a sorted call states right_sorted
+        return (lambda a, w, ri: mx.gather_mm(a, w, None, ri, sorted_indices=srt)), [a, w, ri]
     li = mx.arange(t, dtype=mx.uint32)
     return (lambda a, w, li, ri: mx.gather_mm(a, w, li, ri, sorted_indices=srt)), [a, w, li, ri]
 
