@@ -147,9 +147,12 @@ class FixedContext:
         hd = args.head_dim or args.hidden_size // args.num_attention_heads
         mx.random.seed(1)
         for c in self.cache:
-            k = mx.random.normal((1, kvh, context, hd)).astype(dtype)
-            v = mx.random.normal((1, kvh, context, hd)).astype(dtype)
+            # one position more than the context, so the buffers already have room for
+            # the decoded token (no variant grows them inside a timed call)
+            k = mx.random.normal((1, kvh, context + 1, hd)).astype(dtype)
+            v = mx.random.normal((1, kvh, context + 1, hd)).astype(dtype)
             c.update_and_fetch(k, v)
+            c.offset = context
         mx.eval([(c.keys, c.values) for c in self.cache])
 
     def reset(self) -> list[Any]:
@@ -265,7 +268,55 @@ def workload(
         info = step.cache_info()
         res.setdefault("segments", {})[k] = len(next(iter(step._cache.values())).segments)
         res.setdefault("retraces", {})[k] = list(info.retraces)
+    if "segc" in jitted and "segc" in fns:
+        res["segc_host"] = host_split(jitted["segc"], fns["segc"], sync["segc"], max(repeats, 10))
     return res
+
+
+class _TimedExecutor:
+    """Stands in for a Compiled's executor and records the host time of each call."""
+
+    def __init__(self, ex: Any, times: list[float]):
+        self._ex, self._times = ex, times
+
+    def __call__(self, *a: Any, **k: Any) -> Any:
+        t0 = time.perf_counter()
+        out = self._ex(*a, **k)
+        self._times.append(time.perf_counter() - t0)
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ex, name)
+
+
+def host_split(step: Any, f: Callable[[], Any], sync: Callable[[], Any], calls: int) -> dict[str, float]:
+    """Where the host time of a cached segc call goes: segc's call path (signature,
+    parameters, state, commit) against the executor's dispatch loop (the compiled
+    segment calls and their ``mx.async_eval``), per call and per segment."""
+    compiled = list(step._cache.values())
+    times: list[float] = []
+    for c in compiled:
+        c.executor = _TimedExecutor(c.executor, times)
+    total = []
+    try:
+        for _ in range(calls):
+            mx.synchronize()
+            t0 = time.perf_counter()
+            y = f()
+            total.append(time.perf_counter() - t0)
+            mx.eval(y, sync())
+    finally:
+        for c in compiled:
+            c.executor = c.executor._ex
+    n_seg = len(compiled[0].segments)
+    call, ex = statistics.median(total), statistics.median(times)
+    return {
+        "call_s": call,
+        "executor_s": ex,
+        "call_path_s": call - ex,
+        "segments": n_seg,
+        "executor_per_segment_s": ex / n_seg,
+    }
 
 
 def _compile_plain(model: nn.Module, x: mx.array) -> Callable[[], Any]:
@@ -464,6 +515,13 @@ def print_workload(r: dict[str, Any], name: str, w: dict[str, Any], out: Any = s
     ]
     if ratios:
         p("  " + "   ".join(ratios), file=out)
+    h = w.get("segc_host")
+    if h:
+        p(
+            f"  segc host time per call {fmt_t(h['call_s'])}: call path {fmt_t(h['call_path_s'])}, "
+            f"executor {fmt_t(h['executor_s'])} = {fmt_t(h['executor_per_segment_s'])} x {h['segments']} segments",
+            file=out,
+        )
     if w.get("floor_s") and r["device_kind"] == "gpu":
         p(f"  floor ({w['floor_what']}): {fmt_t(w['floor_s'])}", file=out)
 

@@ -6,9 +6,9 @@
 #
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_all.sh [PARTS]
 #
-# PARTS: any of  env bench tests lowering prefill2048  (default: all, in that order).
+# PARTS: any of  env bench tests lowering prefill2048 sweep  (default: all, in that order).
 # Logs go to $OUT (at most 8 files come back from the device): env.txt,
-# bench_reference.{txt,json}, tests.log, lowering.log, bench_prefill2048.{txt,json},
+# bench_reference.{txt,json}, tests.log, lowering.log, bench_prefill2048.txt, sweep.txt,
 # summary.txt. BENCH_PRESET=tiny tries it out on a CPU. Each part has its own time limit so that one hang cannot eat the call.
 set -u
 OUT="${OUT:-/tmp/segc-gpu-out}"
@@ -16,7 +16,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 export PYTHONPATH="${PYTHONPATH:-/tmp/site:$PWD}"
 PY="${PY:-python3}"
-parts="${*:-env bench tests lowering prefill2048}"
+parts="${*:-env bench tests lowering prefill2048 sweep}"
 summary="$OUT/summary.txt"
 note() { echo "$(date -u +%H:%M:%S) $*" | tee -a "$summary"; }
 has() { case " $parts " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
@@ -67,12 +67,22 @@ fi
 if has prefill2048; then
   # DESIGN.md's prefill figures are for 2048 tokens: the same comparison at that size
   timeout 90 $PY benchmarks/bench_llama.py --preset "${BENCH_PRESET:-reference}" --repeats 30 --warmup 3 --no-decode \
-    --prefill 2048 --first-call-layers 0 --no-dispatch \
-    --json "$OUT/bench_prefill2048.json" >"$OUT/bench_prefill2048.txt" 2>&1
+    --prefill 2048 --first-call-layers 0 --no-dispatch >"$OUT/bench_prefill2048.txt" 2>&1
   note "bench reference prefill 2048: rc=$?"
 fi
 
-for f in bench_reference.txt bench_prefill2048.txt; do
+if has sweep; then
+  # MLX's CUDA backend commits a CUDA graph every MLX_MAX_OPS_PER_BUFFER nodes (20 by
+  # default) and at every (async_)eval: decode again with other sizes
+  for n in 10 40 100; do
+    echo "== MLX_MAX_OPS_PER_BUFFER=$n" >>"$OUT/sweep.txt"
+    MLX_MAX_OPS_PER_BUFFER=$n timeout 70 $PY benchmarks/bench_llama.py --preset "${BENCH_PRESET:-reference}" \
+      --repeats 20 --warmup 3 --prefill 0 --first-call-layers 0 --no-dispatch >>"$OUT/sweep.txt" 2>&1
+    note "sweep MLX_MAX_OPS_PER_BUFFER=$n: rc=$?"
+  done
+fi
+
+for f in bench_reference.txt bench_prefill2048.txt sweep.txt; do
   [ -f "$OUT/$f" ] && { echo "== $f"; cat "$OUT/$f"; }
 done
 echo "== summary"
