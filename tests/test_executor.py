@@ -216,9 +216,10 @@ def test_cached_decode_updates_kv_caches_in_place() -> None:
 
     from segc.models import tiny_llama
 
-    model = tiny_llama(num_hidden_layers=2)
+    # K/V buffers of 1 MiB each, far above the decode step's other allocations
+    model = tiny_llama(hidden_size=256, num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=2)
     eager, cache = make_prompt_cache(model), make_prompt_cache(model)
-    prompt = mx.random.randint(0, 128, (1, 300))
+    prompt = mx.random.randint(0, 128, (1, 1000))
     model(prompt, cache=eager)
     step = segc.jit(model, boundaries="layers.*")
     step(prompt, cache=cache)
