@@ -7,6 +7,7 @@
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_all.sh [PARTS]
 #
 # PARTS: any of  env bench tests lowering prefill2048 sweep  (default: all, in that order).
+# env also prints which primitives a decode layer becomes here (benchmarks/decode_ir.py).
 # Logs go to $OUT (at most 8 files come back from the device): env.txt,
 # bench_reference.{txt,json}, tests.log, lowering.log, bench_prefill2048.txt, sweep.txt,
 # summary.txt. BENCH_PRESET=tiny tries it out on a CPU. Each part has its own time limit so that one hang cannot eat the call.
@@ -31,12 +32,13 @@ if has env; then
     $PY -c "import sys, mlx.core as mx; print(sys.version); print('mlx', mx.__version__, mx.default_device())"
     $PY -c "import mlx_lm, pytest, hypothesis, networkx, numpy; print('mlx_lm', mlx_lm.__version__, 'pytest', pytest.__version__, 'hypothesis', hypothesis.__version__)"
     git log --oneline -1 2>/dev/null || true
+    timeout 60 $PY benchmarks/decode_ir.py
   } >"$OUT/env.txt" 2>&1
   note "env: $(grep -m1 '^mlx ' "$OUT/env.txt")"
 fi
 
 if has bench; then
-  timeout 240 $PY benchmarks/bench_llama.py --preset "${BENCH_PRESET:-reference}" --repeats 50 --warmup 5 \
+  timeout 240 $PY benchmarks/bench_llama.py --preset "${BENCH_PRESET:-reference}" --repeats 50 --warmup 5 --variants eager,compile,segc,drain,whole \
     --json "$OUT/bench_reference.json" >"$OUT/bench_reference.txt" 2>&1
   note "bench reference (decode at context 1024, prefill 512): rc=$?"
 fi
