@@ -28,12 +28,13 @@ from .ir import Eqn, Graph, Segment, Var
 Rule = Callable[[list[mx.array], tuple, Eqn], Any]
 RULES: dict[str, Rule] = {}
 
-# How a rule relates to the primitive it replaces; ``docs/lowering.md`` lists both sets
-# (``tests/test_lower_coverage.py`` checks that it does).
+# How a rule relates to the primitive it replaces (docs/lowering.md lists both kinds;
+# the tests retrace every rule and check it):
 # - exact: the rule calls the MLX op that creates the same primitive with the same state.
-# - REBUILT: no MLX Python op creates the primitive with that state, so the rule computes
-#   the same values another way; every such rule is pure data movement or yields a
-#   boolean/integer result, so the bits cannot differ.
+# - REBUILT[name] says when no MLX Python op creates the primitive with that state, so
+#   the rule computes the same values another way: by pure data movement, as a boolean
+#   result, or as a constant computed the way the primitive computes it. The bits
+#   cannot differ.
 REBUILT: dict[str, str] = {}
 
 
@@ -124,9 +125,9 @@ def _copy(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
     return ins[0]
 
 
-REBUILT["Slice"] = "only a stop before the front (negative): restated from the element count"
+REBUILT["Slice"] = "a stop before the front (negative): restated from the element count"
 REBUILT["SliceUpdate"] = REBUILT["Slice"]
-REBUILT["Copy"] = "returns its input (a copy's value); no Python op creates a Copy"
+REBUILT["Copy"] = "always: returns its input (no Python op makes a Copy)"
 
 
 @rule("Equal")
@@ -139,7 +140,7 @@ def _equal(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
     return mx.logical_or(mx.equal(a, b), mx.logical_and(mx.isnan(a), mx.isnan(b)))
 
 
-REBUILT["Equal"] = "with equal_nan=True only: (a == b) | (isnan(a) & isnan(b)), a boolean result"
+REBUILT["Equal"] = "equal_nan=True: (a == b) | (isnan(a) & isnan(b)), a boolean"
 
 _BITWISE = {
     0: mx.bitwise_and,
@@ -326,7 +327,7 @@ def _number_of_elements(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
     return mx.array(1.0 / n if inverted else n, dtype=dtypes.to_mx(dt.name))
 
 
-REBUILT["NumberOfElements"] = "a constant computed from the static shape, as its eval computes it"
+REBUILT["NumberOfElements"] = "always: a constant computed from the static shape as its eval does"
 
 # --------------------------------------------------------------------------- reductions
 
@@ -441,8 +442,8 @@ def _gather(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
 
 
 REBUILT["Gather"] = (
-    "only for slice sizes other than 1 on a gathered axis, or partial slices on other axes, "
-    "or gathered axes not leading when there are several: a gather of single elements"
+    "slice sizes other than 1 on a gathered axis, partial slices elsewhere, or several gathered axes "
+    "not leading: a gather of single elements over every axis"
 )
 
 
@@ -470,7 +471,7 @@ def _scatter(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
     return _scatter_into(x, tuple(_full_index(x.ndim, idx, axes, sizes)), u, reduce)
 
 
-REBUILT["Scatter"] = "only when the scattered axes are not leading or slices are partial: a scatter of single elements"
+REBUILT["Scatter"] = "scattered axes not leading, or partial slices: a scatter of single elements over every axis"
 
 
 @rule("GatherAxis")
@@ -497,7 +498,7 @@ def _scatter_axis(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
     return x.at[tuple(key)].add(u)
 
 
-REBUILT["ScatterAxis"] = "Sum only: a Scatter(Sum) of single elements in the same order"
+REBUILT["ScatterAxis"] = "Sum: a Scatter(Sum) of single elements, in the same order"
 
 # --------------------------------------------------------------------------- matmuls
 
@@ -660,7 +661,7 @@ def _random_bits(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
     return mx.reshape(words.view(dtypes.to_mx(e.outs[0].dtype)), tuple(shape))
 
 
-REBUILT["RandomBits"] = "unless (n, 2) of width 4: mx.random.split's words, viewed and reshaped (same bits)"
+REBUILT["RandomBits"] = "not (n, 2) of width 4: mx.random.split's words, viewed and reshaped"
 
 
 @rule("Depends")
@@ -728,7 +729,17 @@ def _check_sdpa(e: Eqn, ins: list[Var]) -> str | None:
     return None
 
 
-# Conditions under which a rule cannot rebuild its primitive; checked before anything runs.
+# Conditions under which a rule cannot rebuild its primitive; checked before anything
+# runs. REFUSED says the same in words (docs/lowering.md).
+REFUSED: dict[str, str] = {
+    "RandomBits": "the output is not an even number of 32-bit words per key",
+    "QuantizedMatmul": "an unknown quantization mode, or inputs beyond (x, w, scales[, biases]) (a global scale)",
+    "GatherQMM": "an unknown quantization mode, or a global scale input",
+    "RoPE": "forward=False (the VJP's inverse rotation)",
+    "ScaledDotProductAttention": "it outputs the logsumexp (gradient traces only); causal with an array mask",
+    "Gather": "no index arrays",
+    "Scatter": "no index arrays",
+}
 CHECKS: dict[str, Check] = {
     "RandomBits": _check_random_bits,
     "QuantizedMatmul": _check_quant(2, 0, 2),
