@@ -301,9 +301,19 @@ def _make_dyn_kv() -> type:
             if rec.n:
                 raise _Exact(slot.index, "update_and_fetch called twice in one call")
             if self.keys is None:
-                self.keys = _zeros_like_step(keys, n, slot.host["step"])
-                self.values = _zeros_like_step(values, n, slot.host["step"])
-            elif slot.host["offset"] + n > self.keys.shape[2]:
+                # an empty cache: the prefill graph is traced per prompt length anyway, so
+                # do exactly what mlx-lm does (static write, fetch of the first n positions)
+                k = _zeros_like_step(keys, n, slot.host["step"])
+                v = _zeros_like_step(values, n, slot.host["step"])
+                k[..., :n, :] = keys
+                v[..., :n, :] = values
+                self.keys, self.values = k, v
+                rec.n = n
+                rec.outputs = ["keys", "values"]
+                if n < k.shape[2]:
+                    return k[..., :n, :], v[..., :n, :]
+                return k, v
+            if slot.host["offset"] + n > self.keys.shape[2]:
                 raise _Grow(slot.index, n, keys, values)
             off = self.offset
             self.keys = mx.slice_update(self.keys, keys, off, axes=(2,))
@@ -315,7 +325,11 @@ def _make_dyn_kv() -> type:
         def keys_and_values(self) -> tuple[mx.array, mx.array]:
             return self.keys, self.values
 
-        def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> mx.array:
+        def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> Any:
+            if self.keys is None:  # empty: mlx-lm's own mask ("causal", None or an array)
+                from mlx_lm.models.cache import create_attention_mask
+
+                return create_attention_mask(n, 0, return_array, window_size)
             return _dyn_mask(self.offset, n, self._cap(n), window_size)
 
         def size(self) -> int:

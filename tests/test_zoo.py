@@ -50,19 +50,41 @@ def _run(step, model, steps: int = DECODE_STEPS) -> tuple[list[mx.array], list]:
     return logits, cache
 
 
+# On the CPU the dynamic KV cache is bit-identical to eager mlx-lm (docs/models.md says
+# why). On a GPU, MLX's attention kernels round differently with the decode mask the
+# dynamic cache needs, so there the promise is: segmented == unsegmented bit for bit,
+# greedy tokens identical to eager, logits within LOGIT_BOUND of eager's.
+BIT_IDENTICAL_TO_EAGER = mx.default_device() == mx.cpu
+LOGIT_BOUND = 1e-2
+
+
+def _tokens(logits: list[mx.array]) -> list[int]:
+    return [int(mx.argmax(x[0, -1]).item()) for x in logits]
+
+
 def _check(model) -> None:
     eager_logits, eager_cache = _run(model, model)
     n_layers = len(model.layers)
+    runs = []
     for boundaries, n_segments in (("auto", n_layers + 1), (None, 1)):
         step = segc.jit(model, boundaries=boundaries)
         logits, cache = _run(step, model)
-        for k, (a, b) in enumerate(zip(eager_logits, logits)):
-            assert mx.array_equal(a, b).item(), f"boundaries={boundaries}: call {k} logits differ"
-        assert _same_caches(eager_cache, cache), f"boundaries={boundaries}: caches differ"
+        runs.append((logits, cache))
+        if BIT_IDENTICAL_TO_EAGER:
+            for k, (a, b) in enumerate(zip(eager_logits, logits)):
+                assert mx.array_equal(a, b).item(), f"boundaries={boundaries}: call {k} logits differ"
+            assert _same_caches(eager_cache, cache), f"boundaries={boundaries}: caches differ"
+        else:
+            assert _tokens(logits) == _tokens(eager_logits)
+            diff = max(mx.abs(a - b).max().item() for a, b in zip(eager_logits, logits))
+            assert diff <= LOGIT_BOUND, diff
         info = step.cache_info()
         assert info.traces == 2, info.retraces  # the prefill, and one decode graph for all 16 tokens
         compiled = list(step._cache.values())
         assert all(len(c.segments) == n_segments for c in compiled)
+    (seg, seg_cache), (whole, whole_cache) = runs
+    assert all(mx.array_equal(a, b).item() for a, b in zip(seg, whole)), "segmented != unsegmented"
+    assert _same_caches(seg_cache, whole_cache), "segmented != unsegmented caches"
 
 
 @pytest.mark.slow
