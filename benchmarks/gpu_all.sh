@@ -38,7 +38,7 @@ if has env; then
 fi
 
 if has bench; then
-  timeout 240 $PY benchmarks/bench_llama.py --preset "${BENCH_PRESET:-reference}" --repeats 50 --warmup 5 --variants eager,compile,segc,drain,whole \
+  timeout 200 $PY benchmarks/bench_llama.py --preset "${BENCH_PRESET:-reference}" --repeats 50 --warmup 5 --variants eager,compile,segc,drain,whole \
     --json "$OUT/bench_reference.json" >"$OUT/bench_reference.txt" 2>&1
   note "bench reference (decode at context 1024, prefill 512): rc=$?"
 fi
@@ -47,18 +47,18 @@ if has tests; then
   # the core suite on the GPU; the lowering files run in their own part below
   ignore=()
   for f in tests/test_lower_*.py tests/test_nn_layers.py; do [ -e "$f" ] && ignore+=("--ignore=$f"); done
-  timeout 120 $PY -m pytest -o addopts= -q -rfE -p no:cacheprovider -m "not slow" "${ignore[@]}" tests >"$OUT/tests.log" 2>&1
+  timeout 90 $PY -m pytest -o addopts= -q -rfE -p no:cacheprovider -m "not slow" "${ignore[@]}" tests >"$OUT/tests.log" 2>&1
   note "tests (not slow, lowering files apart): rc=$? -- $(tally "$OUT/tests.log")"
 fi
 
 if has lowering; then
   if [ -f tests/gpu_lowering.sh ]; then
-    timeout 200 bash tests/gpu_lowering.sh >"$OUT/lowering.log" 2>&1
+    timeout 120 bash tests/gpu_lowering.sh >"$OUT/lowering.log" 2>&1
   else
     files=$(ls tests/test_lower_*.py tests/test_nn_layers.py 2>/dev/null)
     if [ -n "$files" ]; then
       # shellcheck disable=SC2086
-      timeout 200 $PY -m pytest -o addopts= -q -rfE -p no:cacheprovider $files >"$OUT/lowering.log" 2>&1
+      timeout 120 $PY -m pytest -o addopts= -q -rfE -p no:cacheprovider $files >"$OUT/lowering.log" 2>&1
     else
       echo "no lowering tests in this checkout" >"$OUT/lowering.log"
     fi
@@ -68,7 +68,7 @@ fi
 
 if has prefill2048; then
   # DESIGN.md's prefill figures are for 2048 tokens: the same comparison at that size
-  timeout 90 $PY benchmarks/bench_llama.py --preset "${BENCH_PRESET:-reference}" --repeats 30 --warmup 3 --no-decode \
+  timeout 60 $PY benchmarks/bench_llama.py --preset "${BENCH_PRESET:-reference}" --repeats 30 --warmup 3 --no-decode \
     --prefill 2048 --first-call-layers 0 --no-dispatch >"$OUT/bench_prefill2048.txt" 2>&1
   note "bench reference prefill 2048: rc=$?"
 fi
@@ -78,7 +78,7 @@ if has sweep; then
   # default) and at every (async_)eval: decode again with other sizes
   for n in 10 100; do
     echo "== MLX_MAX_OPS_PER_BUFFER=$n" >>"$OUT/sweep.txt"
-    MLX_MAX_OPS_PER_BUFFER=$n timeout 60 $PY benchmarks/bench_llama.py --preset "${BENCH_PRESET:-reference}" \
+    MLX_MAX_OPS_PER_BUFFER=$n timeout 50 $PY benchmarks/bench_llama.py --preset "${BENCH_PRESET:-reference}" \
       --repeats 20 --warmup 3 --prefill 0 --first-call-layers 0 --no-dispatch >>"$OUT/sweep.txt" 2>&1
     note "sweep MLX_MAX_OPS_PER_BUFFER=$n: rc=$?"
   done
