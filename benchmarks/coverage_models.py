@@ -65,6 +65,9 @@ def _same_cache(a: object, b: object) -> bool:
                 if isinstance(p, mx.array):
                     if not isinstance(q, mx.array) or not mx.array_equal(p, q).item():
                         return False
+                elif hasattr(p, "__dict__"):
+                    if not _same_cache(p, q):
+                        return False
                 elif p != q:
                     return False
         elif hasattr(x, "__dict__") and not isinstance(x, type):
@@ -149,8 +152,9 @@ def run_isolated(arch: str, timeout: float) -> dict:
     for line in reversed(p.stdout.splitlines()):
         if line.startswith("{"):
             return json.loads(line)
-    err = (p.stderr.strip().splitlines() or ["no output"])[-1]
-    return {"arch": arch, "status": "refused", "reason": f"crashed (exit {p.returncode}): {err[:160]}"}
+    err = ((p.stderr.strip() or p.stdout.strip()).splitlines() or ["no output"])[-1]
+    status = "not built" if "install" in err else "refused"
+    return {"arch": arch, "status": status, "reason": f"crashed (exit {p.returncode}): {err[:160]}"}
 
 
 def table(results: list[dict]) -> str:

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
 
 from . import dtypes
 from .errors import TraceError
@@ -88,7 +89,19 @@ def is_state(x: Any) -> bool:
         return False
     if isinstance(x, (*_cache_types(), *_REGISTERED)):
         return True
-    return callable(getattr(x, "update_and_fetch", None)) and hasattr(x, "__dict__")
+    if not hasattr(x, "__dict__") or isinstance(x, nn.Module):
+        return False
+    # an mlx-lm-style cache: update_and_fetch, or a `state` property
+    return callable(getattr(x, "update_and_fetch", None)) or isinstance(getattr(type(x), "state", None), property)
+
+
+def children(obj: Any) -> list[Any]:
+    """State objects held by a container state object (mlx-lm's ``CacheList``)."""
+    out: list[Any] = []
+    for v in vars(obj).values():
+        if isinstance(v, tuple | list) and v and all(is_state(c) for c in v):
+            out.extend(v)
+    return out
 
 
 def extract(tree: Any, found: list[Any]) -> Any:
@@ -103,7 +116,9 @@ def extract(tree: Any, found: list[Any]) -> Any:
             if o is tree:
                 return f"{_MARK}{i}"
         found.append(tree)
-        return f"{_MARK}{len(found) - 1}"
+        mark = f"{_MARK}{len(found) - 1}"
+        extract(children(tree), found)
+        return mark
     return tree
 
 
@@ -148,6 +163,11 @@ def make_slot(index: int, obj: Any, *, exact: bool, grown: dict[str, Any] | None
     """Decide the slot's mode and collect its graph inputs (``grown`` replaces buffers)."""
     KV, Rot = _kv_classes()
     t = type(obj)
+    kids = children(obj)
+    if kids:  # a container: its children are slots of their own; it has no arrays
+        s = Slot(index, obj, "exact", "container")
+        s.key = (t.__qualname__, len(kids))
+        return s
     if not exact and KV is not None and t is KV:
         return _kv_slot(index, obj, grown)
     if not exact and Rot is not None and t is Rot and obj.keys is not None:
@@ -428,12 +448,14 @@ def swapped(slots: list[Slot], arrays: list[list[mx.array]]) -> Iterator[list[_R
     try:
         for s, arrs in zip(slots, arrays):
             rec = _Record()
+            recs.append(rec)
+            if s.kind == "container":
+                continue
             cls, d = _STANDINS[s.kind](s, arrs, rec)
             saved.append((s.obj, s.obj.__class__, s.obj.__dict__))
             s.obj.__dict__ = d
             if cls is not s.obj.__class__:
                 s.obj.__class__ = cls
-            recs.append(rec)
         yield recs
     finally:
         for obj, cls, d in reversed(saved):
@@ -445,6 +467,8 @@ def swapped(slots: list[Slot], arrays: list[list[mx.array]]) -> Iterator[list[_R
 def outputs_after(slot: Slot, rec: _Record) -> list[mx.array]:
     """The stand-in's arrays after the traced call (read before :func:`swapped` exits)."""
     d = vars(slot.obj)
+    if slot.kind == "container":
+        return []
     if slot.kind != "exact":
         if not rec.n:
             rec.outputs = []
@@ -506,6 +530,8 @@ def grow(obj: Any, n: int, keys: mx.array | None = None, values: mx.array | None
 def commit(slot: Slot, plan: Commit, outs: list[mx.array]) -> None:
     """Write the call's results into the caller's state object."""
     obj = slot.obj
+    if plan.kind == "container":
+        return
     if plan.kind == "exact":
         d = dict(plan.statics)
         for name, a in zip(plan.outputs, outs):

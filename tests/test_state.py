@@ -217,3 +217,21 @@ def test_rotating_cache_class_is_kept(llama) -> None:
     step(_tokens(33), cache=cache)
     step(_tokens(1), cache=cache)
     assert all(type(c) is RotatingKVCache for c in cache)
+
+
+def test_cache_list_container() -> None:
+    """mlx-lm's CacheList (hybrid models): its child caches are state of their own."""
+    from mlx_lm.models.cache import CacheList
+
+    def f(k: mx.array, cl: CacheList) -> mx.array:
+        a, _ = cl[0].update_and_fetch(k, k)
+        b, _ = cl[1].update_and_fetch(k * 2, k)
+        return a.sum(axis=2) + b.sum(axis=2)
+
+    ours, ref = CacheList(KVCache(), KVCache()), CacheList(KVCache(), KVCache())
+    step = segc.jit(f)
+    for n in (5, 1, 1, 1):
+        k = mx.random.normal((1, 2, n, 4))
+        assert mx.array_equal(step(k, ours), f(k, ref)).item()
+        assert _same(list(ours.caches), list(ref.caches))
+    assert step.cache_info().traces == 2

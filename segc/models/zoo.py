@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 from typing import Any
 
 import mlx.core as mx
@@ -62,6 +63,68 @@ SMALL: dict[str, Any] = {
     "rope_theta": 10000.0,
 }
 
+# values for fields an architecture requires (no default) and SMALL does not name
+REQUIRED: dict[str, Any] = {
+    "first_k_dense_replace": 1,
+    "routed_scaling_factor": 1.0,
+    "num_shared_experts": 1,
+    "topk_group": 1,
+    "n_group": 1,
+    "moe_topk": 2,
+    "topk_method": "greedy",
+    "logits_scaling": 1.0,
+    "embedding_multiplier": 1.0,
+    "attention_multiplier": 1.0,
+    "residual_multiplier": 1.0,
+    "scale_emb": 1.0,
+    "scale_depth": 1.0,
+    "dim_model_base": 64,
+    "partial_rotary_factor": 1.0,
+    "n_positions": 4096,
+    "n_ctx": 4096,
+    "model_max_length": 4096,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "no_rope_layers": [],
+    "conv_kernel": 4,
+    "conv_L_cache": 3,
+    "conv_window": 4,
+    "conv1d_width": 4,
+    "state_size": 16,
+    "ssm_state_size": 16,
+    "time_step_rank": 8,
+    "n_groups": 1,
+    "mamba_num_heads": 4,
+    "mamba_head_dim": 16,
+    "rope_scaling": None,
+    "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+    "sliding_window_pattern": 2,
+    "sliding_window_size": 16,
+    "rotary_dim": 16,
+    "rotary_pct": 1.0,
+    "rotary_emb_base": 10000.0,
+    "shared_intermediate_size": 64,
+    "moe_layer_freq": 1,
+    "moe_num_experts": 4,
+    "hidden_act": "silu",
+    "ffn_hidden_size": 128,
+    "expert_ffn_hidden_size": 32,
+    "ff_intermediate_size": 128,
+    "intermediate_size_mlp": 128,
+    "num_dense_layers": 1,
+    "num_query_heads": [4, 4],
+    "linear_num_value_heads": 4,
+    "linear_num_key_heads": 2,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "linear_conv_kernel_dim": 4,
+    "full_attention_interval": 2,
+    "num_attention_groups": 2,
+    "num_kv_reuse_layers": 0,
+    "logits_soft_cap": None,
+    "layer_types": ["full_attention", "full_attention"],
+}
+
 OVERRIDES: dict[str, dict[str, Any]] = {
     # a sliding (RotatingKVCache) layer and a global (KVCache) layer; the window is
     # shorter than the zoo prompt, so the rotating cache trims and wraps
@@ -80,6 +143,10 @@ def model_classes(model_type: str) -> tuple[Any, Any]:
     return mod.Model, mod.ModelArgs
 
 
+def _exists(model_type: str) -> bool:
+    return importlib.util.find_spec(f"mlx_lm.models.{model_type}") is not None
+
+
 def tiny_config(model_type: str, **extra: Any) -> dict[str, Any]:
     """A small configuration dict for ``model_type`` (fields by name from :data:`SMALL`)."""
     _, args_cls = model_classes(model_type)
@@ -89,7 +156,14 @@ def tiny_config(model_type: str, **extra: Any) -> dict[str, Any]:
     cfg.update({k: v for k, v in SMALL.items() if k in names})
     for f in fields:  # required flags nobody named: off
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        if required and f.name not in cfg and str(f.type) in ("bool", "<class 'bool'>"):
+        if not required or f.name in cfg:
+            continue
+        if f.name in REQUIRED:
+            cfg[f.name] = REQUIRED[f.name]
+        elif f.name == "text_config":  # a multimodal wrapper: a small text model inside
+            inner = f"{model_type}_text"
+            cfg[f.name] = {**SMALL, **REQUIRED, "model_type": inner if _exists(inner) else model_type}
+        elif str(f.type) in ("bool", "<class 'bool'>"):
             cfg[f.name] = False
     cfg.update(OVERRIDES.get(model_type, {}))
     cfg.update(extra)
