@@ -162,7 +162,13 @@ def tiny_config(model_type: str, **extra: Any) -> dict[str, Any]:
             cfg[f.name] = REQUIRED[f.name]
         elif f.name == "text_config":  # a multimodal wrapper: a small text model inside
             inner = f"{model_type}_text"
-            cfg[f.name] = {**SMALL, **REQUIRED, "model_type": inner if _exists(inner) else model_type}
+            cfg[f.name] = {
+                **SMALL,
+                **REQUIRED,
+                "tie_word_embeddings": False,
+                "norm_topk_prob": True,
+                "model_type": inner if _exists(inner) else model_type,
+            }
         elif str(f.type) in ("bool", "<class 'bool'>"):
             cfg[f.name] = False
     cfg.update(OVERRIDES.get(model_type, {}))
