@@ -55,13 +55,14 @@ def _rand(seed: int, shape: tuple[int, ...], dt: mx.Dtype = mx.float32, ints: bo
 
 
 SET = settings(max_examples=8, deadline=None)
+FAST = settings(max_examples=5, deadline=None)  # each new fused CPU kernel costs a C++ compile
 seeds = st.integers(0, 2**31)
 
 
 # --------------------------------------------------------------------------- mx.fast
 
 
-@SET
+@FAST
 @given(seed=seeds, rows=st.integers(1, 4), d=st.integers(1, 40), dt=st.sampled_from(FLOATS), weight=st.booleans())
 def test_rms_norm(seed: int, rows: int, d: int, dt: mx.Dtype, weight: bool) -> None:
     x, w = _rand(seed, (rows, d), dt), _rand(seed + 1, (d,), dt)
@@ -70,7 +71,7 @@ def test_rms_norm(seed: int, rows: int, d: int, dt: mx.Dtype, weight: bool) -> N
     assert_same_bits(run_one("RMSNorm", (1e-5,), [x, wi], [want]), [want], "RMSNorm")
 
 
-@SET
+@FAST
 @given(seed=seeds, d=st.integers(1, 40), dt=st.sampled_from(FLOATS), weight=st.booleans(), bias=st.booleans())
 def test_layer_norm(seed: int, d: int, dt: mx.Dtype, weight: bool, bias: bool) -> None:
     x, w, b = _rand(seed, (3, d), dt), _rand(seed + 1, (d,), dt), _rand(seed + 2, (d,), dt)
@@ -80,7 +81,7 @@ def test_layer_norm(seed: int, d: int, dt: mx.Dtype, weight: bool, bias: bool) -
     assert_same_bits(run_one("LayerNorm", (1e-6,), [x, wi, bi], [want]), [want], "LayerNorm")
 
 
-@SET
+@FAST
 @given(
     seed=seeds,
     t=st.integers(1, 5),
@@ -104,7 +105,7 @@ def test_rope(seed: int, t: int, half: int, trad: bool, off: int, freqs: bool, d
     assert_same_bits(got, [want], "RoPE")
 
 
-@SET
+@FAST
 @given(
     seed=seeds,
     lq=st.integers(1, 4),
@@ -268,3 +269,20 @@ def test_refused_before_running(prim: str, args: tuple, ins: list[mx.array], out
     with pytest.raises(UnsupportedPrimitive, match=match) as info:
         run_graph(g, ins)
     assert info.value.primitive == prim
+
+
+def test_unexportable_primitive_is_named() -> None:
+    import segc
+
+    with pytest.raises(UnsupportedPrimitive, match="Contiguous") as info:
+        segc.jit(lambda x: mx.contiguous(x.T) + 1).trace(mx.zeros((2, 3)))
+    assert info.value.primitive == "Contiguous"
+
+
+def test_refusal_names_the_boundary() -> None:
+    from conftest import with_cuts
+
+    x = mx.zeros((2,))
+    g = with_cuts(one_eqn("NoSuchPrimitive", (), [x], [((2,), mx.float32)]), [0])
+    with pytest.raises(UnsupportedPrimitive, match="after boundary 'cut0'"):
+        run_graph(g, [x])
