@@ -256,12 +256,20 @@ def workload(
     identical: dict[str, bool | None] = {}
     for k, y in outs.items():
         identical[k] = None if "eager" not in outs else bool(mx.array_equal(y, outs["eager"]).item())
+    # segc's promise where its KV cache is not bit-identical to eager mlx-lm (the GPU):
+    # segmented == unsegmented
+    to_whole = {
+        k: bool(mx.array_equal(outs[k], outs["whole"]).item())
+        for k in ("segc", "drain")
+        if k in outs and "whole" in outs
+    }
     t = time_interleaved(fns, sync, warmup, repeats)
     res: dict[str, Any] = {
         "tokens": tokens,
         "context": context,
         "timings": t,
         "bit_identical_to_eager": identical,
+        "bit_identical_to_whole": to_whole,
         "errors": errors,
     }
     for k, step in jitted.items():
@@ -507,6 +515,9 @@ def print_workload(r: dict[str, Any], name: str, w: dict[str, Any], out: Any = s
         )
     for v, e in w["errors"].items():
         p(f"  {v:<8} FAILED: {e}", file=out)
+    if w.get("bit_identical_to_whole"):
+        same = ", ".join(f"{k} {v}" for k, v in w["bit_identical_to_whole"].items())
+        p(f"  bit-identical to segc unsegmented (whole): {same}", file=out)
     med = {v: tv["wall"]["median"] for v, tv in t.items()}
     ratios = [
         f"{a} / {b} = {med[a] / med[b]:.2f}x"
