@@ -10,7 +10,9 @@
 # env also prints which primitives a decode layer becomes here (benchmarks/decode_ir.py).
 # Logs go to $OUT (at most 8 files come back from the device): env.txt,
 # bench_reference.{txt,json}, tests.log, lowering.log, bench_prefill2048.txt, sweep.txt,
-# summary.txt. BENCH_PRESET=tiny tries it out on a CPU. Each part has its own time limit so that one hang cannot eat the call.
+# summary.txt. BENCH_PRESET=tiny tries it out on a CPU. Each part has its own time limit,
+# so that one hang cannot eat the call; TESTS_LIMIT and LOWERING_LIMIT (seconds, default
+# 90 and 120) set those of the two test parts.
 set -u
 OUT="${OUT:-/tmp/segc-gpu-out}"
 mkdir -p "$OUT"
@@ -47,18 +49,18 @@ if has tests; then
   # the core suite on the GPU; the lowering files run in their own part below
   ignore=()
   for f in tests/test_lower_*.py tests/test_nn_layers.py; do [ -e "$f" ] && ignore+=("--ignore=$f"); done
-  timeout 90 $PY -m pytest -o addopts= -q -rfE -p no:cacheprovider -m "not slow" "${ignore[@]}" tests >"$OUT/tests.log" 2>&1
+  timeout "${TESTS_LIMIT:-90}" $PY -m pytest -o addopts= -q -rfE -p no:cacheprovider -m "not slow" "${ignore[@]}" tests >"$OUT/tests.log" 2>&1
   note "tests (not slow, lowering files apart): rc=$? -- $(tally "$OUT/tests.log")"
 fi
 
 if has lowering; then
   if [ -f tests/gpu_lowering.sh ]; then
-    timeout 120 bash tests/gpu_lowering.sh >"$OUT/lowering.log" 2>&1
+    timeout "${LOWERING_LIMIT:-120}" bash tests/gpu_lowering.sh >"$OUT/lowering.log" 2>&1
   else
     files=$(ls tests/test_lower_*.py tests/test_nn_layers.py 2>/dev/null)
     if [ -n "$files" ]; then
       # shellcheck disable=SC2086
-      timeout 120 $PY -m pytest -o addopts= -q -rfE -p no:cacheprovider $files >"$OUT/lowering.log" 2>&1
+      timeout "${LOWERING_LIMIT:-120}" $PY -m pytest -o addopts= -q -rfE -p no:cacheprovider $files >"$OUT/lowering.log" 2>&1
     else
       echo "no lowering tests in this checkout" >"$OUT/lowering.log"
     fi
