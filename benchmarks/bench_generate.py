@@ -136,7 +136,9 @@ def main() -> None:
         )
     for v in variants[1:]:
         r = best[v]
-        print(f"\n{v}: {r['segments']} segments; cached call {r['cached_call_s'] * 1e3:.2f} ms (host dispatch)")
+        print(
+            f"\n{v}: {r['segments']} segments; median cached call {r['cached_call_s'] * 1e3:.2f} ms (wall; on the CPU it includes compute)"
+        )
         print(f"  {r['traces']} traces, {r['trace_s'] * 1e3:.1f} ms of tracing in all; calls that traced:")
         for why, dt in r["traced_calls"]:
             print(f"    {dt * 1e3:8.1f} ms  {why}")
