@@ -55,7 +55,7 @@ def run_variant(model: Any, prompt: list[int], n: int, variant: str, boundaries:
     t0 = time.perf_counter()
     t_first = 0.0
     for tok, _ in generate_step(
-        mx.array(prompt), fn, max_tokens=n, sampler=lambda x: mx.argmax(x, -1), prompt_cache=cache
+        mx.array(prompt, dtype=mx.uint32), fn, max_tokens=n, sampler=lambda x: mx.argmax(x, -1), prompt_cache=cache
     ):
         toks.append(int(tok))
         if len(toks) == 1:

@@ -74,7 +74,10 @@ def generate_tokens(
         fn = segc.jit(model, boundaries=boundaries, **jit_options)
         stats.jitted = fn
     t0 = time.perf_counter()
-    steps = generate_step(mx.array(list(prompt)), fn, max_tokens=max_tokens, sampler=_greedy, prompt_cache=cache)
+    # uint32 like the sampled tokens (argmax), so the prompt's last token and the sampled
+    # ones share one decode signature: one trace fewer
+    ids = mx.array(list(prompt), dtype=mx.uint32)
+    steps = generate_step(ids, fn, max_tokens=max_tokens, sampler=_greedy, prompt_cache=cache)
     for tok, _ in steps:
         now = time.perf_counter()
         if not stats.tokens:
