@@ -235,3 +235,12 @@ def test_cache_list_container() -> None:
         assert mx.array_equal(step(k, ours), f(k, ref)).item()
         assert _same(list(ours.caches), list(ref.caches))
     assert step.cache_info().traces == 2
+
+
+def test_growth_found_while_tracing(llama) -> None:
+    """A 300-token chunk after a 33-token prefill: the capacity need is discovered inside
+    the trace; the cache grows (mlx-lm's way: trim to 33, add 512) and the trace reruns."""
+    step = segc.jit(llama, boundaries="auto")
+    _lockstep(llama, step, [_tokens(33), _tokens(300, 1)], 3)
+    info = step.cache_info()
+    assert any("grows" in a for a in info.aborted), info.aborted
