@@ -125,12 +125,63 @@ REQUIRED: dict[str, Any] = {
     "layer_types": ["full_attention", "full_attention"],
 }
 
+_YARN = {
+    "type": "yarn",
+    "factor": 1.0,
+    "mscale": 1.0,
+    "mscale_all_dim": 0,
+    "original_max_position_embeddings": 4096,
+    "beta_fast": 32,
+    "beta_slow": 1,
+}
+_ROPE_PARAMS = {
+    "rope_theta": 10000.0,
+    "rope_type": "default",
+    "llama_4_scaling_beta": 0.1,
+    "original_max_position_embeddings": 4096,
+}
+
 OVERRIDES: dict[str, dict[str, Any]] = {
     # a sliding (RotatingKVCache) layer and a global (KVCache) layer; the window is
     # shorter than the zoo prompt, so the rotating cache trims and wraps
     "gemma3_text": {"sliding_window_pattern": 2, "query_pre_attn_scalar": 16, "rope_local_base_freq": 10000.0},
     # one dense layer, then a mixture-of-experts layer
     "deepseek_v3": {"first_k_dense_replace": 1, "n_group": 1, "topk_group": 1, "topk_method": "noaux_tc"},
+    # architectures whose configs need a structured field (coverage only)
+    "deepseek_v2": {"rope_scaling": _YARN},
+    "minicpm3": {
+        "rope_scaling": {
+            "type": "longrope",
+            "short_factor": [1.0] * 4,
+            "long_factor": [1.0] * 4,
+            "original_max_position_embeddings": 4096,
+        }
+    },
+    "ministral3": {"rope_parameters": _ROPE_PARAMS},
+    "mistral4": {"rope_parameters": _ROPE_PARAMS},
+    "exaone4": {"sliding_window_pattern": "LG"},
+    "lfm2_moe": {"layer_types": ["conv", "full_attention"]},
+    "llama4_text": {"no_rope_layers": [1, 1]},
+    "mamba2": {"time_step_limit": (0.0, float("inf"))},
+    "recurrent_gemma": {"attention_window_size": 16, "block_types": ["recurrent", "attention"]},
+    "hunyuan": {
+        "num_shared_expert": 1,
+        "cla_share_factor": 1,
+        "rope_scaling": {"alpha": 1.0, "factor": 1.0, "type": "dynamic"},
+    },
+    "lille-130m": {"block_size": 4096},
+    "exaone_moe": {"is_moe_layer": [False, True]},
+    "glm_moe_dsa": {
+        "index_head_dim": 16,
+        "index_n_heads": 2,
+        "index_topk": 4,
+        "scoring_func": "sigmoid",
+        "topk_method": "noaux_tc",
+    },
+    "phi3small": {"dense_attention_every_n_layers": 2, "gegelu_limit": 20.0},
+    "cohere2": {"sliding_window_pattern": 2},
+    "qwen3_next": {"full_attention_interval": 2},
+    "baichuan_m1": {"sliding_window_layers": [0], "conv_window": 2},
 }
 
 
