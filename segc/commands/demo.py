@@ -13,6 +13,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hidden", type=int, default=128, help="hidden size (default 128)")
     p.add_argument("--tokens", type=int, default=32, help="prompt length (default 32)")
     p.add_argument("--repeats", type=int, default=20, help="timed calls of each (default 20)")
+    p.add_argument("--decode", type=int, default=16, help="greedy decode steps with a KV cache (default 16)")
     p.add_argument("--ir", action="store_true", help="print the whole segmented IR")
 
 
@@ -51,7 +52,45 @@ def run(args: argparse.Namespace) -> int:
     print(f"segmented output bit-identical to eager mlx-lm: {same}")
     t_eager = _time(model, x, args.repeats)
     t_segc = _time(step, x, args.repeats)
-    print(f"eager mlx-lm : {t_eager * 1e3:8.3f} ms/call")
-    print(f"segc         : {t_segc * 1e3:8.3f} ms/call  ({t_eager / t_segc:.2f}x eager)")
-    print(f"cache: {step.cache_info()}")
-    return 0 if same else 1
+    print(f"prefill: eager mlx-lm : {t_eager * 1e3:8.3f} ms/call")
+    print(f"prefill: segc         : {t_segc * 1e3:8.3f} ms/call  (time ratio segc/eager {t_segc / t_eager:.2f})")
+    info = step.cache_info()
+    print(f"trace cache: {info.hits} hits, {info.misses} traces ({'; '.join(info.retraces)})")
+    same_decode = _decode(model, x, args.decode)
+    return 0 if same and same_decode else 1
+
+
+def _decode(model, prompt: mx.array, steps: int) -> bool:
+    """Greedy decode with mlx-lm KV caches, eagerly and through segc, side by side."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    import segc
+
+    step = segc.jit(model, boundaries="layers.*")
+    caches = {"eager": make_prompt_cache(model), "segc": make_prompt_cache(model)}
+    fns = {"eager": model, "segc": step}
+    toks = {k: prompt for k in fns}
+    seconds = {k: 0.0 for k in fns}
+    same = True
+    for i in range(steps + 1):
+        outs = {}
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            logits = fn(toks[k], cache=caches[k])
+            mx.eval(logits)
+            if i > 0:
+                seconds[k] += time.perf_counter() - t0
+            outs[k] = logits
+            toks[k] = mx.argmax(logits[:, -1:], axis=-1)
+        same = same and bool(mx.array_equal(outs["eager"], outs["segc"]).item())
+    for a, b in zip(caches["eager"], caches["segc"]):
+        same = same and a.offset == b.offset and bool(mx.array_equal(a.state[0], b.state[0]).item())
+    info = step.cache_info()
+    print(f"decode: prefill + {steps} greedy tokens with mlx-lm KV caches")
+    print(f"  logits and KV caches bit-identical to eager mlx-lm: {same}")
+    print(f"  traces: {info.misses} ({'; '.join(info.retraces)})")
+    print(f"  eager mlx-lm : {seconds['eager'] / steps * 1e3:8.3f} ms/token")
+    print(
+        f"  segc         : {seconds['segc'] / steps * 1e3:8.3f} ms/token  (time ratio segc/eager {seconds['segc'] / seconds['eager']:.2f})"
+    )
+    return same
