@@ -705,7 +705,7 @@ def _conv(draw: Any) -> Built:
     groups = draw(st.sampled_from([1, 2]))
     cin, cout = 2 * draw(st.integers(1, 2)), 2 * draw(st.integers(1, 2))
     ks = [draw(st.integers(1, 3)) for _ in range(nd)]
-    sp = [draw(st.integers(4, 8)) for _ in range(nd)]
+    sp = [draw(st.integers(5, 8)) for _ in range(nd)]
     dt = draw(st.sampled_from([mx.float32, mx.float16, mx.bfloat16]))
     x = arr(draw, (draw(st.integers(1, 2)), *sp, cin), dt, special=False)
     w = arr(draw, (cout, *ks, cin // groups), dt, special=False)
