@@ -4,6 +4,7 @@ from .errors import IRError as IRError
 from .errors import ScheduleError as ScheduleError
 from .errors import SegcError as SegcError
 from .errors import SignatureError as SignatureError
+from .errors import StateError as StateError
 from .errors import TraceError as TraceError
 from .errors import UnsupportedPrimitive as UnsupportedPrimitive
 from .ir import Graph as Graph
@@ -28,6 +29,7 @@ __all__ = [
     "ScheduleError",
     "SegcError",
     "SignatureError",
+    "StateError",
     "TraceError",
     "Traced",
     "UnsupportedPrimitive",

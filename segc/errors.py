@@ -25,6 +25,10 @@ class UnsupportedPrimitive(SegcError):
         super().__init__(msg)
 
 
+class StateError(TraceError):
+    """A state object (a KV cache) segc cannot functionalize, or a misuse of ``state=``."""
+
+
 class SignatureError(SegcError):
     """A call's arguments do not match what the staged function was traced with."""
 

@@ -40,13 +40,9 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from . import dtypes
-from .errors import TraceError
+from .errors import StateError
 
 _MARK = "\x00segc.state#"
-
-
-class StateError(TraceError):
-    """A state object segc cannot functionalize, or a state misuse."""
 
 
 class _Grow(Exception):
