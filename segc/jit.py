@@ -196,6 +196,7 @@ class Jitted:
         state: Sequence[Any] | Callable[[], Sequence[Any]] | None = None,
         state_mode: str = "auto",
         strategy: Any = None,
+        validate: bool = True,
     ):
         if not callable(fn):
             raise TraceError(f"segc.jit needs a function or an nn.Module, got {type(fn).__name__}")
@@ -216,6 +217,7 @@ class Jitted:
         self.static_argnums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
         self.static_argnames = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
         self.drain = drain
+        self.validate = validate  # check each new dynamic-cache graph against eager once
         self.strategy = strategy  # cut placement (segc.passes): None keeps the markers' cuts
         self.name = name or getattr(fn, "__qualname__", None) or type(fn).__name__
         self._cache: dict[Signature, Compiled] = {}
@@ -371,9 +373,56 @@ class Jitted:
                 self.info.hits += 1
             self._last = sig
             return c._run(leaves, params)
+        misses = self.info.misses
         _, c, leaves, params, slots = self._settle(args, kwargs, objs, cached=True)
         assert c is not None
+        if self.validate and self.info.misses != misses and any(s.mode == "dynamic" for s in slots):
+            return self._validated(c, args, kwargs, objs, leaves, params, slots)
         return c._run(leaves, params, slots)
+
+    def _validated(
+        self,
+        c: Compiled,
+        args: tuple,
+        kwargs: dict,
+        objs: list[Any],
+        leaves: list[mx.array],
+        params: dict[str, mx.array],
+        slots: list[st.Slot],
+    ) -> Any:
+        """The first call of a graph with dynamic KV caches, checked against eager.
+
+        A dynamic cache hands the model its whole buffer, masked; model code that derives
+        positions from the fetched keys' length (phi3small's block-sparse attention) then
+        computes something else. So the first call of every such graph also runs the
+        model eagerly on copies of the caches and compares outputs and caches: bit for
+        bit on the CPU, within ``VALIDATE_TOL`` elsewhere (where a masked attention
+        kernel rounds differently, docs/models.md). On a mismatch the caller's caches
+        are rolled back, this function switches to ``state_mode="exact"`` and the call
+        runs again; ``cache_info().aborted`` says why.
+        """
+        saved = [st.snapshot(o) for o in objs]
+        for o in objs:  # the eager reference mutates fresh arrays, also of captured caches
+            st.roll_back(o, st.fresh_attrs(o))
+        try:
+            ref = self.fn(*st.restore(args, objs), **st.restore(kwargs, objs))
+            eager_state = [st.observable(o) for o in objs]
+        finally:
+            for o, snap in zip(objs, saved):
+                st.roll_back(o, snap)
+        out = c._run(leaves, params, slots)
+        why = _disagreement(out, ref, [st.observable(o) for o in objs], eager_state)
+        if why is None:
+            return out
+        for o, snap in zip(objs, saved):
+            st.roll_back(o, snap)
+        self.info.aborted.append(f"dynamic KV caches disagree with eager ({why}): state_mode='exact' from now on")
+        self.state_mode = "exact"
+        self._cache.clear()
+        self._exact_after.clear()
+        _, c2, leaves, params, slots = self._settle(args, kwargs, objs, cached=True)
+        assert c2 is not None
+        return c2._run(leaves, params, slots)
 
     def _settle(
         self, args: tuple, kwargs: dict, objs: list[Any], *, cached: bool
@@ -439,6 +488,31 @@ class Jitted:
         self._last = None
 
 
+VALIDATE_TOL = 1e-2  # off the CPU: |segc - eager| <= tol * (1 + |eager|), as the GPU zoo test allows
+
+
+def _close(a: Any, b: Any) -> bool:
+    if not isinstance(a, mx.array) or not isinstance(b, mx.array):
+        return bool(a == b)
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if mx.default_device() == mx.cpu:
+        return bool(mx.array_equal(a, b, equal_nan=True).item())
+    return bool(mx.allclose(a, b, rtol=VALIDATE_TOL, atol=VALIDATE_TOL, equal_nan=True).item())
+
+
+def _disagreement(out: Any, ref: Any, state: Sequence[list], eager_state: Sequence[list]) -> str | None:
+    """Why segc's outputs and caches differ from eager's, or None."""
+    got, _, _ = flatten(out, what="output")
+    want, _, _ = flatten(ref, what="output")
+    if len(got) != len(want) or not all(_close(a, b) for a, b in zip(got, want)):
+        return "outputs differ"
+    for k, (a, b) in enumerate(zip(state, eager_state)):
+        if len(a) != len(b) or not all(_close(x, y) for x, y in zip(a, b)):
+            return f"state[{k}] differs"
+    return None
+
+
 def _short(dt: mx.Dtype) -> str:
     return _dtype_short(dt)
 
@@ -458,7 +532,9 @@ def jit(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
     that do not retrace per token; ``"exact"``: every state object functionalized as
     is, retracing when its offset changes). See :mod:`segc.state`.
     ``strategy`` (cut placement: ``"balanced:4"``, a saved ``segc.passes.Plan``, a
-    callable, ...; see :mod:`segc.passes.strategies`).
+    callable, ...; see :mod:`segc.passes.strategies`), ``validate`` (default True: the
+    first call of each graph with dynamic KV caches is also run eagerly on copies of the
+    caches and compared; on a mismatch the function falls back to ``state_mode="exact"``).
     Usable as ``@segc.jit`` or ``@segc.jit(boundaries=...)``.
     """
     if fn is None:

@@ -178,7 +178,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "scoring_func": "sigmoid",
         "topk_method": "noaux_tc",
     },
-    "phi3small": {"dense_attention_every_n_layers": 2, "gegelu_limit": 20.0},
+    # its Model writes -inf into logits at fixed token ids up to 100351: a smaller vocab
+    # makes eager mlx-lm itself scatter out of bounds (heap corruption)
+    "phi3small": {"dense_attention_every_n_layers": 2, "gegelu_limit": 20.0, "vocab_size": 100352},
     "cohere2": {"sliding_window_pattern": 2},
     "qwen3_next": {"full_attention_interval": 2},
     "baichuan_m1": {"sliding_window_layers": [0], "conv_window": 2},
