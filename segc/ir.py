@@ -17,7 +17,6 @@ import dataclasses
 import hashlib
 import json
 import math
-from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -463,8 +462,3 @@ def to_networkx(g: Graph) -> Any:
         for o in e.outs:
             producer[o.name] = e.id
     return dg
-
-
-def walk(gs: Sequence[Graph]) -> Iterator[Eqn]:
-    for g in gs:
-        yield from g.eqns

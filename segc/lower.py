@@ -773,14 +773,6 @@ def check_supported(g: Graph) -> None:
             raise UnsupportedPrimitive(e.prim, f"{reason} (equation #{e.id}, arguments {list(e.args)})", where=at)
 
 
-def lower_eqn(e: Eqn, ins: list[mx.array]) -> list[mx.array]:
-    r = RULES.get(e.prim)
-    if r is None:
-        raise UnsupportedPrimitive(e.prim, f"no lowering rule (equation #{e.id})")
-    out = r(ins, e.args, e)
-    return list(out) if isinstance(out, list | tuple) else [out]
-
-
 def segment_fn(g: Graph, seg: Segment) -> Callable[..., list[mx.array]]:
     """A function of the segment's inputs returning its outputs, replaying its equations."""
     consts = {c.var.name: c.value for c in g.consts}

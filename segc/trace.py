@@ -284,18 +284,6 @@ def _lost_marker(ename: str) -> str:
     raise TraceError("a segc.boundary tag array was used as a value; boundary tags are internal")
 
 
-def module_params(module: nn.Module) -> dict[str, mx.array]:
-    from mlx.utils import tree_flatten
-
-    return dict(tree_flatten(module.parameters()))
-
-
-def param_paths_ok(params: dict[str, mx.array]) -> None:
-    for k, v in params.items():
-        if not isinstance(v, mx.array):
-            raise TraceError(f"parameter {k!r} is a {type(v).__name__}, not an mx.array")
-
-
 def matching_modules(module: nn.Module, patterns: Sequence[str]) -> list[str]:
     return [p for _, _, p, _ in _slots(module) if _match(p, patterns)]
 
