@@ -11,6 +11,7 @@ readable reason. ``.trace(*a)`` returns a :class:`Traced` stage, ``.lower(*a)`` 
 from __future__ import annotations
 
 import functools
+import inspect
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -204,6 +205,8 @@ class Jitted:
         self.fn = fn
         if boundaries == "auto":
             boundaries = tracing.auto_boundaries(self.module) if self.module is not None else None
+        if boundaries is not None and not isinstance(boundaries, str | list | tuple):
+            raise TraceError(f"boundaries= takes a glob or a list of globs, got {type(boundaries).__name__}")
         self.boundaries = [boundaries] if isinstance(boundaries, str) else list(boundaries or [])
         if state_mode not in ("auto", "exact"):
             raise TraceError(f"state_mode must be 'auto' or 'exact', got {state_mode!r}")
@@ -216,6 +219,10 @@ class Jitted:
             raise TraceError(f"boundaries {self.boundaries} match no submodule of {type(self.module).__name__}")
         self.static_argnums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
         self.static_argnames = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
+        if not all(isinstance(i, int) for i in self.static_argnums):
+            raise TraceError(f"static_argnums takes ints, got {static_argnums!r}")
+        if not all(isinstance(n, str) for n in self.static_argnames):
+            raise TraceError(f"static_argnames takes strings, got {static_argnames!r}")
         self.drain = drain
         self.validate = validate  # check each new dynamic-cache graph against eager once
         self.strategy = strategy  # cut placement (segc.passes): None keeps the markers' cuts
@@ -295,6 +302,7 @@ class Jitted:
         params: dict,
         slots: Sequence[st.Slot] = (),
     ) -> Traced:
+        self._check_call(args, kwargs)
         dyn_args, dyn_kw, static = self._split(args, kwargs)
         _, paths, td = flatten((dyn_args, dyn_kw, static), what="argument", names=_ROOTS)
         n_args = len(leaves)
@@ -357,6 +365,18 @@ class Jitted:
         t.exact = frozenset(s.index for s in slots if s.mode == "exact")
         return t
 
+    def _check_call(self, args: tuple, kwargs: dict) -> None:
+        """A call that does not fit the function's signature is a SignatureError here,
+        not a TypeError from inside MLX's graph capture."""
+        try:
+            sig = inspect.signature(self.fn)
+        except (TypeError, ValueError):  # no introspectable signature: let the call decide
+            return
+        try:
+            sig.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise SignatureError(f"{self.name}: {exc}") from None
+
     # ----------------------------------------------------------------- calling
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -365,9 +385,9 @@ class Jitted:
             sig, leaves, params = self._abstract(args, kwargs)
             c = self._cache.get(sig)
             if c is None:
+                c = self._trace(sig, args, kwargs, leaves, params).lower().compile(drain=self.drain)
                 self.info.misses += 1
                 self.info.retraces.append(sig.explain_change(self._last))
-                c = self._trace(sig, args, kwargs, leaves, params).lower().compile(drain=self.drain)
                 self._cache[sig] = c
             else:
                 self.info.hits += 1

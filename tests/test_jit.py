@@ -250,3 +250,29 @@ def test_jit_rejects_non_callables_and_bad_static() -> None:
         f(mx.ones(2), [1])
     with pytest.raises(segc.TraceError, match="non-empty string"):
         segc.boundary(mx.ones(2), "")
+
+
+def test_calls_that_do_not_fit_the_signature_are_signature_errors(net: Net) -> None:
+    step = segc.jit(net)
+    with pytest.raises(segc.SignatureError, match="missing a required argument: 'x'"):
+        step()
+    with pytest.raises(segc.SignatureError, match="unexpected keyword argument 'foo'"):
+        step(mx.ones((2, 16)), foo=1)
+    assert step.cache_info().misses == 0
+
+
+def test_bad_jit_options_are_named() -> None:
+    with pytest.raises(segc.TraceError, match="boundaries= takes a glob"):
+        segc.jit(Net(), boundaries=3)
+    with pytest.raises(segc.TraceError, match="static_argnums takes ints"):
+        segc.jit(lambda x: x, static_argnums="a")
+    with pytest.raises(segc.TraceError, match="static_argnames takes strings"):
+        segc.jit(lambda x: x, static_argnames=[1])
+
+
+def test_errors_inside_mlx_during_a_trace_name_the_function() -> None:
+    def f(x: mx.array, y: mx.array) -> mx.array:
+        return x @ y
+
+    with pytest.raises(segc.TraceError, match=r"tracing .*f failed: \[matmul\]"):
+        segc.jit(f)(mx.ones((2, 3)), mx.ones((4, 5)))
