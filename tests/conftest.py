@@ -144,7 +144,7 @@ def eager_or_skip(fn: Callable[..., Any], args: Sequence[mx.array]) -> list[mx.a
         if any(w in msg for w in ("not supported", "not implemented", "nyi", "only supports", "not yet")):
             import pytest
 
-            pytest.skip(f"MLX on {mx.default_device()} cannot run it eagerly: {exc}")
+            pytest.skip(reason=f"MLX on {mx.default_device()} cannot run it eagerly: {exc}")
         raise
     return out
 

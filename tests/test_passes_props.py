@@ -186,7 +186,7 @@ def test_zoo_models_every_strategy_bit_identical(arch: str, spec: str) -> None:
     try:
         g, inputs, ref = lm(arch)
     except ImportError:
-        pytest.skip(f"{arch} is not available in this mlx-lm")
+        pytest.skip(reason=f"{arch} is not available in this mlx-lm")
     if spec == "memory":  # the budget of the largest per-layer segment
         spec = f"memory:{analyze(g).max_segment_peak}"
     check_plan(g, spec, inputs, ref)
