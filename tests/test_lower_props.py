@@ -832,7 +832,8 @@ def _sdpa(draw: Any) -> Built:
 
 # --------------------------------------------------------------------------- the tests
 
-MAX_SINGLE_CUTS = 24  # larger graphs (the CPU decompositions of fast.rope, ~80 eqns) try this many single cut points, drawn
+# larger graphs (the CPU decomposition of fast.rope, ~80 eqns) try this many single cut points, drawn
+MAX_SINGLE_CUTS = 24
 
 
 @pytest.mark.parametrize("c", CASES, ids=[c.name for c in CASES])
