@@ -293,17 +293,40 @@ def _dyn_mask(offset: mx.array, n: int, cap: int, window_size: int | None) -> mx
     return mask
 
 
+class _StandIn:
+    """What the KVCache and RotatingKVCache stand-ins share: the array-offset write, the
+    whole-buffer fetch, and refusing what would read a host integer."""
+
+    keys: Any
+    values: Any
+    _segc: Any
+
+    def _write(self, keys: mx.array, values: mx.array, at: Any, n: int) -> tuple[mx.array, mx.array]:
+        _, rec = self._segc
+        self.keys = mx.slice_update(self.keys, keys, at, axes=(2,))
+        self.values = mx.slice_update(self.values, values, at, axes=(2,))
+        rec.n = n
+        rec.outputs = ["keys", "values"]
+        return self.keys, self.values
+
+    def keys_and_values(self) -> tuple[mx.array, mx.array]:
+        return self.keys, self.values
+
+    def size(self) -> int:
+        raise _Exact(self._segc[0].index, "the model reads cache.size() (a host integer)")
+
+    def is_trimmable(self) -> bool:
+        return False
+
+
 def _make_dyn_kv() -> type:
     KV, _ = _kv_classes()
     base: type = KV if KV is not None else object
 
-    class DynKV(base):  # type: ignore[valid-type, misc]
+    class DynKV(_StandIn, base):  # type: ignore[valid-type, misc]
         """KVCache stand-in: array offset, DynamicSliceUpdate write, whole-buffer fetch."""
 
-        keys: Any
-        values: Any
         offset: Any
-        _segc: Any
 
         def _cap(self, n: int) -> int:
             slot, _ = self._segc
@@ -331,15 +354,7 @@ def _make_dyn_kv() -> type:
                 return k, v
             if slot.host["offset"] + n > self.keys.shape[2]:
                 raise _Grow(slot.index, n, keys, values)
-            off = self.offset
-            self.keys = mx.slice_update(self.keys, keys, off, axes=(2,))
-            self.values = mx.slice_update(self.values, values, off, axes=(2,))
-            rec.n = n
-            rec.outputs = ["keys", "values"]
-            return self.keys, self.values
-
-        def keys_and_values(self) -> tuple[mx.array, mx.array]:
-            return self.keys, self.values
+            return self._write(keys, values, self.offset, n)
 
         def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> Any:
             if self.keys is None:  # empty: mlx-lm's own mask ("causal", None or an array)
@@ -348,12 +363,6 @@ def _make_dyn_kv() -> type:
                 return create_attention_mask(n, 0, return_array, window_size)
             return _dyn_mask(self.offset, n, self._cap(n), window_size)
 
-        def size(self) -> int:
-            raise _Exact(self._segc[0].index, "the model reads cache.size() (a host integer)")
-
-        def is_trimmable(self) -> bool:
-            return False
-
     return DynKV
 
 
@@ -361,27 +370,17 @@ def _make_dyn_rot() -> type:
     _, Rot = _kv_classes()
     base: type = Rot if Rot is not None else object
 
-    class DynRot(base):  # type: ignore[valid-type, misc]
+    class DynRot(_StandIn, base):  # type: ignore[valid-type, misc]
         """RotatingKVCache stand-in for one-token writes at an array slot index."""
 
-        keys: Any
-        values: Any
         offset: Any
-        _segc: Any
         _segc_idx: Any
 
         def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
             slot, rec = self._segc
             if keys.shape[2] != 1 or rec.n:
                 raise _Exact(slot.index, "a RotatingKVCache write of more than one token")
-            self.keys = mx.slice_update(self.keys, keys, self._segc_idx, axes=(2,))
-            self.values = mx.slice_update(self.values, values, self._segc_idx, axes=(2,))
-            rec.n = 1
-            rec.outputs = ["keys", "values"]
-            return self.keys, self.values
-
-        def keys_and_values(self) -> tuple[mx.array, mx.array]:
-            return self.keys, self.values
+            return self._write(keys, values, self._segc_idx, 1)
 
         def make_mask(self, n: int, window_size: int | None = None, return_array: bool = False) -> mx.array:
             slot, _ = self._segc
@@ -393,12 +392,6 @@ def _make_dyn_rot() -> type:
             # valid positions after this call's write: min(offset + 1, cap) of them
             k = mx.arange(cap, dtype=mx.int32)[None]
             return k < mx.minimum(self.offset + 1, cap)
-
-        def size(self) -> int:
-            raise _Exact(self._segc[0].index, "the model reads cache.size() (a host integer)")
-
-        def is_trimmable(self) -> bool:
-            return False
 
     return DynRot
 
@@ -415,7 +408,7 @@ def _rot_standin(slot: Slot, arrays: list[mx.array], rec: _Record) -> tuple[type
 
 
 def _exact_standin(slot: Slot, arrays: list[mx.array], rec: _Record) -> tuple[type, dict]:
-    d = {k: (list(v) if isinstance(v, list) else v) for k, v in vars(slot.obj).items()}
+    d = snapshot(slot.obj)
     for name, a in zip(slot.names, arrays):
         if "[" in name:
             base, i = name[:-1].split("[")
