@@ -6,20 +6,26 @@
 #
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_all.sh [PARTS]
 #
-# PARTS: any of  env bench tests lowering prefill2048 sweep  (default: all, in that order).
+# PARTS: any of  env probe bench tests lowering prefill2048 sweep  (default: all, in that
+# order). probe: benchmarks/probe_quantized.py (where a quantized model leaves eager's bits).
 # env also prints which primitives a decode layer becomes here (benchmarks/decode_ir.py).
 # Logs go to $OUT (at most 8 files come back from the device): env.txt,
 # bench_reference.{txt,json}, tests.log, lowering.log, bench_prefill2048.txt, sweep.txt,
-# summary.txt. BENCH_PRESET=tiny tries it out on a CPU. Each part has its own time limit,
+# summary.txt, probe.txt. BENCH_PRESET=tiny tries it out on a CPU. Each part has its own time limit,
 # so that one hang cannot eat the call; TESTS_LIMIT and LOWERING_LIMIT (seconds, default
-# 90 and 120) set those of the two test parts.
+# 90 and 120) set those of the two test parts; TESTS_MARK (default "not slow") picks the
+# core tests ("" for all of them); WORKERS the pytest-xdist processes (default 12).
 set -u
 OUT="${OUT:-/tmp/segc-gpu-out}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 export PYTHONPATH="${PYTHONPATH:-/tmp/site:$PWD}"
 PY="${PY:-python3}"
-parts="${*:-env bench tests lowering prefill2048 sweep}"
+parts="${*:-env probe bench tests lowering prefill2048 sweep}"
+# pytest-xdist, where the device has it (../shared/gpu/prepare's stage installs the wheels
+# found in .gpu/two): each new kernel is an NVRTC compile on the host, so run in parallel
+xdist=()
+if $PY -c "import xdist" 2>/dev/null; then xdist=(-n "${WORKERS:-12}"); fi
 summary="$OUT/summary.txt"
 note() { echo "$(date -u +%H:%M:%S) $*" | tee -a "$summary"; }
 has() { case " $parts " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
@@ -39,6 +45,11 @@ if has env; then
   note "env: $(grep -m1 '^mlx ' "$OUT/env.txt")"
 fi
 
+if has probe; then
+  timeout 120 $PY benchmarks/probe_quantized.py --arch llama mixtral >"$OUT/probe.txt" 2>&1
+  note "probe (quantized llama and mixtral): rc=$?"
+fi
+
 if has bench; then
   timeout 200 $PY benchmarks/bench_llama.py --preset "${BENCH_PRESET:-reference}" --repeats 50 --warmup 5 --variants eager,compile,segc,drain,whole \
     --json "$OUT/bench_reference.json" >"$OUT/bench_reference.txt" 2>&1
@@ -49,8 +60,8 @@ if has tests; then
   # the core suite on the GPU; the lowering files run in their own part below
   ignore=()
   for f in tests/test_lower_*.py tests/test_nn_layers.py; do [ -e "$f" ] && ignore+=("--ignore=$f"); done
-  timeout "${TESTS_LIMIT:-90}" $PY -m pytest -o addopts= -q -rfE -p no:cacheprovider -m "not slow" "${ignore[@]}" tests >"$OUT/tests.log" 2>&1
-  note "tests (not slow, lowering files apart): rc=$? -- $(tally "$OUT/tests.log")"
+  timeout "${TESTS_LIMIT:-90}" $PY -m pytest -o addopts= -q -rfE -p no:cacheprovider "${xdist[@]}" -m "${TESTS_MARK-not slow}" "${ignore[@]}" tests >"$OUT/tests.log" 2>&1
+  note "tests (-m '${TESTS_MARK-not slow}', lowering files apart): rc=$? -- $(tally "$OUT/tests.log")"
 fi
 
 if has lowering; then
@@ -86,7 +97,7 @@ if has sweep; then
   done
 fi
 
-for f in bench_reference.txt bench_prefill2048.txt sweep.txt; do
+for f in probe.txt bench_reference.txt bench_prefill2048.txt sweep.txt; do
   [ -f "$OUT/$f" ] && { echo "== $f"; cat "$OUT/$f"; }
 done
 echo "== summary"

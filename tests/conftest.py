@@ -8,6 +8,7 @@ and on the CUDA build.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -127,6 +128,15 @@ def assert_rules_exact(g: Graph) -> None:
 COMPILE_DIFFERS: dict[str, list[str]] = {}
 
 
+def _log_compile_differs(name: str, ps: list[str]) -> None:
+    """Also append the case to ``$SEGC_COMPILE_DIFFERS_LOG``: with pytest-xdist each
+    worker has its own COMPILE_DIFFERS, so tests/gpu_lowering.sh collects them there."""
+    path = os.environ.get("SEGC_COMPILE_DIFFERS_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{name}: {', '.join(ps)}\n")
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     if COMPILE_DIFFERS:
         terminalreporter.section(f"mx.compile differs from eager on {mx.default_device()}")
@@ -189,6 +199,7 @@ def check_segmented(
     g = trace_graph(fn, *args)
     if differs:
         COMPILE_DIFFERS[name or fn.__qualname__] = sorted(prims(g))
+        _log_compile_differs(name or fn.__qualname__, sorted(prims(g)))
         if not compile_may_differ and mx.default_device() == mx.cpu:
             raise AssertionError(
                 f"mx.compile differs from eager for {name} {sorted(prims(g))}: list the case in "
