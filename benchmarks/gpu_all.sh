@@ -7,7 +7,8 @@
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_all.sh [PARTS]
 #
 # PARTS: any of  env probe bench tests lowering prefill2048 sweep  (default: all, in that
-# order). probe: benchmarks/probe_quantized.py (where a quantized model leaves eager's bits).
+# order). probe: benchmarks/probe_cuda.py (MLX CUDA crashes the tests met) and
+# benchmarks/probe_quantized.py (where a quantized model leaves eager's bits).
 # env also prints which primitives a decode layer becomes here (benchmarks/decode_ir.py).
 # Logs go to $OUT (at most 8 files come back from the device): env.txt,
 # bench_reference.{txt,json}, tests.log, lowering.log, bench_prefill2048.txt, sweep.txt,
@@ -22,10 +23,14 @@ export PYTHONUNBUFFERED=1
 export PYTHONPATH="${PYTHONPATH:-/tmp/site:$PWD}"
 PY="${PY:-python3}"
 parts="${*:-env probe bench tests lowering prefill2048 sweep}"
+# (-p no:benchmark: the device image has pytest-benchmark, whose warning under xdist is an
+# error with our filterwarnings)
 # pytest-xdist, where the device has it (../shared/gpu/prepare's stage installs the wheels
 # found in .gpu/two): each new kernel is an NVRTC compile on the host, so run in parallel
 xdist=()
 if $PY -c "import xdist" 2>/dev/null; then xdist=(-n "${WORKERS:-12}"); fi
+# a per-test limit where pytest-timeout is there (the stage installs it too)
+if $PY -c "import pytest_timeout" 2>/dev/null; then xdist+=(--timeout "${TEST_TIMEOUT:-120}"); fi
 summary="$OUT/summary.txt"
 note() { echo "$(date -u +%H:%M:%S) $*" | tee -a "$summary"; }
 has() { case " $parts " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
@@ -46,8 +51,10 @@ if has env; then
 fi
 
 if has probe; then
-  timeout 120 $PY benchmarks/probe_quantized.py --arch llama mixtral >"$OUT/probe.txt" 2>&1
-  note "probe (quantized llama and mixtral): rc=$?"
+  timeout 60 $PY benchmarks/probe_cuda.py >"$OUT/probe.txt" 2>&1
+  # shellcheck disable=SC2086
+  timeout 150 $PY benchmarks/probe_quantized.py --arch ${PROBE_ARCHS:-llama mixtral gemma3_text} >>"$OUT/probe.txt" 2>&1
+  note "probe (MLX CUDA crashes; quantized ${PROBE_ARCHS:-llama mixtral gemma3_text}): rc=$?"
 fi
 
 if has bench; then
@@ -60,18 +67,19 @@ if has tests; then
   # the core suite on the GPU; the lowering files run in their own part below
   ignore=()
   for f in tests/test_lower_*.py tests/test_nn_layers.py; do [ -e "$f" ] && ignore+=("--ignore=$f"); done
-  timeout "${TESTS_LIMIT:-90}" $PY -m pytest -o addopts= -q -rfE -p no:cacheprovider "${xdist[@]}" -m "${TESTS_MARK-not slow}" "${ignore[@]}" tests >"$OUT/tests.log" 2>&1
+  # SIGINT first: pytest then still prints its summary of failures
+  timeout -s INT -k 20 "${TESTS_LIMIT:-90}" $PY -m pytest -o addopts= -q -rfE -p no:cacheprovider -p no:benchmark "${xdist[@]}" -m "${TESTS_MARK-not slow}" "${ignore[@]}" tests >"$OUT/tests.log" 2>&1
   note "tests (-m '${TESTS_MARK-not slow}', lowering files apart): rc=$? -- $(tally "$OUT/tests.log")"
 fi
 
 if has lowering; then
   if [ -f tests/gpu_lowering.sh ]; then
-    timeout "${LOWERING_LIMIT:-120}" bash tests/gpu_lowering.sh >"$OUT/lowering.log" 2>&1
+    timeout -s INT -k 20 "${LOWERING_LIMIT:-120}" bash tests/gpu_lowering.sh >"$OUT/lowering.log" 2>&1
   else
     files=$(ls tests/test_lower_*.py tests/test_nn_layers.py 2>/dev/null)
     if [ -n "$files" ]; then
       # shellcheck disable=SC2086
-      timeout "${LOWERING_LIMIT:-120}" $PY -m pytest -o addopts= -q -rfE -p no:cacheprovider $files >"$OUT/lowering.log" 2>&1
+      timeout "${LOWERING_LIMIT:-120}" $PY -m pytest -o addopts= -q -rfE -p no:cacheprovider -p no:benchmark $files >"$OUT/lowering.log" 2>&1
     else
       echo "no lowering tests in this checkout" >"$OUT/lowering.log"
     fi

@@ -28,11 +28,11 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
-from conftest import retrace
+from conftest import retrace, with_cuts
 from test_lower_models import tiny
 
 import segc
-from segc.ir import CUT
+from segc.ir import CUT, Graph
 from segc.lower import REBUILT, replay_fn
 from segc.runtime import Executor
 from segc.trace import _slots
@@ -55,7 +55,8 @@ class Recorder:
 
     def __call__(self, *a: Any, **k: Any) -> Any:
         out = self.m(*a, **k)
-        self.log.append((self.path, a, k, out))
+        # a copy: model code may update the output in place (gemma3's ``h *= scale``)
+        self.log.append((self.path, a, k, mx.array(out) if isinstance(out, mx.array) else out))
         return out
 
     def __getattr__(self, name: str) -> Any:
@@ -97,6 +98,29 @@ def main() -> None:
         probe(tiny(arch, not a.float))
 
 
+def cut_everywhere(g: Graph, inputs: list[mx.array], eager: mx.array) -> None:
+    """Every equation its own segment, every value returned: which equation's value
+    leaves that of the uncut replay (the rules run one by one, no mx.compile)?"""
+    allv = g.replace(outputs=tuple(dict.fromkeys(o.name for e in g.eqns if not e.is_pseudo for o in e.outs)))
+    ref = dict(zip(allv.outputs, Executor(allv, compile=False)(inputs)))
+    cut = with_cuts(allv, range(1, len(allv.eqns)))
+    for compile_ in (True, False):
+        got = dict(zip(allv.outputs, Executor(cut, compile=compile_)(inputs)))
+        print(f"cut everywhere (compile={compile_}):", diff(got[g.outputs[0]], eager))
+        bad = [
+            e
+            for e in allv.eqns
+            if not e.is_pseudo and any(diff(got[o.name], ref[o.name]) != "identical" for o in e.outs)
+        ]
+        print(f"  equations whose value differs from the uncut replay: {len(bad)}")
+        for e in bad[:2]:
+            same_in = all(diff(got[v], ref[v]) == "identical" for v in e.ins if v in ref)
+            print(
+                f"  eqn {e.id} {e.prim}{list(e.args)} ins {[(v, g.vars()[v].dtype, g.vars()[v].shape) for v in e.ins]}"
+                f" -> {diff(got[e.outs[0].name], ref[e.outs[0].name])}; inputs identical: {same_in}"
+            )
+
+
 def probe(model: Any) -> None:
     x = mx.array([[(7 * i + 3) % 100 for i in range(9)]], dtype=mx.int32)
 
@@ -115,6 +139,7 @@ def probe(model: Any) -> None:
     print("executor, no compile:", diff(Executor(g, compile=False)(inputs)[0], eager))
     print("executor, compile   :", diff(Executor(g)(inputs)[0], eager))
     print("primitives          :", sorted({e.prim for e in g.eqns if not e.is_pseudo}))
+    cut_everywhere(g, inputs, eager)
 
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "m.mlxfn")

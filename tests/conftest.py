@@ -14,6 +14,7 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
+import pytest
 
 import segc
 from segc import dtypes
@@ -59,6 +60,16 @@ def assert_same_bits(got: Sequence[mx.array], want: Sequence[mx.array], what: st
 def trace_graph(fn: Callable[..., Any], *args: mx.array) -> Graph:
     """The IR of ``fn(*args)`` (array arguments only)."""
     return segc.jit(fn).trace(*args).graph
+
+
+@pytest.fixture(autouse=True)
+def _device_errors_stay_with_their_test() -> Iterator[None]:
+    """On the GPU a kernel's error (a misaligned address, say) surfaces at the next
+    synchronisation, which may be in the next test: synchronise after each test so that
+    it fails the test that launched the kernel."""
+    yield
+    if mx.default_device() != mx.cpu:
+        mx.synchronize()
 
 
 def with_cuts(g: Graph, positions: Sequence[int]) -> Graph:
@@ -144,6 +155,11 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             terminalreporter.write_line(f"{name}: {', '.join(ps)}")
 
 
+# how MLX says that this device has no kernel for an op (e.g. CUDA's quantized_matmul
+# with transpose=False for some shapes: "No implementation for problem shape")
+_CANNOT = ("not supported", "not implemented", "no implementation", "nyi", "only supports", "not yet")
+
+
 def eager_or_skip(fn: Callable[..., Any], args: Sequence[mx.array]) -> list[mx.array]:
     """``fn(*args)`` evaluated; an op this device's MLX does not implement skips."""
     try:
@@ -151,9 +167,7 @@ def eager_or_skip(fn: Callable[..., Any], args: Sequence[mx.array]) -> list[mx.a
         mx.eval(out)
     except (RuntimeError, ValueError) as exc:
         msg = str(exc).lower()
-        if any(w in msg for w in ("not supported", "not implemented", "nyi", "only supports", "not yet")):
-            import pytest
-
+        if any(w in msg for w in _CANNOT):
             pytest.skip(reason=f"MLX on {mx.default_device()} cannot run it eagerly: {exc}")
         raise
     return out

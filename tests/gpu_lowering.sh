@@ -24,9 +24,10 @@ par=()
 if $PY -c "import xdist" 2>/dev/null && [ "${WORKERS:-12}" -gt 1 ]; then
   par=(-n "${WORKERS:-12}")
 fi
+if $PY -c "import pytest_timeout" 2>/dev/null; then par+=(--timeout "${TEST_TIMEOUT:-240}"); fi
 log="$(mktemp)"
 export SEGC_COMPILE_DIFFERS_LOG="$log"
-$PY -m pytest -o addopts= -q -rfEs -p no:cacheprovider --durations=10 "${par[@]}" "${files[@]}" "$@"
+$PY -m pytest -o addopts= -q -rfEs -p no:cacheprovider -p no:benchmark --durations=10 "${par[@]}" "${files[@]}" "$@"
 rc=$?
 echo "== mx.compile differs from eager on $($PY -c 'import mlx.core as mx; print(mx.default_device())')"
 sort -u "$log"
