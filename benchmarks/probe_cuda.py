@@ -19,6 +19,21 @@ PROGRAMS = {
     "mx.compile gather from an empty slice x[1:, k]": "y = mx.compile(lambda x, k: x[1:, k])(x, k); mx.eval(y); print(y.shape)",
     "mx.compile elementwise on an empty slice": "y = mx.compile(lambda x: x[1:] * 2 + 1)(x); mx.eval(y); print(y.shape)",
     "mx.compile gather, non-empty": "y = mx.compile(lambda x, k: x[:, k])(x, k); mx.eval(y); print(y.shape)",
+    **{
+        f"eager gather_mm {dt} m={m} k={k} n={n}{' sorted' if srt else ''}": (
+            f"a = mx.ones((4, {m}, {k}), dtype=mx.{dt}); w = mx.ones((2, {k}, {n}), dtype=mx.{dt})\n"
+            "ri = mx.array([0, 0, 1, 1], dtype=mx.uint32)\n"
+            f"y = mx.gather_mm(a, w, None, ri, sorted_indices={srt}); mx.eval(y); mx.synchronize(); print(y.shape)"
+        )
+        for dt, m, k, n, srt in [
+            ("bfloat16", 1, 3, 5, True),
+            ("float32", 1, 3, 5, True),
+            ("bfloat16", 1, 8, 8, True),
+            ("bfloat16", 1, 3, 5, False),
+            ("bfloat16", 2, 3, 1, False),
+            ("float16", 2, 5, 1, False),
+        ]
+    },
     "segc gather from an empty slice": (
         "import segc\ny = segc.jit(lambda x, k: x[1:, k])(x, k); mx.eval(y); print(y.shape)"
     ),

@@ -243,3 +243,24 @@ def test_cached_decode_updates_kv_caches_in_place() -> None:
             assert mx.array_equal(c.keys[..., : c.offset, :], e.keys[..., : e.offset, :]).item()
         if i > 0:  # the first decode call of this signature copies; later ones do not
             assert grown < one_buffer, (i, grown, one_buffer)
+
+
+def test_segments_over_empty_arrays_run_op_by_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLX's CUDA build dies (SIGFPE) evaluating an mx.compile'd function over an empty
+    array, so a segment that reads or makes one is not compiled; its bits stay eager's."""
+
+    def f(x: mx.array, k: mx.array) -> tuple[mx.array, mx.array]:
+        h = segc.boundary(x * 2, "a")
+        return h[1:, k] + 1, h.sum()
+
+    x, k = mx.arange(3, dtype=mx.float32).reshape(1, 3), mx.array([0, 2], dtype=mx.int32)
+    g = segc.jit(f).trace(x, k).graph
+    compiled: list[Any] = []
+    real = mx.compile
+    monkeypatch.setattr(mx, "compile", lambda fn: compiled.append(fn) or real(fn))
+    ex = Executor(g)
+    assert len(ex.segments) == 2 and len(compiled) == 1  # only the segment without empties
+    got, want = ex([x, k]), f(x, k)
+    assert [a.shape for a in got] == [(0, 2), ()]
+    for a, b in zip(got, want):
+        assert short(a.dtype) == short(b.dtype) and mx.array_equal(a, b).item()

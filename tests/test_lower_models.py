@@ -17,7 +17,6 @@ import mlx.nn as nn
 import pytest
 from conftest import (
     COMPILE_DIFFERS,
-    assert_matches,
     assert_same_bits,
     cut_variants,
     eager_or_skip,
@@ -114,13 +113,23 @@ def test_arch_lowers_bit_identical(arch: str, quantized: bool, use_cache: bool, 
     missing = sorted(prims(g) - set(RULES))
     assert not missing, f"{arch}: no rule for {missing}"
     check_supported(g)
-    other = None
+    allowed = [want]
     if not same_bits(want, compiled):  # the promise is then mx.compile's bits
         COMPILE_DIFFERS[f"mlx-lm {arch}"] = sorted(prims(g))
         assert mx.default_device() != mx.cpu, f"{arch}: mx.compile differs from eager on the CPU"
-        other = [compiled]
+        allowed.append(compiled)
+    (replay,) = run_graph(g, [prompt], compile=False)  # the graph's ops one by one, no fusion
+    if not same_bits(replay, want):
+        # the model calls mx.compile itself (gemma3's gelu_approx), so eager fuses there; on
+        # the GPU fused code rounds differently, and a graph cut inside such a region runs
+        # it unfused: as this replay does (docs/lowering.md)
+        assert mx.default_device() != mx.cpu, f"{arch}: the op-by-op replay differs from eager on the CPU"
+        COMPILE_DIFFERS[f"mlx-lm {arch} (op by op)"] = sorted(prims(g))
+        allowed.append(replay)
     for label, gv in cut_variants(g, singles=[len(g.eqns) // 2]):
-        got = run_graph(gv, [prompt])
-        if label == "uncut":
-            assert_same_bits(got, [want if other is None else compiled], f"{arch} uncut")
-        assert_matches(got, [want], other, f"{arch} {label}")
+        (got,) = run_graph(gv, [prompt])
+        if label == "uncut":  # mx.compile's bits, which are eager's unless listed above
+            assert_same_bits([got], [compiled], f"{arch} uncut")
+        assert any(same_bits(got, a) for a in allowed), (
+            f"{arch} {label}: matches neither eager, mx.compile nor the op-by-op replay"
+        )

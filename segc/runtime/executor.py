@@ -18,7 +18,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from ..ir import Graph, Segment, segments
+from ..ir import Graph, Segment, Var, segments
 from ..lower import check_supported, segment_fn
 
 
@@ -39,6 +39,15 @@ def _getter(slots: tuple[int, ...]) -> Callable[[list], tuple]:
     if not slots:
         return lambda env: ()
     return operator.itemgetter(*slots)
+
+
+def _touches_empty(g: Graph, s: Segment, vs: dict[str, Var]) -> bool:
+    """Whether a value the segment reads or makes has no elements. MLX 0.32.4's CUDA
+    build dies with SIGFPE evaluating an ``mx.compile``d function over an empty array
+    (``benchmarks/probe_cuda.py``), so such a segment runs its ops one by one, as eager
+    MLX does: the same bits, only without fusion in that segment."""
+    names = [*s.inputs, *(o.name for e in s.eqns(g) for o in e.outs)]
+    return any(0 in vs[v].shape for v in names if v in vs)
 
 
 class Executor:
@@ -65,9 +74,10 @@ class Executor:
             slot[c.var.name] = len(slot)
             self.preset.append((slot[c.var.name], c.value))
         fns = []
+        vs = g.vars()
         for s in self.segments:
             fn = segment_fn(g, s)
-            if compile:
+            if compile and not _touches_empty(g, s, vs):
                 fn = mx.compile(fn)
             for o in s.outputs:
                 slot[o] = len(slot)
