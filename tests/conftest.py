@@ -139,9 +139,12 @@ def assert_rules_exact(g: Graph) -> None:
 COMPILE_DIFFERS: dict[str, list[str]] = {}
 
 
-def _log_compile_differs(name: str, ps: list[str]) -> None:
-    """Also append the case to ``$SEGC_COMPILE_DIFFERS_LOG``: with pytest-xdist each
-    worker has its own COMPILE_DIFFERS, so tests/gpu_lowering.sh collects them there."""
+def record_differs(name: str, g: Graph) -> None:
+    """Record a case whose mx.compile (or op-by-op) bits differ from eager's, here and in
+    ``$SEGC_COMPILE_DIFFERS_LOG``: with pytest-xdist each worker has its own
+    COMPILE_DIFFERS, so tests/gpu_lowering.sh collects them from that file."""
+    ps = sorted(prims(g))
+    COMPILE_DIFFERS[name] = ps
     path = os.environ.get("SEGC_COMPILE_DIFFERS_LOG")
     if path:
         with open(path, "a") as f:
@@ -173,11 +176,51 @@ def eager_or_skip(fn: Callable[..., Any], args: Sequence[mx.array]) -> list[mx.a
     return out
 
 
+# On the CUDA build MLX picks a cuDNN convolution plan by the pointer alignment of the
+# input, weight and output buffers (mlx/backend/cuda/conv.cpp: the plan cache key holds
+# get_alignment() of each, 1 to 32 bytes), and plans round differently: there a
+# convolution's bits depend on where its buffers happen to be allocated, which neither
+# segc nor mx.compile controls (H200 run: mx.compile differed from eager, and segc from
+# both, on a conv_transpose1d). Off the CPU a graph holding one is compared within
+# ALIGNMENT_RTOL (by dtype) instead of bit for bit; on the CPU it stays bit for bit, and
+# assert_rules_exact still checks that the rule rebuilds the very primitive.
+ALIGNMENT_DEPENDENT = {"Convolution"}
+ALIGNMENT_RTOL = {"f32": 1e-4, "f16": 4e-3, "bf16": 1.6e-2}  # half types: 2 to 4 ulp
+
+
+def alignment_dependent(g: Graph) -> bool:
+    return mx.default_device() != mx.cpu and bool(prims(g) & ALIGNMENT_DEPENDENT)
+
+
+def close(a: mx.array, b: mx.array) -> bool:
+    """Same shape and dtype, and within ALIGNMENT_RTOL of ``b``'s largest finite value
+    (NaN where ``b`` has NaN, the same infinities)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    rtol = ALIGNMENT_RTOL.get(dtypes.short(a.dtype))
+    if rtol is None:
+        return same_bits(a, b)
+    a32, b32 = a.astype(mx.float32), b.astype(mx.float32)
+    finite = mx.isfinite(b32)
+    scale = 1.0 + (mx.max(mx.where(finite, mx.abs(b32), 0.0)).item() if b.size else 0.0)
+    return bool(mx.allclose(a32, b32, rtol=rtol, atol=rtol * scale, equal_nan=True).item())
+
+
 def assert_matches(
-    got: Sequence[mx.array], eager: Sequence[mx.array], compiled: Sequence[mx.array] | None, label: str
+    got: Sequence[mx.array],
+    eager: Sequence[mx.array],
+    compiled: Sequence[mx.array] | None,
+    label: str,
+    *,
+    approx: bool = False,
 ) -> None:
     """Eager's bits; where ``compiled`` is given (mx.compile differs from eager), each
-    output may have either's bits."""
+    output may have either's bits. ``approx``: within ALIGNMENT_RTOL instead."""
+    if approx:
+        assert len(got) == len(eager), label
+        for k, (o, a) in enumerate(zip(got, eager)):
+            assert close(o, a), f"{label}: output {k} is not within {ALIGNMENT_RTOL} of eager"
+        return
     if compiled is None:
         assert_same_bits(got, eager, label)
         return
@@ -215,8 +258,7 @@ def check_segmented(
         mx.eval(compiled)
     differs = any(not same_bits(a, b) for a, b in zip(eager, compiled))
     if differs:
-        COMPILE_DIFFERS[name or fn.__qualname__] = sorted(prims(g))
-        _log_compile_differs(name or fn.__qualname__, sorted(prims(g)))
+        record_differs(name or fn.__qualname__, g)
         if not compile_may_differ and mx.default_device() == mx.cpu:
             raise AssertionError(
                 f"mx.compile differs from eager for {name} {sorted(prims(g))}: list the case in "
@@ -225,9 +267,10 @@ def check_segmented(
     inputs = graph_inputs(g, args)
     assert_rules_exact(g)
     singles = None if choose_cuts is None else choose_cuts(len(g.eqns))
+    approx = alignment_dependent(g)
     for label, gv in cut_variants(g, singles):
         got = run_graph(gv, inputs)
-        if differs and label == "uncut":
+        if differs and label == "uncut" and not approx:
             assert_same_bits(got, compiled, "uncut (mx.compile's bits)")
-        assert_matches(got, eager, compiled if differs else None, label)
+        assert_matches(got, eager, compiled if differs else None, label, approx=approx)
     return g, differs

@@ -16,11 +16,11 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 from conftest import (
-    COMPILE_DIFFERS,
     assert_same_bits,
     cut_variants,
     eager_or_skip,
     prims,
+    record_differs,
     run_graph,
     same_bits,
 )
@@ -115,7 +115,7 @@ def test_arch_lowers_bit_identical(arch: str, quantized: bool, use_cache: bool, 
     check_supported(g)
     allowed = [want]
     if not same_bits(want, compiled):  # the promise is then mx.compile's bits
-        COMPILE_DIFFERS[f"mlx-lm {arch}"] = sorted(prims(g))
+        record_differs(f"mlx-lm {arch}", g)
         assert mx.default_device() != mx.cpu, f"{arch}: mx.compile differs from eager on the CPU"
         allowed.append(compiled)
     (replay,) = run_graph(g, [prompt], compile=False)  # the graph's ops one by one, no fusion
@@ -124,7 +124,7 @@ def test_arch_lowers_bit_identical(arch: str, quantized: bool, use_cache: bool, 
         # the GPU fused code rounds differently, and a graph cut inside such a region runs
         # it unfused: as this replay does (docs/lowering.md)
         assert mx.default_device() != mx.cpu, f"{arch}: the op-by-op replay differs from eager on the CPU"
-        COMPILE_DIFFERS[f"mlx-lm {arch} (op by op)"] = sorted(prims(g))
+        record_differs(f"mlx-lm {arch} (op by op)", g)
         allowed.append(replay)
     for label, gv in cut_variants(g, singles=[len(g.eqns) // 2]):
         (got,) = run_graph(gv, [prompt])
