@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test lint typecheck pytest bench clean
+.PHONY: install demo test lint typecheck pytest bench gpu-prepare clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,12 @@ test: lint typecheck pytest
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_llama.py
+
+# the GPU machine's packages (docs/gpu.md): MLX's CUDA build split under .gpu/, plus the
+# pytest plugins that let the device run the tests in parallel and with time limits
+gpu-prepare:
+	../shared/gpu/prepare
+	$(PYTHON) -m pip download -q --no-deps -d .gpu/two pytest-xdist execnet pytest-timeout
 
 clean:
 	rm -rf $(VENV) build *.egg-info
