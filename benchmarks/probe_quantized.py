@@ -71,7 +71,7 @@ def record_eager(model: Any, x: mx.array) -> tuple[mx.array, list]:
             continue
         swapped.append((container, key, sub))
         rec = Recorder(sub, path, log)
-        if isinstance(container, dict) and not isinstance(container, list):
+        if isinstance(container, dict):
             dict.__setitem__(container, key, rec)
         else:
             container[key] = rec

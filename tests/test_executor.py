@@ -7,22 +7,13 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
+from conftest import Block
 from mlx.utils import tree_flatten
 
 import segc
 from segc.dtypes import short
 from segc.runtime.executor import Executor
 from segc.runtime.params import ParamGatherer, ParamSig
-
-
-class Block(nn.Module):
-    def __init__(self, d: int):
-        super().__init__()
-        self.lin = nn.Linear(d, d)
-        self.norm = nn.RMSNorm(d)
-
-    def __call__(self, x: mx.array) -> mx.array:
-        return x + self.lin(self.norm(x))
 
 
 class Net(nn.Module):

@@ -9,6 +9,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
+from conftest import Block
 
 import segc
 from segc.ir import CUT
@@ -19,16 +20,6 @@ def _mlp(x: mx.array, w: mx.array) -> mx.array:
     h = mx.maximum(x @ w, 0.0)
     h = segc.boundary(h, "relu")
     return mx.sum(mx.exp(h) * 0.5, axis=-1)
-
-
-class Block(nn.Module):
-    def __init__(self, d: int):
-        super().__init__()
-        self.lin = nn.Linear(d, d)
-        self.norm = nn.RMSNorm(d)
-
-    def __call__(self, x: mx.array) -> mx.array:
-        return x + self.lin(self.norm(x))
 
 
 class Net(nn.Module):

@@ -47,7 +47,7 @@ def _touches_empty(g: Graph, s: Segment, vs: dict[str, Var]) -> bool:
     (``benchmarks/probe_cuda.py``), so such a segment runs its ops one by one, as eager
     MLX does: the same bits, only without fusion in that segment."""
     names = [*s.inputs, *(o.name for e in s.eqns(g) for o in e.outs)]
-    return any(0 in vs[v].shape for v in names if v in vs)
+    return any(0 in vs[v].shape for v in names)
 
 
 class Executor:
