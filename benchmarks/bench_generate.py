@@ -92,6 +92,7 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--bits", type=int, default=None, help="quantize the weights (4 or 8)")
+    ap.add_argument("--group-size", type=int, default=64, help="quantization group size (mlx-lm's default: 64)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--boundaries", default="auto")
     args = ap.parse_args()
@@ -102,6 +103,7 @@ def main() -> None:
         "llama",
         dtype=getattr(mx, args.dtype),
         bits=args.bits,
+        group_size=args.group_size,
         hidden_size=args.hidden,
         num_hidden_layers=args.layers,
         intermediate_size=args.intermediate,

@@ -7,7 +7,8 @@
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_all.sh [PARTS]
 #
 # PARTS: any of  env probe bench tests lowering prefill2048 sweep  (default: all, in that
-# order). probe: benchmarks/probe_cuda.py (MLX CUDA crashes the tests met) and
+# order). probe: benchmarks/probe_cuda.py (MLX CUDA crashes the tests met),
+# benchmarks/probe_qmm.py (whether eager quantized_matmul is reproducible and right) and
 # benchmarks/probe_quantized.py (where a quantized model leaves eager's bits).
 # env also prints which primitives a decode layer becomes here (benchmarks/decode_ir.py).
 # Logs go to $OUT (at most 8 files come back from the device): env.txt,
@@ -52,6 +53,7 @@ fi
 
 if has probe; then
   timeout 60 $PY benchmarks/probe_cuda.py >"$OUT/probe.txt" 2>&1
+  timeout 150 $PY benchmarks/probe_qmm.py >>"$OUT/probe.txt" 2>&1
   # shellcheck disable=SC2086
   timeout 150 $PY benchmarks/probe_quantized.py --arch ${PROBE_ARCHS:-llama mixtral gemma3_text} >>"$OUT/probe.txt" 2>&1
   note "probe (MLX CUDA crashes; quantized ${PROBE_ARCHS:-llama mixtral gemma3_text}): rc=$?"
@@ -65,10 +67,14 @@ fi
 
 if has tests; then
   # the core suite on the GPU; the lowering files run in their own part below
-  ignore=()
-  for f in tests/test_lower_*.py tests/test_nn_layers.py; do [ -e "$f" ] && ignore+=("--ignore=$f"); done
+  # the slow zoo file first, so that xdist hands its long tests out before the short ones
+  files=()
+  for f in tests/test_zoo.py tests/test_*.py; do
+    case "$f" in tests/test_lower_*.py | tests/test_nn_layers.py) continue ;; esac
+    case " ${files[*]-} " in *" $f "*) ;; *) [ -e "$f" ] && files+=("$f") ;; esac
+  done
   # SIGINT first: pytest then still prints its summary of failures
-  timeout -s INT -k 20 "${TESTS_LIMIT:-90}" $PY -m pytest -o addopts= -q -rfE -p no:cacheprovider -p no:benchmark "${xdist[@]}" -m "${TESTS_MARK-not slow}" "${ignore[@]}" tests >"$OUT/tests.log" 2>&1
+  timeout -s INT -k 20 "${TESTS_LIMIT:-90}" $PY -m pytest -o addopts= -q -rfE -p no:cacheprovider -p no:benchmark "${xdist[@]}" -m "${TESTS_MARK-not slow}" "${files[@]}" >"$OUT/tests.log" 2>&1
   note "tests (-m '${TESTS_MARK-not slow}', lowering files apart): rc=$? -- $(tally "$OUT/tests.log")"
 fi
 

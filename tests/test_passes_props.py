@@ -15,7 +15,7 @@ from mlx.utils import tree_flatten
 
 import segc
 from segc import ScheduleError
-from segc.ir import CUT, Graph
+from segc.ir import CUT, EFFECTS, Graph
 from segc.passes import make_plan, run, run_pass
 from segc.passes.analysis import analyze, ops
 from segc.passes.fences import CutNode, Schedule, WaitNode
@@ -133,7 +133,15 @@ def test_random_programs_any_plan_bit_identical(steps: list, data: Any) -> None:
     assume(len(ids) >= 2)
     sched = Schedule((CutNode(ids[0], ("ev", 1)),), (WaitNode(ids[-1], "ev", 1),))
     fenced = run(cut, [("fences", {"schedule": sched}), ("window", {"first": ids[0], "last": ids[-1]})], checks=True)
-    assert same_bits(Executor(fenced)([x, y]), ref)
+    out = Executor(fenced)([x, y])
+    plain = fenced.replace(eqns=tuple(e for e in fenced.eqns if e.prim not in EFFECTS))
+    assert same_bits(out, Executor(plain)([x, y])), "the fence and window ops changed the bits"
+    # the fence cuts after ids[0] wherever that is: a legal point keeps the uncut bits on
+    # every device; one that splits a fused chain keeps them on the CPU, while on CUDA the
+    # chain's fused kernel rounds differently from its two halves (FMA contraction,
+    # docs/lowering.md), the reason plans are legalised
+    if mx.default_device() == mx.cpu or not cut_points(fenced) & illegal_points(run_pass("strip_cuts", fenced)):
+        assert same_bits(out, ref)
 
 
 # --------------------------------------------------------------------------- mlx-lm models

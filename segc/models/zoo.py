@@ -235,10 +235,16 @@ def build(
     seed: int = 0,
     dtype: mx.Dtype = mx.float32,
     bits: int | None = None,
-    group_size: int = 64,
+    group_size: int = 32,
     **extra: Any,
 ) -> nn.Module:
-    """A tiny ``model_type`` model with random weights, evaluated (optionally quantized)."""
+    """A tiny ``model_type`` model with random weights, evaluated (optionally quantized).
+
+    ``group_size`` is 32, not mlx-lm's 64: with a hidden size of 64, a group of 64 sends
+    the projections to MLX 0.32.4's CUDA ``qmm_sm90`` kernel (chosen when K <= group
+    size), whose float32 results are wrong and change from call to call
+    (``benchmarks/probe_qmm.py``, docs/gpu.md).
+    """
     model_cls, args_cls = model_classes(model_type)
     mx.random.seed(seed)
     model = model_cls(args_cls.from_dict(tiny_config(model_type, **extra)))
