@@ -68,10 +68,9 @@ fi
 if has tests; then
   # the core suite on the GPU; the lowering files run in their own part below
   # the slow zoo file first, so that xdist hands its long tests out before the short ones
-  files=()
-  for f in tests/test_zoo.py tests/test_*.py; do
-    case "$f" in tests/test_lower_*.py | tests/test_nn_layers.py) continue ;; esac
-    case " ${files[*]-} " in *" $f "*) ;; *) [ -e "$f" ] && files+=("$f") ;; esac
+  files=(tests/test_zoo.py)
+  for f in tests/test_*.py; do
+    case "$f" in tests/test_zoo.py | tests/test_lower_*.py | tests/test_nn_layers.py) ;; *) files+=("$f") ;; esac
   done
   # SIGINT first: pytest then still prints its summary of failures
   timeout -s INT -k 20 "${TESTS_LIMIT:-90}" $PY -m pytest -o addopts= -q -rfE -p no:cacheprovider -p no:benchmark "${xdist[@]}" -m "${TESTS_MARK-not slow}" "${files[@]}" >"$OUT/tests.log" 2>&1

@@ -291,8 +291,8 @@ def test_refusal_names_the_boundary() -> None:
 @pytest.mark.parametrize("dt", FLOATS)
 def test_alignment_tolerance_still_catches_wrong_values(dt: mx.Dtype) -> None:
     """conftest.close, the comparison used for convolutions off the CPU (their cuDNN plan
-    depends on buffer alignment there: conftest.py, "Convolutions"), accepts a last-place difference but not a wrong
-    value, a moved NaN or a flipped infinity."""
+    depends on buffer alignment there: conftest.py, "Convolutions"), accepts a
+    last-place difference but not a wrong value, a moved NaN or a flipped infinity."""
     b = mx.array([1.0, -2.0, 3.5, float("nan"), float("inf")]).astype(dt)
     assert close(b, b)
     ulp = mx.array([1.0 + (2**-23 if dt == mx.float32 else 2**-7), -2.0, 3.5, float("nan"), float("inf")])
