@@ -11,7 +11,6 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 from conftest import (
-    alignment_dependent,
     assert_matches,
     assert_rules_exact,
     cut_variants,
@@ -130,20 +129,19 @@ def test_layer_bit_identical(name: str) -> None:
     want, compiled = references(name, model, x)
     uncut_want = want if compiled is None else compiled
     g = segc.jit(model).trace(x).graph
-    approx = alignment_dependent(g)  # a convolution off the CPU (conftest.ALIGNMENT_DEPENDENT)
 
     # uncut, and with a boundary after every layer, through the public API
-    assert_matches([segc.jit(model)(x)], [uncut_want], None, f"{name} uncut", approx=approx)
+    assert_matches([segc.jit(model)(x)], [uncut_want], None, f"{name} uncut")
     step = segc.jit(model, boundaries="layers.*")
     assert len(step.lower(x).segments) >= len(model.layers)  # nested "layers.N" match too
     other = None if compiled is None else [compiled]
-    assert_matches([step(x)], [want], other, f"{name} per layer", approx=approx)
+    assert_matches([step(x)], [want], other, f"{name} per layer")
 
     # every single cut point (sampled in large graphs) and every point at once
     assert_rules_exact(g)
     ins = module_inputs(g, model, [x])
     for label, gv in cut_variants(g, sampled_cuts(len(g.eqns))):
-        assert_matches(run_graph(gv, ins), [want], other, f"{name} {label}", approx=approx)
+        assert_matches(run_graph(gv, ins), [want], other, f"{name} {label}")
 
 
 @settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -157,4 +155,4 @@ def test_layer_random_cuts(seed: int, name: str, data: st.DataObject) -> None:
     cuts = data.draw(st.lists(st.integers(1, max(1, n - 1)), max_size=6, unique=True)) if n > 1 else []
     got = run_graph(with_cuts(g, cuts), module_inputs(g, model, [x]))
     other = None if compiled is None else [compiled]
-    assert_matches(got, [want], other, f"{name} cuts {cuts}", approx=alignment_dependent(g))
+    assert_matches(got, [want], other, f"{name} cuts {cuts}")
