@@ -16,7 +16,7 @@ from .jit import Jitted as Jitted
 from .jit import Lowered as Lowered
 from .jit import Traced as Traced
 from .jit import jit as jit
-from .trace import boundary as boundary
+from .trace.markers import boundary as boundary
 
 __version__ = "0.1.0"
 

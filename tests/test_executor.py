@@ -13,7 +13,7 @@ from mlx.utils import tree_flatten
 import segc
 from segc.dtypes import short
 from segc.runtime.executor import Executor
-from segc.runtime.params import ParamGatherer, ParamSig
+from segc.trace.params import ParamGatherer, ParamSig
 
 
 class Net(nn.Module):
@@ -110,7 +110,7 @@ def test_consumed_input_buffer_is_updated_in_place() -> None:
 
 def test_executor_checks_the_input_count() -> None:
     g, ins = _graph()
-    with pytest.raises(ValueError, match="takes 2 inputs"):
+    with pytest.raises(segc.SignatureError, match="takes 2 inputs"):
         Executor(g)(ins[:1])
 
 

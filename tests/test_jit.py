@@ -13,7 +13,7 @@ from conftest import Block
 
 import segc
 from segc.ir import CUT
-from segc.lower import RULES
+from segc.lower import PRIMS
 
 
 def _mlp(x: mx.array, w: mx.array) -> mx.array:
@@ -215,7 +215,7 @@ def test_unexportable_primitive_is_named() -> None:
 
 
 def test_primitive_without_rule_fails_before_running(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delitem(RULES, "Exp")
+    monkeypatch.delitem(PRIMS, "Exp")
     x, w = mx.random.normal((4, 8)), mx.random.normal((8, 8))
     low = segc.jit(_mlp).lower(x, w)
     with pytest.raises(segc.UnsupportedPrimitive, match=r"'Exp'.*after boundary 'relu'") as info:

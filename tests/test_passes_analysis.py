@@ -22,7 +22,8 @@ from segc.passes.analysis import (
 )
 from segc.passes.legalize import fusion_groups, illegal_points, legal_points
 from segc.passes.plan import apply_plan, diff, plan_key, plan_of
-from segc.passes.strategies import measure_segments, parse_bytes
+from segc.passes.strategies import parse_bytes
+from segc.runtime import measure_segments
 
 # a chain of "layers": matmul, then a fused Exp*x chain, with markers after #2 and #5
 SRC = """\

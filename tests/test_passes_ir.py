@@ -11,6 +11,7 @@ from segc import IRError, ScheduleError
 from segc.ir import parse, segments, to_text
 from segc.passes import PASSES, register, run, run_pass
 from segc.passes.fences import CutNode, Schedule, WaitNode
+from segc.passes.analysis import header_annotator
 from segc.passes.pipeline import Step
 
 SRC = """\
@@ -220,11 +221,15 @@ def test_verifier_rejects_stale_window(g):
 def test_headers_show_cost_live_and_boundary_bytes_and_effects(g):
     out = run_pass("fences", run_pass("cut", g, strategy=lambda g: [0]), schedule=SCHED)
     heads = [ln.strip() for ln in to_text(out).splitlines() if ln.strip().startswith("--")]
+    assert heads[0] == "-- segment 0 'cut0': 1 eqns, in 2 (128 B), out 1 (64 B); host signals pager; waits pager >= 3"
+    annotated = to_text(out, annotate=header_annotator(out))
+    heads = [ln.strip() for ln in annotated.splitlines() if ln.strip().startswith("--")]
     assert heads[0].startswith("-- segment 0 'cut0': 1 eqns, in 2 (128 B), out 1 (64 B), cost ")
     assert "peak 192 B, cross 64 B; host signals pager; waits pager >= 3" in heads[0]
     assert heads[1].endswith("signals kv = 1 when done")
     assert "waits kv >= 1" in heads[2]
     assert parse(to_text(out)) == out
+    assert parse(annotated) == out
 
 
 # --------------------------------------------------------------------------- pipeline

@@ -18,7 +18,7 @@ from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
 import segc
 from segc.models.zoo import build
-from segc.state import StateError
+from segc import StateError
 
 
 @pytest.fixture(scope="module")

@@ -77,7 +77,7 @@ def _check(model) -> None:
             assert diff <= STATE_BOUND, diff
         info = step.cache_info()
         assert info.traces == 2, info.retraces  # the prefill, and one decode graph for all 16 tokens
-        compiled = list(step._cache.values())
+        compiled = step.entries()
         assert all(len(c.segments) == n_segments for c in compiled)
     (seg, seg_cache), (whole, whole_cache) = runs
     assert all(mx.array_equal(a, b).item() for a, b in zip(seg, whole)), "segmented != unsegmented"

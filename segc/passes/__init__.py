@@ -9,53 +9,23 @@ Invariants every pass keeps (the pipeline checks them when checks are on):
 
 Passes: ``strip_cuts``, ``cut`` (a strategy or a saved plan), ``legalize``, ``fences``,
 ``window``. Cut-placement strategies (``strategies.py``) produce a :class:`Plan`;
-analyses (``analysis.py``) compute costs, liveness and boundary bytes.
+analyses (``analysis.py``) compute costs, liveness and boundary bytes. Passes import the
+IR and the primitive table (``segc.lower.prim``), never the runtime: a strategy that
+measures takes measured times as an argument.
 """
 
-from __future__ import annotations
-
-from collections.abc import Callable
-from typing import Any
-
-from ..errors import ScheduleError
-from ..ir import Graph
-
-Pass = Callable[..., Graph]
-PASSES: dict[str, Pass] = {}
-# passes allowed to add fences and windows
-EFFECT_PASSES = {"fences", "window"}
-
-
-def register(name: str) -> Callable[[Pass], Pass]:
-    def deco(f: Pass) -> Pass:
-        if name in PASSES:
-            raise ValueError(f"pass {name!r} registered twice")
-        PASSES[name] = f
-        f.pass_name = name  # type: ignore[attr-defined]
-        return f
-
-    return deco
-
-
-def get(name: str) -> Pass:
-    try:
-        return PASSES[name]
-    except KeyError:
-        raise ScheduleError(f"no pass named {name!r}; passes: {', '.join(sorted(PASSES))}") from None
-
-
-def run_pass(pass_name: str, g: Graph, /, **options: Any) -> Graph:
-    return get(pass_name)(g, **options)
-
-
 # importing each pass module registers its pass
-from . import cut, fences, legalize, strip, windows  # noqa: E402, F401
-from .fences import Schedule as Schedule  # noqa: E402
-from .pipeline import Step as Step  # noqa: E402
-from .pipeline import run as run  # noqa: E402
-from .plan import Plan as Plan  # noqa: E402
-from .strategies import make_plan as make_plan  # noqa: E402
-from .strategies import resolve as resolve  # noqa: E402
+from . import cut, fences, legalize, strip, windows  # noqa: F401
+from .fences import Schedule as Schedule
+from .pipeline import Step as Step
+from .pipeline import run as run
+from .plan import Plan as Plan
+from .registry import PASSES as PASSES
+from .registry import get as get
+from .registry import register as register
+from .registry import run_pass as run_pass
+from .strategies import make_plan as make_plan
+from .strategies import resolve as resolve
 
 __all__ = [
     "PASSES",

@@ -22,11 +22,12 @@ crosses for free).
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..ir import Eqn, Graph, Segment, Var, segments
+from ..lower.prim import Prim, lookup
+from ..units import fmt_bytes, fmt_seconds
 
 # --------------------------------------------------------------------------- cost model
 
@@ -42,59 +43,27 @@ class Machine:
 
 H200 = Machine()
 
-# primitives that make views or only reinterpret: no FLOPs, no bytes moved
-VIEWS = frozenset(
-    {
-        "Reshape",
-        "Broadcast",
-        "ExpandDims",
-        "Squeeze",
-        "Transpose",
-        "Slice",
-        "Flatten",
-        "Unflatten",
-        "AsStrided",
-        "Split",
-        "Depends",
-        "StopGradient",
-        "BroadcastAxes",
-    }
-)
-# data movement: bytes, no FLOPs
-MOVES = frozenset(
-    {"Gather", "Concatenate", "Pad", "SliceUpdate", "Scatter", "Copy", "Arange", "Full", "Contiguous", "AsType"}
-)
+
+def _facts(e: Eqn) -> Prim:
+    return lookup(e.prim)
 
 
-def _matmul_flops(e: Eqn, vs: dict[str, Var]) -> int:
-    x = vs[e.ins[0]]
-    k = x.shape[-1] if x.shape else 1
-    return 2 * sum(o.size for o in e.outs) * k
+def is_view(e: Eqn) -> bool:
+    """A view or a reinterpretation: no FLOPs, no bytes moved (``Prim.memory``)."""
+    return _facts(e).memory in ("view", "view_keep", "reshape")
 
 
 def eqn_flops(e: Eqn, vs: dict[str, Var]) -> int:
     """Floating point operations of one equation (a fused multiply-add counts two)."""
-    if e.is_pseudo or e.prim in VIEWS or e.prim in MOVES:
+    if e.is_pseudo:
         return 0
-    out = sum(o.size for o in e.outs)
-    if e.prim in ("Matmul", "AddMM", "BlockMaskedMM", "GatherMM", "QuantizedMatmul", "GatherQMM"):
-        return _matmul_flops(e, vs)
-    if e.prim == "Convolution":
-        w = vs[e.ins[1]]
-        return 2 * out * (w.size // max(w.shape[0], 1))
-    if e.prim == "ScaledDotProductAttention":
-        q, k = vs[e.ins[0]], vs[e.ins[1]]
-        return 4 * q.size * k.shape[-2]
-    if e.prim in ("Reduce", "ArgReduce", "Scan", "LogSumExp"):
-        return sum(vs[v].size for v in e.ins[:1])
-    if e.prim in ("Softmax", "RMSNorm", "LayerNorm", "RoPE"):
-        return 5 * out
-    return out  # elementwise
+    p = _facts(e)
+    return 0 if p.memory != "compute" else p.flops(e, vs)
 
 
 def eqn_bytes(e: Eqn, vs: dict[str, Var]) -> tuple[int, int]:
     """(bytes read, bytes written) of one equation, as if it ran alone."""
-    if e.is_pseudo or e.prim in VIEWS:
+    if e.is_pseudo or is_view(e):
         return 0, 0
     written = sum(o.nbytes for o in e.outs)
     if e.prim == "Gather":  # reads the gathered rows and the indices, not the table
@@ -135,15 +104,6 @@ def ops(g: Graph) -> list[Eqn]:
     return [e for e in g.eqns if not e.is_pseudo]
 
 
-# views alias their input's buffer; these keep a contiguous buffer contiguous
-ALIASES = frozenset(
-    {"Broadcast", "BroadcastAxes", "ExpandDims", "Squeeze", "Transpose", "Slice", "AsStrided", "Split"}
-    | {"StopGradient", "Depends", "Reshape", "Flatten", "Unflatten"}
-)
-_KEEP_CONTIGUOUS = frozenset({"ExpandDims", "Squeeze", "StopGradient", "Depends", "Reshape", "Flatten", "Unflatten"})
-_RESHAPES = frozenset({"Reshape", "Flatten", "Unflatten"})
-
-
 @dataclass(frozen=True, slots=True)
 class Liveness:
     """Buffer-level liveness. A view (broadcast, transpose, slice, a reshape of a
@@ -175,12 +135,14 @@ def liveness(g: Graph) -> Liveness:
         for v in e.ins:
             last[root[v]] = k
         src = e.ins[0] if e.ins else None
-        alias = e.prim in ALIASES and src is not None and not (e.prim in _RESHAPES and not contiguous[src])
+        mem = _facts(e).memory
+        alias = mem in ("view", "view_keep", "reshape") and src is not None
+        alias = alias and not (mem == "reshape" and not contiguous[src])  # type: ignore[index]
         for o in e.outs:
             if alias:
                 assert src is not None
                 root[o.name] = root[src]
-                contiguous[o.name] = contiguous[src] and e.prim in _KEEP_CONTIGUOUS
+                contiguous[o.name] = contiguous[src] and mem in ("view_keep", "reshape")
             else:
                 root[o.name], contiguous[o.name], nbytes[o.name] = o.name, True, o.nbytes
                 defined[o.name] = k
@@ -345,55 +307,12 @@ def analyze(g: Graph, m: Machine = H200) -> GraphStats:
 # --------------------------------------------------------------------------- printing
 
 
-def fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError  # pragma: no cover
-
-
-def fmt_seconds(t: float) -> str:
-    if t == 0:
-        return "0 s"
-    exp = min(max(math.floor(math.log10(t) / 3), -3), 0)
-    unit = {0: "s", -1: "ms", -2: "us", -3: "ns"}[exp]
-    return f"{t / 10 ** (3 * exp):.3g} {unit}"
-
-
-_HEADER_CACHE: list = []  # [(graph, {segment start: text})]: one graph, for printing
-
-
-def header_stats(g: Graph, s: Segment) -> str:
-    """The tail of a segment header line (``segc.ir.segment_header``): cost, peak live
-    bytes, bytes crossing the cut that ends the segment, and the segment's effects."""
-    if not _HEADER_CACHE or _HEADER_CACHE[0][0] is not g:
-        st = analyze(g)
-        texts = {}
-        for seg, ss in zip(segments(g), st.segments):
-            effects = [_effect_text(e) for e in g.eqns[seg.start : seg.stop] if e.prim.startswith("segc.")]
-            effects = [x for x in effects if x]
-            texts[seg.start] = f", cost {fmt_seconds(ss.cost)}, peak {ss.peak_live} B, cross {ss.cross} B" + (
-                f"; {'; '.join(effects)}" if effects else ""
-            )
-        _HEADER_CACHE[:] = [(g, texts)]
-    return _HEADER_CACHE[0][1].get(s.start, "")
-
-
-def _effect_text(e: Eqn) -> str:
-    from ..ir import HOST_EVENT, SIGNAL, WAIT, WINDOW
-
-    if e.prim == WAIT:
-        return f"waits {e.args[0]} >= {e.args[1]}"
-    if e.prim == SIGNAL:
-        return f"signals {e.args[0]} = {e.args[1]} when done"
-    if e.prim == HOST_EVENT:
-        return f"host signals {e.args[0]}"
-    if e.prim == WINDOW:
-        inout = (
-            f", entry {' '.join('%' + v for v in e.args[4]) or '-'}, exit {' '.join('%' + v for v in e.args[5]) or '-'}"
-        )
-        return f"window {e.args[0]!r} [#{e.args[1]}, #{e.args[2]}] {e.args[3]}" + (
-            inout if e.args[3] == "range" else ""
-        )
-    return ""
+def header_annotator(g: Graph, m: Machine = H200) -> Callable[[Segment], str]:
+    """For ``segc.ir.to_text(g, annotate=...)``: each segment header's cost on ``m``'s
+    roofline, peak live bytes and the bytes crossing the cut that ends it."""
+    st = analyze(g, m)
+    texts = {
+        seg.start: f", cost {fmt_seconds(ss.cost)}, peak {fmt_bytes(ss.peak_live)}, cross {fmt_bytes(ss.cross)}"
+        for seg, ss in zip(segments(g), st.segments)
+    }
+    return lambda s: texts.get(s.start, "")

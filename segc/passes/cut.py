@@ -14,8 +14,8 @@ from typing import Any
 
 from ..errors import ScheduleError
 from ..ir import Graph
-from . import register
 from .plan import Plan, apply_plan
+from .registry import register
 from .strategies import make_plan
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..errors import ScheduleError
 from ..ir import CUT, HOST_EVENT, SIGNAL, WAIT, Eqn, Graph
-from . import register
+from .registry import register
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,89 +18,19 @@ The ``legalize`` pass applies that to the cuts already in a graph.
 from __future__ import annotations
 
 from ..ir import Graph
-from . import register
+from ..lower.prim import PRIMS
 from .analysis import ops
 from .plan import Cut, Move, Plan, apply_plan, plan_of
+from .registry import register
 
-UNARY = frozenset(
-    [
-        "Abs",
-        "ArcCos",
-        "ArcCosh",
-        "ArcSin",
-        "ArcSinh",
-        "ArcTan",
-        "ArcTanh",
-        "AsType",
-        "Ceil",
-        "Cos",
-        "Conjugate",
-        "Cosh",
-        "Remainder",
-        "Erf",
-        "ErfInv",
-        "Exp",
-        "Floor",
-        "Log",
-        "Log1p",
-        "LogicalNot",
-        "Negative",
-        "Round",
-        "Sigmoid",
-        "Sign",
-        "Sin",
-        "Sinh",
-        "Square",
-        "Sqrt",
-        "Tan",
-        "Tanh",
-        "Expm1",
-        "Real",
-        "Imag",
-        "BitwiseInvert",
-    ]
-)
-BINARY = frozenset(
-    [
-        "Add",
-        "Divide",
-        "Equal",
-        "Greater",
-        "GreaterEqual",
-        "Less",
-        "LessEqual",
-        "LogicalAnd",
-        "LogicalOr",
-        "LogAddExp",
-        "Maximum",
-        "Minimum",
-        "Multiply",
-        "NotEqual",
-        "Power",
-        "Subtract",
-        "BitwiseBinary",
-        "ArcTan2",
-    ]
-)
-FUSIBLE = UNARY | BINARY | {"Select", "Broadcast"}
+# what mx.compile fuses: the primitive table's fusion class (segc/lower/prim.py)
+FUSIBLE = frozenset(n for n, p in PRIMS.items() if p.fusible)
 MAX_DEPTH = 11  # mlx/compile.cpp: max_compile_depth
-
-
-_GROUPS: list[tuple[Graph, list[tuple[int, ...]]]] = []  # the last few graphs (identity)
 
 
 def fusion_groups(g: Graph) -> list[tuple[int, ...]]:
     """The op indices (see ``analysis.ops``) of each chain ``mx.compile`` would fuse,
     broadcasts of outside values left out; groups of one are dropped."""
-    for gg, groups in _GROUPS:
-        if gg is g:
-            return list(groups)
-    groups = _fusion_groups(g)
-    _GROUPS[:] = [(g, groups), *_GROUPS[:3]]
-    return list(groups)
-
-
-def _fusion_groups(g: Graph) -> list[tuple[int, ...]]:
     os_ = ops(g)
     producer: dict[str, int] = {}
     consumers: dict[int, set[int]] = {}

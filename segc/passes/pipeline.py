@@ -4,15 +4,16 @@
 checks on it verifies the graph after every pass (``segc.ir.verify``, fences and windows
 included) and checks that the pass kept every effect: a pass other than ``fences`` and
 ``window`` must leave the sequence of fences and windows exactly as it was; those two
-may only add to it. Checks are on when ``checks=True``, when the environment sets
-``SEGC_CHECKS=1``, and always under pytest.
+may only add to it. Checks are on when ``checks=True`` or when the environment sets
+``SEGC_CHECKS=1`` (the test suite sets it).
 
 Dumping: ``dump=`` (or the environment's ``SEGC_DUMP_IR``) is a directory (each pass's
 result written there as ``NN-<pass>.segc``), a comma-separated list of pass names (or
 ``all``) printed to stderr, or a callable ``dump(pass_name, graph)``. ``input`` names the
 graph before any pass.
 
-The default pipeline (:func:`default_steps`) reads::
+``segc.jit`` runs :func:`place` (the ``cut`` pass, by a strategy or a saved plan); an
+engine adds ``fences`` (a schedule) and ``window`` after it, in that order::
 
     cut (strategy or plan) -> fences (schedule) -> window (first, last)
 """
@@ -28,7 +29,7 @@ from typing import Any
 
 from ..errors import IRError
 from ..ir import EFFECTS, WINDOW, Graph, to_text, verify
-from . import EFFECT_PASSES, get
+from .registry import EFFECT_PASSES, get
 
 Dump = str | Path | Callable[[str, Graph], None] | None
 
@@ -42,9 +43,7 @@ class Step:
 def checks_enabled(checks: bool | None = None) -> bool:
     if checks is not None:
         return checks
-    if os.environ.get("SEGC_CHECKS", "") not in ("", "0"):
-        return True
-    return "PYTEST_CURRENT_TEST" in os.environ
+    return os.environ.get("SEGC_CHECKS", "") not in ("", "0")
 
 
 def _dumper(dump: Dump) -> Callable[[int, str, Graph], None] | None:
@@ -121,26 +120,6 @@ def run(
         if out is not None:
             out(i, st.name, g)
     return g
-
-
-def default_steps(
-    strategy: Any = "markers",
-    plan: Any = None,
-    schedule: Any = None,
-    window: tuple[int, int] | None = None,
-    legalize: bool = True,
-) -> list[Step]:
-    steps = [Step("cut", {"strategy": strategy, "plan": plan, "legalize": legalize})]
-    if schedule is not None:
-        steps.append(Step("fences", {"schedule": schedule}))
-    if window is not None:
-        steps.append(Step("window", {"first": window[0], "last": window[1]}))
-    return steps
-
-
-def compile_graph(g: Graph, *, checks: bool | None = None, dump: Dump = None, **options: Any) -> Graph:
-    """The default pipeline over ``g`` (see :func:`default_steps` for ``options``)."""
-    return run(g, default_steps(**options), checks=checks, dump=dump)
 
 
 def place(g: Graph, strategy: Any = None, *, checks: bool | None = None, dump: Dump = None) -> Graph:

@@ -93,19 +93,11 @@ class Plan:
         return Plan.from_json(Path(path).read_text())
 
 
-_KEYS: list[tuple[Graph, str]] = []  # the last few graphs keyed (identity), for speed
-
-
 def plan_key(g: Graph) -> str:
     """The key a plan is filed under: the fingerprint of ``g``'s computing equations in
     id order (trace order), so neither cuts, fences, windows nor a plan's reordering
     change it."""
-    for gg, key in _KEYS:
-        if gg is g:
-            return key
-    key = g.replace(eqns=tuple(sorted((e for e in g.eqns if not e.is_pseudo), key=lambda e: e.id))).fingerprint()
-    _KEYS[:] = [(g, key), *_KEYS[:3]]
-    return key
+    return g.replace(eqns=tuple(sorted((e for e in g.eqns if not e.is_pseudo), key=lambda e: e.id))).fingerprint()
 
 
 def plan_of(g: Graph, strategy: str = "graph") -> Plan:

@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import bisect
 import re
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ScheduleError
-from ..ir import Graph
+from ..ir import Graph, segments
 from .analysis import H200, Machine, eqn_cost, liveness, ops, span_peak
 from .legalize import legal_points, legalize_plan
 from .mincut import MinBoundaryBytes
@@ -118,8 +117,6 @@ class Balanced:
         cost = [eqn_cost(e, vs, self.machine) for e in os_]
         if not self.measured:
             return cost
-        from ..ir import segments
-
         k = 0
         for s in segments(g):
             n = sum(1 for e in g.eqns[s.start : s.stop] if not e.is_pseudo)
@@ -247,30 +244,3 @@ def make_plan(g: Graph, spec: Any, *, legalize: bool = True) -> Plan:
     """Run a strategy on ``g``; legalise its cuts unless told not to."""
     plan = resolve(spec)(g)
     return legalize_plan(g, plan) if legalize else plan
-
-
-# --------------------------------------------------------------------------- measuring
-
-
-def measure_segments(g: Graph, inputs: Sequence[Any], repeats: int = 5) -> dict[str, float]:
-    """Median seconds of each segment of ``g`` (its current cuts), run alone with a host
-    wait after it: per-segment times for ``balanced(n, measured=...)``."""
-    import mlx.core as mx
-
-    from ..runtime.executor import Executor
-
-    ex = Executor(g)
-    env: dict[str, Any] = {i.var.name: x for i, x in zip(g.inputs, inputs)}
-    env.update({c.var.name: c.value for c in g.consts})
-    out: dict[str, float] = {}
-    for st in ex.steps:
-        args = [env[v] for v in st.segment.inputs]
-        times = []
-        for _ in range(max(repeats, 1) + 1):
-            t0 = time.perf_counter()
-            res = st.fn(*args)
-            mx.eval(res)
-            times.append(time.perf_counter() - t0)
-        env.update(zip(st.segment.outputs, res))
-        out[st.segment.name] = sorted(times[1:])[len(times[1:]) // 2]
-    return out

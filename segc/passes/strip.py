@@ -6,7 +6,7 @@ Fences and windows stay where they are; a graph without cuts runs as one segment
 from __future__ import annotations
 
 from ..ir import CUT, Graph
-from . import register
+from .registry import register
 
 
 @register("strip_cuts")

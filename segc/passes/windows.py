@@ -14,7 +14,7 @@ arguments ``(name, first, last, mode, entry, exit)``:
 - exactly one endpoint in the graph is an error (:class:`segc.ScheduleError`) naming
   the one that is missing.
 
-Entry and exit are derived from the cuts, so a later pass that moves cuts leaves them
+Entry and exit are derived from the cuts (``segc.ir.window_args``), so a later pass that moves cuts leaves them
 stale and the verifier says so; place windows after cuts. Placing a window whose name
 is already used replaces it, so the pass is idempotent.
 """
@@ -22,44 +22,8 @@ is already used replaces it, so the pass is idempotent.
 from __future__ import annotations
 
 from ..errors import ScheduleError
-from ..ir import WINDOW, Eqn, Graph, segments
-from . import register
-
-
-def window_args(g: Graph, name: str, first: int, last: int) -> tuple:
-    """The ``segc.window`` arguments for ``[first, last]`` in ``g`` (see the module)."""
-    pos = {e.id: k for k, e in enumerate(g.eqns) if not e.is_pseudo}
-    has_f, has_l = first in pos, last in pos
-    if not has_f and not has_l:
-        return (name, first, last, "all", (), ())
-    if has_f != has_l:
-        missing, present = ("last", "first") if has_f else ("first", "last")
-        mid, pid = (last, first) if has_f else (first, last)
-        raise ScheduleError(
-            f"window {name!r}: its {missing} endpoint #{mid} is not in graph {g.name!r}, but its {present} "
-            f"endpoint #{pid} is; give both endpoints of one graph, or neither"
-        )
-    a, b = pos[first], pos[last]
-    if a > b:
-        raise ScheduleError(f"window {name!r}: first endpoint #{first} comes after last endpoint #{last}")
-    sel = [s for s in segments(g) if s.start <= b and s.stop > a]
-    lo, hi = sel[0].start, sel[-1].stop
-    defined_before = {o.name for e in g.eqns[:lo] for o in e.outs}
-    inside = g.eqns[lo:hi]
-    entry = dict.fromkeys(v for e in inside for v in e.ins if v in defined_before)
-    used_after = {v for e in g.eqns[hi:] for v in e.ins} | set(g.outputs)
-    exit_ = [o.name for e in inside for o in e.outs if o.name in used_after]
-    return (name, first, last, "range", tuple(entry), tuple(exit_))
-
-
-def window_segments(g: Graph, e: Eqn) -> list[int]:
-    """Indices of the segments a ``segc.window`` equation selects."""
-    segs = segments(g)
-    if e.args[3] == "all":
-        return [s.index for s in segs]
-    pos = {x.id: k for k, x in enumerate(g.eqns) if not x.is_pseudo}
-    a, b = pos[e.args[1]], pos[e.args[2]]
-    return [s.index for s in segs if s.start <= b and s.stop > a]
+from ..ir import WINDOW, Eqn, Graph, segments, window_args, window_segments
+from .registry import register
 
 
 @register("window")

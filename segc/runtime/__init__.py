@@ -1,5 +1,10 @@
-"""segc's runtime: the segmented executor (and, later, events, windows and the stash)."""
+"""segc's runtime: the segmented executor (and, with the runtime issue, events,
+schedules, windows and the activation stash). It imports the IR and the lowering, never
+the front end, ``jit`` or the engines."""
 
-from .executor import Executor
+from .executor import DispatchTimes as DispatchTimes
+from .executor import Executor as Executor
+from .executor import Step as Step
+from .timing import measure_segments as measure_segments
 
-__all__ = ["Executor"]
+__all__ = ["DispatchTimes", "Executor", "Step", "measure_segments"]

@@ -12,23 +12,38 @@ here so the per-call loop does no name lookups.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from ..ir import Graph, Segment, Var, segments
+from ..errors import SignatureError
+from ..ir import Graph, Segment, SegmentEffects, Var, segment_effects, segments
 from ..lower import check_supported, segment_fn
 
 
 @dataclass(frozen=True, slots=True)
 class Step:
+    """One segment as the dispatch loop runs it. ``in_slots``/``out_slots`` index the
+    executor's value list (``env``); ``effects`` are the segment's signals, waits and
+    windows from the IR (executed by the runtime's schedule, not by this loop)."""
+
     segment: Segment
     fn: Callable[..., list[mx.array]]
     in_slots: tuple[int, ...]
     out_slots: tuple[int, ...]
-    dead: tuple[int, ...] = ()  # slots whose last reader is this step: released after it
+    dead: tuple[int, ...]  # slots whose last reader is this step: released after it
+    effects: SegmentEffects
+
+
+@dataclass
+class DispatchTimes:
+    """Host seconds spent in the executor: per call, and per step of each call."""
+
+    calls: list[float] = field(default_factory=list)
+    steps: list[list[float]] = field(default_factory=list)
 
 
 def _getter(slots: tuple[int, ...]) -> Callable[[list], tuple]:
@@ -65,6 +80,7 @@ class Executor:
         self.graph = g
         self.drain = drain
         self.segments = segments(g)
+        effects = segment_effects(g, self.segments)
         slot: dict[str, int] = {}
         for i in g.inputs:
             slot[i.var.name] = len(slot)
@@ -99,13 +115,33 @@ class Executor:
             if reader_slot not in keep:
                 dead.setdefault(k, []).append(reader_slot)
         self.steps = tuple(
-            Step(s, fn, tuple(slot[v] for v in s.inputs), tuple(slot[v] for v in s.outputs), tuple(dead.get(k, ())))
+            Step(
+                s,
+                fn,
+                tuple(slot[v] for v in s.inputs),
+                tuple(slot[v] for v in s.outputs),
+                tuple(dead.get(k, ())),
+                effects[k],
+            )
             for k, (s, fn) in enumerate(zip(self.segments, fns))
         )
         # env = inputs + _tail: constants in their slots, then room for segment outputs
         self._tail: list = [c.value for c in g.consts] + [None] * (self.n_slots - self.n_inputs - len(g.consts))
         self._plan = tuple((st.fn, _getter(st.in_slots), st.out_slots, st.dead) for st in self.steps)
         self._outs = _getter(self.out_slots)
+        self._times: DispatchTimes | None = None
+
+    @contextmanager
+    def timed(self) -> Iterator[DispatchTimes]:
+        """Within the block, record the host time of every call and of every step's
+        dispatch (the compiled segment call and its commit): a timing hook for
+        benchmarks that costs the untimed loop one attribute test per call."""
+        times = DispatchTimes()
+        self._times = times
+        try:
+            yield times
+        finally:
+            self._times = None
 
     def __call__(self, inputs: Sequence[mx.array], *, consume: bool = False) -> list[mx.array]:
         """Dispatch every segment; return the graph's outputs (not waited for).
@@ -116,33 +152,26 @@ class Executor:
         holds it nowhere else either.
         """
         if len(inputs) != self.n_inputs:
-            raise ValueError(f"{self.graph.name} takes {self.n_inputs} inputs, got {len(inputs)}")
+            raise SignatureError(f"{self.graph.name} takes {self.n_inputs} inputs, got {len(inputs)}")
         env = [*inputs, *self._tail]
         if consume:
             del inputs[:]  # type: ignore[attr-defined]
         sync = mx.eval if self.drain else mx.async_eval
+        times = self._times
+        clock = time.perf_counter
+        t_call = clock() if times is not None else 0.0
+        steps: list[float] = []
         for fn, take, outs, dead in self._plan:
+            t0 = clock() if times is not None else 0.0
             res = fn(*take(env))
             for k in dead:  # before the dispatch, so that MLX may donate those buffers
                 env[k] = None
             sync(res)
             for k, r in zip(outs, res):
                 env[k] = r
+            if times is not None:
+                steps.append(clock() - t0)
+        if times is not None:
+            times.calls.append(clock() - t_call)
+            times.steps.append(steps)
         return list(self._outs(env))
-
-
-def donate_state(slots: Sequence[Any], commits: Sequence[Any]) -> bool:
-    """Detach the KV-cache buffers that a call rewrites from their cache objects and
-    slots, so that the executor (``consume=True``) holds the only references and MLX
-    can update them in place. The call's commit writes the new buffers back.
-
-    ``slots`` and ``commits`` are :mod:`segc.state`'s ``Slot`` and ``Commit`` records.
-    Returns whether anything was detached.
-    """
-    any_ = False
-    for s, c in zip(slots, commits):
-        if c.kind in ("kv", "rotating") and c.n and s.kind == c.kind and len(s.inputs) >= 2:
-            s.inputs.clear()
-            s.obj.keys = s.obj.values = None
-            any_ = True
-    return any_

@@ -160,8 +160,3 @@ class ParamGatherer:
         self._params = dict(zip(names, arrays))
         self._sig = sig
         return self._params, sig
-
-
-def module_params(module: nn.Module, name: str = "module") -> dict[str, mx.array]:
-    """``dict(tree_flatten(module.parameters()))``, checked: every leaf an array."""
-    return ParamGatherer(module, name).gather()[0]

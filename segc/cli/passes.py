@@ -81,7 +81,7 @@ def _spec(text: str) -> Any:
 
 
 def after_each_softmax(g: Any) -> list[tuple[int, str]]:
-    """An example user strategy (``--strategy py:segc.commands.passes:after_each_softmax``):
+    """An example user strategy (``--strategy py:segc.cli.passes:after_each_softmax``):
     a cut after every softmax, mid-attention."""
     return [(e.id, f"softmax{k}") for k, e in enumerate(x for x in g.eqns if x.prim == "Softmax")]
 
@@ -106,8 +106,9 @@ def default_specs(g: Any) -> list[Any]:
 
 
 def _row(name: str, plan: Any, g: Any, bits: str) -> str:
-    from segc.passes.analysis import analyze, fmt_bytes, fmt_seconds
+    from segc.passes.analysis import analyze
     from segc.passes.plan import apply_plan
+    from segc.units import fmt_bytes, fmt_seconds
 
     st = analyze(apply_plan(g, plan))
     return (
@@ -145,8 +146,9 @@ def _run(args: argparse.Namespace) -> int:
     specs = [_spec(s) for s in args.strategy] if args.strategy else (default_specs(g) if args.compare else ["markers"])
 
     if args.compare:
-        from segc.passes.analysis import analyze, fmt_seconds
+        from segc.passes.analysis import analyze
         from segc.passes.plan import plan_key
+        from segc.units import fmt_seconds
 
         whole = analyze(g)
         print(
@@ -162,7 +164,8 @@ def _run(args: argparse.Namespace) -> int:
         print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
         if args.measure and model is not None:
             from segc.passes.plan import marker_points
-            from segc.passes.strategies import Balanced, measure_segments
+            from segc.passes.strategies import Balanced
+            from segc.runtime import measure_segments
 
             times = measure_segments(g, _inputs(model, g, x), repeats=5)
             specs.append(Balanced(len(marker_points(g)) + 1, measured=times))

@@ -1,6 +1,8 @@
-"""The verifier for effects: fences and windows (``segc.ir.verify`` calls it).
+"""The verifier: the IR's invariants, fences and windows included.
 
-Rejects, with an :class:`~segc.IRError` naming the equation:
+:func:`verify` checks single assignment, definition before use, known dtypes, unique
+equation ids and that pseudo-equations define nothing. When the graph holds effects it
+also rejects, with an :class:`~segc.IRError` naming the equation:
 - malformed fence arguments (event names, values that are not ints >= 1);
 - signal values of one event that do not strictly increase in program order;
 - a wait that no signal can satisfy: no ``segc.signal`` of its event reaches its value
@@ -13,24 +15,59 @@ Rejects, with an :class:`~segc.IRError` naming the equation:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from .. import dtypes
 from ..errors import IRError, ScheduleError
-from ..ir import HOST_EVENT, SIGNAL, WAIT, WINDOW, Graph, segments
+from .nodes import EFFECTS, HOST_EVENT, SIGNAL, WAIT, WINDOW, Var
+from .segments import segment_of, window_args
+
+if TYPE_CHECKING:
+    from .graph import Graph
 
 
-def _segment_of(g: Graph) -> list[int]:
-    """For each equation position, the index of the (non-empty) segment it belongs to; a
-    pseudo-equation between segments belongs to the next one."""
-    segs = segments(g)
-    out, k = [], 0
-    for p in range(len(g.eqns)):
-        while k < len(segs) - 1 and segs[k].stop <= p:
-            k += 1
-        out.append(k)
-    return out
+def verify(g: Graph) -> Graph:
+    """Check the IR's invariants; raise :class:`IRError` naming the first violation."""
+    defined: set[str] = set()
+
+    def define(v: Var, where: str) -> None:
+        if v.name in defined:
+            raise IRError(f"{where}: value {v.name} assigned twice")
+        if not dtypes.is_dtype_name(v.dtype):
+            raise IRError(f"{where}: unknown dtype {v.dtype!r} for {v.name}")
+        if any((not isinstance(d, int)) or d < 0 for d in v.shape):
+            raise IRError(f"{where}: bad shape {v.shape} for {v.name}")
+        defined.add(v.name)
+
+    for i in g.inputs:
+        define(i.var, f"input {i.path!r}")
+    for c in g.consts:
+        define(c.var, "constant")
+        if c.value is not None and (tuple(c.value.shape) != c.var.shape or dtypes.short(c.value.dtype) != c.var.dtype):
+            raise IRError(f"constant {c.var.name}: value does not match {c.var.type_str()}")
+    ids: set[int] = set()
+    for e in g.eqns:
+        where = f"equation #{e.id} ({e.prim})"
+        if e.id in ids:
+            raise IRError(f"{where}: duplicate equation id")
+        ids.add(e.id)
+        if e.is_pseudo and e.outs:
+            raise IRError(f"{where}: a pseudo-equation has no outputs")
+        for v in e.ins:
+            if v not in defined:
+                raise IRError(f"{where}: uses {v} before it is defined")
+        for o in e.outs:
+            define(o, where)
+    for v in g.outputs:
+        if v not in defined:
+            raise IRError(f"graph output {v} is never defined")
+    if any(e.prim in EFFECTS for e in g.eqns):
+        verify_effects(g)
+    return g
 
 
 def verify_effects(g: Graph) -> None:
-    seg = _segment_of(g)
+    seg = segment_of(g)
     host: set[str] = set()
     signals: dict[str, list[tuple[int, int, int]]] = {}  # event -> (value, segment, id)
     for p, e in enumerate(g.eqns):
@@ -76,8 +113,6 @@ def verify_effects(g: Graph) -> None:
 
 
 def _verify_windows(g: Graph) -> None:
-    from .windows import window_args
-
     names: set[str] = set()
     for e in g.eqns:
         if e.prim != WINDOW:

@@ -31,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
     import segc
     from segc.ir import segment_header
     from segc.models import tiny_llama
+    from segc.passes.analysis import header_annotator
 
     model = tiny_llama(hidden_size=args.hidden, num_hidden_layers=args.layers, intermediate_size=4 * args.hidden)
     x = mx.random.randint(0, 128, (1, args.tokens))
@@ -43,9 +44,10 @@ def run(args: argparse.Namespace) -> int:
         f"segc demo: mlx-lm llama, {args.layers} layers, hidden {args.hidden}, {args.tokens} tokens, {mx.default_device()}"
     )
     print(f"traced {len(g.eqns)} equations, {len(g.inputs)} inputs, in {t_lower * 1e3:.1f} ms")
+    annotate = header_annotator(g)
     print(f"{len(lowered.segments)} segments (boundary after every layers.*):")
     for s in lowered.segments:
-        print(segment_header(g, s))
+        print(segment_header(g, s, annotate))
     if args.ir:
         print(lowered.as_text())
     y_seg = step(x)

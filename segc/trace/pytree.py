@@ -11,7 +11,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from .errors import TraceError
+from ..errors import TraceError
 
 STATIC_TYPES = (bool, int, float, str, bytes, type(None))
 

@@ -1,4 +1,5 @@
-"""The ``segc`` command. Each subcommand lives in its own module under segc/commands/."""
+"""The ``segc`` command. Each subcommand is a module of this package with
+``add_arguments(parser)`` and ``run(args)``."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import argparse
 import importlib
 import sys
 
-# subcommand name -> module under segc.commands; each module has add_arguments(p) and run(args)
+# subcommand name -> module of segc.cli
 COMMANDS = {
     "demo": "demo",
     "ir": "ir",
@@ -20,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     mods = {}
     for name, modname in COMMANDS.items():
-        mod = importlib.import_module(f"segc.commands.{modname}")
+        mod = importlib.import_module(f"segc.cli.{modname}")
         p = sub.add_parser(name, help=mod.__doc__.strip().splitlines()[0] if mod.__doc__ else None)
         mod.add_arguments(p)
         mods[name] = mod

@@ -1,1 +1,0 @@
-"""Subcommands of the segc CLI (one module each)."""

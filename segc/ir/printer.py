@@ -1,0 +1,120 @@
+"""The IR's text form. ``parse(to_text(g)) == g`` (``parser.py``); header lines, which
+start with ``--``, are comments to the parser.
+
+A segment header names the segment, its equation count, its boundary values with their
+bytes and the effects the runtime honours for it. Callers may append their own figures
+(``Lowered.as_text`` adds the cost model's) through ``annotate``: the IR knows no cost
+model.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .. import dtypes
+from ..units import fmt_bytes
+from .nodes import HOST_EVENT, SIGNAL, WAIT, WINDOW, Const, DTypeArg, Eqn
+from .segments import Segment, segments
+
+if TYPE_CHECKING:
+    from .graph import Graph
+
+Annotate = Callable[[Segment], str]
+
+_SMALL = 16  # constants of at most this many elements print as a JSON list
+ELIDE_BYTES = 1 << 16  # larger constants print as "elided"
+
+
+def _enc_arg(a: Any) -> Any:
+    if isinstance(a, tuple | list):
+        return [_enc_arg(x) for x in a]
+    if isinstance(a, DTypeArg):
+        return {"dtype": a.name}
+    return a
+
+
+def _dec_arg(a: Any) -> Any:
+    if isinstance(a, list):
+        return tuple(_dec_arg(x) for x in a)
+    if isinstance(a, dict):
+        return DTypeArg(a["dtype"])
+    return a
+
+
+def args_to_json(args: tuple[Any, ...]) -> str:
+    return json.dumps(_enc_arg(args), separators=(", ", ": "))
+
+
+def args_from_json(text: str) -> tuple[Any, ...]:
+    return _dec_arg(json.loads(text))
+
+
+def _const_text(c: Const) -> str:
+    v = c.var
+    if c.value is None or v.nbytes > ELIDE_BYTES:
+        return "elided"
+    data = c.data()
+    assert data is not None
+    if v.size <= _SMALL and v.dtype != "c64":
+        vals = dtypes.to_numpy(data, v.shape, v.dtype).reshape(-1).tolist()
+        return json.dumps(vals)
+    return "hex:" + data.hex()
+
+
+def effect_text(e: Eqn) -> str:
+    """A fence or window in words, for segment headers."""
+    if e.prim == WAIT:
+        return f"waits {e.args[0]} >= {e.args[1]}"
+    if e.prim == SIGNAL:
+        return f"signals {e.args[0]} = {e.args[1]} when done"
+    if e.prim == HOST_EVENT:
+        return f"host signals {e.args[0]}"
+    if e.prim == WINDOW:
+        text = f"window {e.args[0]!r} [#{e.args[1]}, #{e.args[2]}] {e.args[3]}"
+        if e.args[3] == "range":
+            entry = " ".join("%" + v for v in e.args[4]) or "-"
+            exit_ = " ".join("%" + v for v in e.args[5]) or "-"
+            text += f", entry {entry}, exit {exit_}"
+        return text
+    return ""
+
+
+def segment_header(g: Graph, s: Segment, annotate: Annotate | None = None) -> str:
+    """``-- segment 0 'l0': 12 eqns, in 3 (1.5 KiB), out 1 (512 B)[annotation][; effects]``."""
+    vs = g.vars()
+    n = sum(1 for e in g.eqns[s.start : s.stop] if not e.is_pseudo)
+    inb = sum(vs[v].nbytes for v in s.inputs)
+    outb = sum(vs[v].nbytes for v in s.outputs)
+    head = (
+        f"  -- segment {s.index} {s.name!r}: {n} eqns, in {len(s.inputs)} ({fmt_bytes(inb)}), "
+        f"out {len(s.outputs)} ({fmt_bytes(outb)})"
+    )
+    if annotate is not None:
+        head += annotate(s)
+    effects = [effect_text(e) for e in g.eqns[s.start : s.stop] if e.is_pseudo]
+    effects = [x for x in effects if x]
+    return head + (f"; {'; '.join(effects)}" if effects else "")
+
+
+def to_text(g: Graph, headers: bool = True, annotate: Annotate | None = None) -> str:
+    """Print the graph; ``parse(to_text(g)) == g``. Header lines start with ``--``."""
+    ins = ", ".join(f"%{i.var.name}: {i.var.type_str()} {i.kind}={json.dumps(i.path)}" for i in g.inputs)
+    lines = [f"graph {g.name}({ins}) {{"]
+    for c in g.consts:
+        lines.append(f"  const %{c.var.name}: {c.var.type_str()} = {_const_text(c)}")
+    starts: dict[int, Segment] = {}
+    if headers:
+        starts = {s.start: s for s in segments(g)}
+    for k, e in enumerate(g.eqns):
+        if k in starts:
+            lines.append(segment_header(g, starts[k], annotate))
+        outs = ", ".join(f"%{o.name}: {o.type_str()}" for o in e.outs)
+        lhs = f"{outs} = " if outs else ""
+        ins_s = ", ".join(f"%{v}" for v in e.ins)
+        args = f" {args_to_json(e.args)}" if e.args else ""
+        lines.append(f"  {lhs}{e.prim}({ins_s}){args} #{e.id}")
+    lines.append(f"  return ({', '.join('%' + v for v in g.outputs)})")
+    lines.append("}")
+    return "\n".join(lines) + "\n"

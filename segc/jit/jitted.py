@@ -1,0 +1,302 @@
+"""``segc.jit``: the decorator and its trace cache.
+
+In the manner of ``jax.jit``: calling the jitted function looks up its abstract
+signature (pytree structure, static values, shapes and dtypes of array leaves, of module
+parameters and of state objects) in a cache; a miss traces, cuts, lowers and compiles,
+and records a readable reason (:attr:`Jitted.info`).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_unflatten
+
+from ..errors import StateError, TraceError
+from ..trace import auto_boundaries, matching_modules, module_boundaries, trace
+from ..trace import state as st
+from ..trace.params import ParamGatherer
+from ..trace.pytree import flatten, unflatten
+from .signature import ROOTS, CacheInfo, CallSpec, Signature
+from .stages import Compiled, Lowered, Traced
+from .validate import check_against_eager
+
+Bound = tuple[Traced, "Compiled | None", list[mx.array], dict[str, mx.array], list[st.Slot]]
+
+
+def _as_tuple(x: Any, kind: type, what: str) -> tuple:
+    words = {int: "ints", str: "strings"}[kind]
+    try:
+        out = (x,) if isinstance(x, kind) else tuple(x)
+    except TypeError:
+        raise TraceError(f"{what} takes {words}, got {x!r}") from None
+    if not all(isinstance(i, kind) and not isinstance(i, bool) for i in out):
+        raise TraceError(f"{what} takes {words}, got {x!r}")
+    return out
+
+
+class Jitted:
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        boundaries: str | Sequence[str] | None = None,
+        static_argnums: int | Sequence[int] = (),
+        static_argnames: str | Sequence[str] = (),
+        drain: bool = False,
+        name: str | None = None,
+        state: Sequence[Any] | Callable[[], Sequence[Any]] | None = None,
+        state_mode: str = "auto",
+        strategy: Any = None,
+        validate: bool = True,
+    ):
+        if not callable(fn):
+            raise TraceError(f"segc.jit needs a function or an nn.Module, got {type(fn).__name__}")
+        self.module = fn if isinstance(fn, nn.Module) else None
+        self.fn = fn
+        if boundaries == "auto":
+            boundaries = auto_boundaries(self.module) if self.module is not None else None
+        if boundaries is not None and not isinstance(boundaries, str | list | tuple):
+            raise TraceError(f"boundaries= takes a glob or a list of globs, got {type(boundaries).__name__}")
+        self.boundaries = [boundaries] if isinstance(boundaries, str) else list(boundaries or [])
+        if state_mode not in ("auto", "exact"):
+            raise TraceError(f"state_mode must be 'auto' or 'exact', got {state_mode!r}")
+        self.state_mode = state_mode
+        self._exact_after: dict[Signature, frozenset[int]] = {}
+        if self.boundaries and self.module is None:
+            raise TraceError("boundaries= globs name submodules: pass an nn.Module to segc.jit")
+        if self.module is not None and self.boundaries and not matching_modules(self.module, self.boundaries):
+            raise TraceError(f"boundaries {self.boundaries} match no submodule of {type(self.module).__name__}")
+        self.drain = drain
+        self.validate = validate  # check each new dynamic-cache graph against eager once
+        self.strategy = strategy  # cut placement (segc.passes): None keeps the markers' cuts
+        self.name = name or getattr(fn, "__qualname__", None) or type(fn).__name__
+        gather = ParamGatherer(self.module, self.name) if self.module is not None else None
+        self.spec = CallSpec(
+            fn,
+            self.name,
+            _as_tuple(static_argnums, int, "static_argnums"),
+            _as_tuple(static_argnames, str, "static_argnames"),
+            state,
+            gather,
+        )
+        self._cache: dict[Signature, Compiled] = {}
+        self._last: Signature | None = None
+        self.info = CacheInfo()
+        functools.update_wrapper(self, fn if not isinstance(fn, nn.Module) else type(fn).__call__, updated=())  # type: ignore[arg-type]
+
+    @property
+    def static_argnums(self) -> tuple[int, ...]:
+        return self.spec.static_argnums
+
+    @property
+    def static_argnames(self) -> tuple[str, ...]:
+        return self.spec.static_argnames
+
+    # ----------------------------------------------------------------- stages
+
+    def trace(self, *args: Any, **kwargs: Any) -> Traced:
+        args, kwargs, objs = self.spec.extract(args, kwargs)
+        return self._bind(args, kwargs, objs, cached=False)[0]
+
+    def lower(self, *args: Any, strategy: Any = None, **kwargs: Any) -> Lowered:
+        return self.trace(*args, **kwargs).lower(strategy)
+
+    def entries(self) -> list[Compiled]:
+        """The compiled entries of the trace cache, one per signature seen."""
+        return list(self._cache.values())
+
+    def _trace(
+        self, sig: Signature, args: tuple, kwargs: dict, leaves: list[mx.array], params: dict, slots: list[st.Slot]
+    ) -> Traced:
+        self.spec.check_call(args, kwargs)
+        dyn_args, dyn_kw, static = self.spec.split(args, kwargs)
+        _, paths, td = flatten((dyn_args, dyn_kw, static), what="argument", names=ROOTS)
+        n_args = len(leaves)
+        objs = [s.obj for s in slots]
+        held: dict[str, list[mx.array]] = {}
+
+        def rebuild(xs: list[mx.array]) -> tuple[tuple, dict]:
+            held["state"] = xs[n_args:]
+            d_args, d_kw, stat = unflatten(td, xs[:n_args])
+            full = list(d_args)
+            for kind, where, v in stat:
+                if kind == "arg":
+                    full.insert(where, v)
+            kw = dict(d_kw)
+            kw.update({where: v for kind, where, v in stat if kind == "kw"})
+            return st.restore(tuple(full), objs), st.restore(kw, objs)
+
+        module = self.module
+        original = module.parameters() if module is not None else None
+
+        def bind(pkw: dict[str, mx.array]) -> None:
+            assert module is not None
+            module.update(tree_unflatten(list(pkw.items())))
+
+        recorded: list[st.Commit] = []
+
+        def fn(*a: Any, **k: Any) -> Any:
+            xs, per_slot = held["state"], []
+            for s in slots:
+                per_slot.append(xs[: len(s.inputs)])
+                xs = xs[len(s.inputs) :]
+            with st.swapped(slots, per_slot) as recs, module_boundaries(module, self.boundaries):
+                out = self.fn(*a, **k)
+                outs = [st.outputs_after(s, r) for s, r in zip(slots, recs)]
+                recorded[:] = [st.commit_plan(s, r) for s, r in zip(slots, recs)]
+            return (out, tuple(x for o in outs for x in o)) if slots else out
+
+        state_paths = [f"state[{s.index}].{n}" for s in slots for n in s.names]
+        t0 = time.perf_counter()
+        try:
+            tr = trace(
+                fn,
+                leaves + [x for s in slots for x in s.inputs],
+                list(paths) + state_paths,
+                rebuild,
+                kinds=["arg"] * n_args + ["state"] * len(state_paths),
+                params=params,
+                bind_params=bind if module is not None else None,
+                name=self.name,
+            )
+        finally:
+            if module is not None and original is not None:
+                module.update(original)
+            self.info.trace_seconds += time.perf_counter() - t0
+        out_tree = tr.out_tree.children[0] if slots else tr.out_tree
+        exact = frozenset(s.index for s in slots if s.mode == "exact")
+        return Traced(self.spec, sig, tr.graph, out_tree, tuple(recorded), exact, self.strategy)
+
+    def _compile(self, t: Traced) -> Compiled:
+        """The miss path: lower and compile a fresh trace, and file it in the cache."""
+        c = t.lower().compile(drain=self.drain)
+        self.info.misses += 1
+        self.info.retraces.append(t.signature.explain_change(self._last))
+        self._cache[t.signature] = c
+        self._last = t.signature
+        return c
+
+    # ----------------------------------------------------------------- calling
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        args, kwargs, objs = self.spec.extract(args, kwargs)
+        if not objs:  # the fast path: no state objects to settle
+            sig, leaves, params = self.spec.abstract(args, kwargs)
+            c = self._cache.get(sig)
+            if c is None:
+                c = self._compile(self._trace(sig, args, kwargs, leaves, params, []))
+            else:
+                self.info.hits += 1
+                self._last = sig
+            return c.run(leaves, params)
+        misses = self.info.misses
+        _, c, leaves, params, slots = self._bind(args, kwargs, objs, cached=True)
+        assert c is not None
+        if self.validate and self.info.misses != misses and any(s.mode == "dynamic" for s in slots):
+            return self._validated(c, args, kwargs, objs, leaves, params, slots)
+        return c.run(leaves, params, slots)
+
+    def _validated(
+        self,
+        c: Compiled,
+        args: tuple,
+        kwargs: dict,
+        objs: list[Any],
+        leaves: list[mx.array],
+        params: dict[str, mx.array],
+        slots: list[st.Slot],
+    ) -> Any:
+        """The first call of a graph with dynamic KV caches, checked against eager
+        (``validate.py``). On a mismatch the caller's caches are rolled back, this
+        function switches to ``state_mode="exact"`` and the call runs again;
+        ``cache_info().aborted`` says why."""
+        out, why = check_against_eager(
+            lambda: self.fn(*st.restore(args, objs), **st.restore(kwargs, objs)),
+            lambda: c.run(leaves, params, slots),
+            objs,
+        )
+        if why is None:
+            return out
+        self.info.aborted.append(f"dynamic KV caches disagree with eager ({why}): state_mode='exact' from now on")
+        self.state_mode = "exact"
+        self._cache.clear()
+        self._exact_after.clear()
+        _, c2, leaves, params, slots = self._bind(args, kwargs, objs, cached=True)
+        assert c2 is not None
+        return c2.run(leaves, params, slots)
+
+    def _bind(self, args: tuple, kwargs: dict, objs: list[Any], *, cached: bool) -> Bound:
+        """Find (or trace) the graph for a call with state objects.
+
+        A dynamic state object that must grow is grown on the host first (as mlx-lm would
+        grow it) and the signature looked up again; one the dynamic stand-in cannot serve
+        is traced in exact mode. Nothing is written into ``objs`` here.
+        """
+        exact: set[int] = set(range(len(objs))) if self.state_mode == "exact" else set()
+        grown: dict[int, dict[str, Any]] = {}
+        for _ in range(2 * len(objs) + 4):
+            slots = [st.make_slot(i, o, exact=i in exact, grown=grown.get(i)) for i, o in enumerate(objs)]
+            sig, leaves, params = self.spec.abstract(args, kwargs, slots)
+            c = self._cache.get(sig) if cached else None
+            if c is None and sig in self._exact_after:
+                exact |= self._exact_after[sig]
+                continue
+            if c is not None:
+                growing = [s for s, p in zip(slots, c.commits) if st.needs_growth(s, p)]
+                if growing:
+                    st.grow(slots, max(p.n for p in c.commits), grown)
+                    continue
+                self.info.hits += 1
+                self._last = sig
+                return c.lowered.traced, c, leaves, params, slots
+            try:
+                t = self._trace(sig, args, kwargs, leaves, params, slots)
+            except st.NeedsGrowth as g:
+                self.info.aborted.append(f"state[{g.slot}] grows for {g.n} more tokens")
+                st.grow(slots, g.n, grown)
+                continue
+            except st.NeedsExact as e:
+                self.info.aborted.append(f"state[{e.slot}] traced in exact mode: {e.why}")
+                # every state object of that kind is likely to need the same: switch them together
+                exact |= {s.index for s in slots if s.kind == slots[e.slot].kind}
+                self._exact_after[sig] = frozenset(exact)
+                continue
+            if not cached:
+                return t, None, leaves, params, slots
+            return t, self._compile(t), leaves, params, slots
+        raise StateError(f"{self.name}: the state objects' layout did not settle: {self.info.aborted[-3:]}")
+
+    def cache_info(self) -> CacheInfo:
+        return self.info
+
+    def clear_cache(self) -> None:
+        self._cache.clear()
+        self._last = None
+
+
+def jit(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
+    """Trace ``fn`` (a function or an ``nn.Module``) once per signature and run it segmented.
+
+    Options: ``boundaries`` (globs over submodule paths, e.g. ``"layers.*"``: a boundary
+    after each matching submodule; ``"auto"``: after each block of the model's
+    ``layers`` list), ``static_argnums``, ``static_argnames``,
+    ``drain`` (host ``mx.eval`` after every segment: a baseline for benchmarks), ``name``,
+    ``state`` (objects ``fn`` captures and mutates, e.g. KV caches; caches passed as
+    arguments are found automatically), ``state_mode`` (``"auto"``: dynamic KV caches
+    that do not retrace per token; ``"exact"``: every state object functionalized as
+    is, retracing when its offset changes). See :mod:`segc.trace.state`.
+    ``strategy`` (cut placement: ``"balanced:4"``, a saved ``segc.passes.Plan``, a
+    callable, ...; see :mod:`segc.passes.strategies`), ``validate`` (default True: the
+    first call of each graph with dynamic KV caches is also run eagerly on copies of the
+    caches and compared; on a mismatch the function falls back to ``state_mode="exact"``).
+    Usable as ``@segc.jit`` or ``@segc.jit(boundaries=...)``.
+    """
+    if fn is None:
+        return lambda f: Jitted(f, **options)
+    return Jitted(fn, **options)

@@ -1,0 +1,164 @@
+"""The trace cache's key: how a call's arguments become an abstract :class:`Signature`
+and the flat list of graph inputs.
+
+:class:`CallSpec` holds what a jitted function knows about its calls (static argument
+positions and names, the explicit ``state=`` objects, the module's parameters) and
+turns one call into ``(signature, array leaves, parameters)``; the jitted function and
+its compiled stages share it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+
+from ..dtypes import short
+from ..errors import SignatureError
+from ..trace import state as st
+from ..trace.params import ParamGatherer, ParamSig
+from ..trace.pytree import TreeDef, flatten
+
+ROOTS = ("args", "kwargs", "static")
+
+
+def _aval(shape: tuple[int, ...], dtype: str) -> str:
+    return f"{dtype}[{','.join(map(str, shape))}]"
+
+
+def _state_str(key: tuple) -> str:
+    def one(x: Any) -> str:
+        if isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], tuple) and isinstance(x[1], str):
+            return _aval(*x)
+        if isinstance(x, tuple) and len(x) == 3 and x[1] in ("array", "static"):
+            return f"{x[0]}={one(x[2])}"
+        if isinstance(x, tuple):
+            return "(" + ", ".join(one(y) for y in x) + ")"
+        return str(x)
+
+    return f"{key[0]}{one(tuple(key[1:]))}"
+
+
+@dataclass(frozen=True)
+class Signature:
+    """The abstract signature that keys the trace cache."""
+
+    tree: TreeDef
+    leaves: tuple[tuple[tuple[int, ...], str], ...]
+    params: tuple[tuple[str, tuple[int, ...], str], ...]
+    state: tuple[tuple, ...] = ()
+
+    def explain_change(self, old: Signature | None) -> str:
+        if old is None:
+            return "first call"
+        if old.tree != self.tree:
+            return f"argument structure changed: {old.tree} -> {self.tree}"
+        for k, (a, b) in enumerate(zip(old.leaves, self.leaves)):
+            if a != b:
+                return f"array argument {k}: {_aval(*a)} -> {_aval(*b)}"
+        if old.params != self.params:
+            for p, q in zip(old.params, self.params):
+                if p != q:
+                    return f"parameter {q[0]!r}: {_aval(p[1], p[2])} -> {_aval(q[1], q[2])}"
+            return "the module's parameter set changed"
+        if old.state != self.state:
+            if len(old.state) != len(self.state):
+                return f"number of state objects: {len(old.state)} -> {len(self.state)}"
+            for k, (a, b) in enumerate(zip(old.state, self.state)):
+                if a != b:
+                    return f"state[{k}]: {_state_str(a)} -> {_state_str(b)}"
+        return "a different signature"
+
+
+@dataclass
+class CacheInfo:
+    hits: int = 0
+    misses: int = 0
+    retraces: list[str] = field(default_factory=list)
+    trace_seconds: float = 0.0
+    # traces abandoned because a state object had to grow or switch to exact mode first
+    aborted: list[str] = field(default_factory=list)
+
+    @property
+    def traces(self) -> int:
+        return self.misses
+
+
+class CallSpec:
+    """Turns a call's arguments into a signature and graph inputs (see the module)."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        name: str,
+        static_argnums: tuple[int, ...],
+        static_argnames: tuple[str, ...],
+        state: Sequence[Any] | Callable[[], Sequence[Any]] | None,
+        params: ParamGatherer | None,
+    ):
+        self.fn, self.name = fn, name
+        self.static_argnums, self.static_argnames = static_argnums, static_argnames
+        self.state = state
+        self.params = params
+
+    def split(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, tuple]:
+        """(dynamic positional arguments, dynamic keywords, static values)."""
+        static: list[tuple[str, Any, Any]] = []
+        for i in self.static_argnums:
+            if i >= len(args):
+                raise SignatureError(f"static_argnums has {i} but {self.name} got {len(args)} positional arguments")
+            static.append(("arg", i, args[i]))
+        for n in self.static_argnames:
+            if n in kwargs:
+                static.append(("kw", n, kwargs[n]))
+        dyn_args = tuple(a for i, a in enumerate(args) if i not in self.static_argnums)
+        dyn_kw = {k: v for k, v in sorted(kwargs.items()) if k not in self.static_argnames}
+        for _, where, v in static:
+            try:
+                hash(v)
+            except TypeError:
+                raise SignatureError(
+                    f"static argument {where!r} of {self.name} is not hashable ({type(v).__name__})"
+                ) from None
+        return dyn_args, dyn_kw, tuple(static)
+
+    def extract(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, list[Any]]:
+        """Replace state objects in the arguments by markers; add the explicit ``state=``."""
+        objs: list[Any] = []
+        args = st.extract(args, objs)
+        kwargs = st.extract(kwargs, objs)
+        named = self.state() if callable(self.state) else self.state
+        for o in named or ():
+            if isinstance(o, mx.array) or not hasattr(o, "__dict__"):
+                raise st.StateError(
+                    f"state= of {self.name} holds a {type(o).__name__}; name objects whose attributes it mutates"
+                )
+            if not any(o is x for x in objs):
+                objs.append(o)
+        return args, kwargs, objs
+
+    def abstract(
+        self, args: tuple, kwargs: dict, slots: Sequence[st.Slot] = ()
+    ) -> tuple[Signature, list[mx.array], dict[str, mx.array]]:
+        """The call's signature, its array leaves and the module's parameters."""
+        dyn_args, dyn_kw, static = self.split(args, kwargs)
+        leaves, _, td = flatten((dyn_args, dyn_kw, static), what="argument", names=ROOTS)
+        params, psig = self.params.gather() if self.params is not None else ({}, ParamSig())
+        state = tuple(s.key for s in slots)
+        sig = Signature(td, tuple((tuple(x.shape), short(x.dtype)) for x in leaves), psig, state)
+        return sig, leaves, params
+
+    def check_call(self, args: tuple, kwargs: dict) -> None:
+        """A call that does not fit the function's signature is a SignatureError here,
+        not a TypeError from inside MLX's graph capture."""
+        try:
+            sig = inspect.signature(self.fn)
+        except (TypeError, ValueError):  # no introspectable signature: let the call decide
+            return
+        try:
+            sig.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise SignatureError(f"{self.name}: {exc}") from None

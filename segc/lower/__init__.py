@@ -1,0 +1,40 @@
+"""Lowering: rebuild each traced primitive with the MLX op that creates it.
+
+One table, :data:`PRIMS` (``prim.py``), holds a :class:`Prim` record per primitive:
+its rule, the arguments it refuses, whether it is rebuilt another way, its fusion class,
+its memory behaviour and its FLOPs. The family modules (``elementwise``, ``shapes``,
+``reductions``, ``indexing``, ``matmul``, ``fast``, ``refused``) fill it; a new
+primitive is one record in one of them. ``replay.py`` checks a graph against the table
+and replays segments.
+
+The mappings below are read-only views of the table, for documentation and tests.
+"""
+
+from types import MappingProxyType
+
+# importing the family modules fills PRIMS
+from . import elementwise, fast, indexing, matmul, reductions, refused, shapes  # noqa: F401
+from .prim import PRIMS as PRIMS
+from .prim import Prim as Prim
+from .prim import lookup as lookup
+from .replay import check_supported as check_supported
+from .replay import replay_fn as replay_fn
+from .replay import segment_fn as segment_fn
+
+RULES = MappingProxyType({n: p.rule for n, p in PRIMS.items() if p.rule is not None})
+REBUILT = MappingProxyType({n: p.rebuilt for n, p in PRIMS.items() if p.rebuilt is not None})
+REFUSED = MappingProxyType({n: p.refused for n, p in PRIMS.items() if p.refused is not None})
+UNSUPPORTED = MappingProxyType({n: p.unsupported for n, p in PRIMS.items() if p.unsupported is not None})
+
+__all__ = [
+    "PRIMS",
+    "REBUILT",
+    "REFUSED",
+    "RULES",
+    "UNSUPPORTED",
+    "Prim",
+    "check_supported",
+    "lookup",
+    "replay_fn",
+    "segment_fn",
+]

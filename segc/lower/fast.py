@@ -1,0 +1,111 @@
+"""``mx.fast`` primitives (whole on the GPU, decomposed by the CPU trace), random bits
+and ``Depends``."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import mlx.core as mx
+
+from .. import dtypes
+from ..ir import Eqn, Var
+from .prim import no_flops, normalize_flops, rule, unsupported
+
+
+def _sdpa_flops(e: Eqn, vs: dict[str, Var]) -> int:
+    q, k = vs[e.ins[0]], vs[e.ins[1]]
+    return 4 * q.size * k.shape[-2]
+
+
+@rule("RMSNorm", flops=normalize_flops)
+def _rms_norm(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
+    x, w = ins
+    # no weight is passed as the scalar 1 that mx.fast.rms_norm makes for None
+    return mx.fast.rms_norm(x, w if w.ndim == 1 else None, args[0])
+
+
+@rule("LayerNorm", flops=normalize_flops)
+def _layer_norm(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
+    x, w, b = ins
+    return mx.fast.layer_norm(x, w if w.ndim == 1 else None, b if b.ndim == 1 else None, args[0])
+
+
+@rule(
+    "RoPE",
+    check=lambda e, ins: None if e.args[4] else "the inverse rotation (RoPE's VJP) has no MLX op",
+    refused="forward=False (the VJP's inverse rotation)",
+    flops=normalize_flops,
+)
+def _rope(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
+    dims, traditional, base, scale, forward = args
+    if not forward:
+        raise unsupported(e, "the inverse rotation (RoPE's VJP) has no MLX op")
+    x, offset = ins[0], ins[1]
+    if len(ins) == 3:
+        return mx.fast.rope(x, dims, traditional=bool(traditional), base=None, scale=scale, offset=offset, freqs=ins[2])
+    return mx.fast.rope(x, dims, traditional=bool(traditional), base=base, scale=scale, offset=offset)
+
+
+def _check_sdpa(e: Eqn, ins: list[Var]) -> str | None:
+    _, causal, has_sinks, output_lse = e.args[:4]
+    if output_lse:
+        return "the logsumexp output is made only under a gradient trace"
+    if causal and len(ins) > 3 + bool(has_sinks):
+        return "a causal attention with an array mask"
+    return None
+
+
+@rule(
+    "ScaledDotProductAttention",
+    check=_check_sdpa,
+    refused="it outputs the logsumexp (gradient traces only); causal with an array mask",
+    flops=_sdpa_flops,
+)
+def _sdpa(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
+    scale, causal, has_sinks, output_lse, force_fused = [*args, False][:5]
+    if output_lse:
+        raise unsupported(e, "the logsumexp output is made only under a gradient trace")
+    q, k, v = ins[:3]
+    rest = ins[3:]
+    sinks = rest.pop() if has_sinks else None
+    if causal and rest:
+        raise unsupported(e, "a causal attention with an array mask")
+    mask: Any = "causal" if causal else (rest[0] if rest else None)
+    return mx.fast.scaled_dot_product_attention(
+        q, k, v, scale=scale, mask=mask, sinks=sinks, force_fused=bool(force_fused)
+    )
+
+
+def _check_random_bits(e: Eqn, ins: list[Var]) -> str | None:
+    shape, width = e.args
+    if ins[0].shape != (2,) or (math.prod(shape) * width) % 8 != 0:
+        return "only random bits of an even number of 32-bit words (per key) can be rebuilt"
+    return None
+
+
+@rule(
+    "RandomBits",
+    check=_check_random_bits,
+    refused="the output is not an even number of 32-bit words per key",
+    rebuilt="not (n, 2) of width 4: mx.random.split's words, viewed and reshaped",
+)
+def _random_bits(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
+    """``RandomBits(shape, width)``: Python exposes it only as ``mx.random.split(key, n)``
+    (shape ``(n, 2)``, width 4). The bits depend only on the key and the number of 32-bit
+    words, so any output of an even whole number of words is split's, viewed and reshaped."""
+    shape, width = args
+    (key,) = ins
+    nbytes = math.prod(shape) * width
+    if key.shape != (2,) or nbytes % 8 != 0:
+        raise unsupported(e, "only random bits of an even number of 32-bit words (per key) can be rebuilt")
+    words = mx.random.split(key, nbytes // 8)
+    if nbytes == 0:
+        return mx.zeros(tuple(shape), dtype=dtypes.to_mx(e.outs[0].dtype))
+    return mx.reshape(words.view(dtypes.to_mx(e.outs[0].dtype)), tuple(shape))
+
+
+@rule("Depends", memory="view_keep", flops=no_flops)
+def _depends(ins: list[mx.array], args: tuple, e: Eqn) -> list[mx.array]:
+    n = len(e.outs)
+    return list(mx.depends(ins[:n], ins[n:]))

@@ -1,0 +1,165 @@
+"""Shape and data-movement primitives: views, slices, concatenation, padding, fills."""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Sequence
+
+import mlx.core as mx
+
+from .. import dtypes
+from ..ir import Eqn
+from .prim import no_flops, rule
+
+_VIEW = {"memory": "view", "flops": no_flops}
+_VIEW_KEEP = {"memory": "view_keep", "flops": no_flops}
+_RESHAPE = {"memory": "reshape", "flops": no_flops}
+_MOVE = {"memory": "move", "flops": no_flops}
+_SLICE_REBUILT = "a stop before the front (negative): restated from the element count"
+
+# SliceUpdate / Scatter reduce types, and "none" (a plain assignment)
+AT = {0: "maximum", 1: "minimum", 2: "add", 3: "multiply"}
+NONE = 4
+
+
+@rule("Copy", rebuilt="always: returns its input (no Python op makes a Copy)", **_MOVE)
+def _copy(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
+    return ins[0]
+
+
+@rule("StopGradient", **_VIEW_KEEP)
+def _stop_gradient(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
+    return mx.stop_gradient(ins[0])
+
+
+@rule("Broadcast", fusible=True, **_VIEW)
+def _broadcast(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
+    return mx.broadcast_to(ins[0], e.outs[0].shape)
+
+
+@rule("Reshape", **_RESHAPE)
+def _reshape(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
+    return mx.reshape(ins[0], list(args[0]) if args else e.outs[0].shape)
+
+
+@rule("Transpose", **_VIEW)
+def _transpose(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
+    return mx.transpose(ins[0], list(args[0]))
+
+
+@rule("ExpandDims", **_VIEW_KEEP)
+def _expand_dims(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
+    return mx.expand_dims(ins[0], list(args[0]))
+
+
+@rule("Squeeze", **_VIEW_KEEP)
+def _squeeze(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
+    return mx.squeeze(ins[0], list(args[0]))
+
+
+@rule("Flatten", **_RESHAPE)
+def _flatten(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
+    return mx.flatten(ins[0], args[0], args[1])
+
+
+@rule("Unflatten", **_RESHAPE)
+def _unflatten(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
+    return mx.unflatten(ins[0], args[0], list(args[1]))
+
+
+@rule("AsStrided", **_VIEW)
+def _as_strided(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
+    shape, strides, offset = args
+    return mx.as_strided(ins[0], list(shape), list(strides), offset)
+
+
+def slices(args: tuple, counts: Sequence[int]) -> tuple[slice, ...]:
+    """Python slices taking ``counts[d]`` elements from ``start[d]`` by ``strides[d]``.
+
+    MLX states a slice after normalising it; a non-negative stop means what it means in
+    Python, but a reversed slice running to the front has ``stop = -n - 1``, which
+    Python's slice cannot restate: there the element count (the output shape) is used."""
+    start, stop, strides = args
+    out = []
+    for a, b, s, n in zip(start, stop, strides, counts):
+        if b >= 0:
+            out.append(slice(a, b, s))
+        elif n == 0:
+            out.append(slice(0, 0, 1))
+        else:
+            end = a + s * n
+            out.append(slice(a, None if end < 0 else end, s))
+    return tuple(out)
+
+
+@rule("Slice", rebuilt=_SLICE_REBUILT, **_VIEW)
+def _slice(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
+    return ins[0][slices(args, e.outs[0].shape)]
+
+
+def assign(x: mx.array, key: tuple, u: mx.array, reduce: int) -> mx.array:
+    """``x`` with ``u`` written (or reduced) into ``x[key]``, as a new array."""
+    if reduce == NONE:
+        y = copy.copy(x)  # a new handle on the same array: __setitem__ rebinds only it
+        y[key] = u
+        return y
+    return getattr(x.at[key], AT[reduce])(u)
+
+
+@rule("SliceUpdate", rebuilt=_SLICE_REBUILT, **_MOVE)
+def _slice_update(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
+    x, u = ins
+    return assign(x, slices(args[1:], u.shape), u, args[0])
+
+
+@rule("DynamicSlice")
+def _dynamic_slice(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
+    return mx.slice(ins[0], ins[1], list(args[0]), list(args[1]))
+
+
+@rule("DynamicSliceUpdate")
+def _dynamic_slice_update(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
+    return mx.slice_update(ins[0], ins[1], ins[2], list(args[0]))
+
+
+@rule("Concatenate", **_MOVE)
+def _concatenate(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
+    return mx.concatenate(ins, axis=args[0])
+
+
+@rule("Split", **_VIEW)
+def _split(ins: list[mx.array], args: tuple, e: Eqn) -> list[mx.array]:
+    return list(mx.split(ins[0], list(args[0]), axis=args[1]))
+
+
+@rule("Pad", **_MOVE)
+def _pad(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
+    x, value = ins
+    axes, lo, hi = args
+    width = [(0, 0)] * x.ndim
+    for a, low, high in zip(axes, lo, hi):
+        width[a] = (low, high)
+    # mx.pad states every axis; a Pad over fewer axes moves the same elements
+    return mx.pad(x, width, constant_values=value)
+
+
+@rule("Full", **_MOVE)
+def _full(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
+    o = e.outs[0]
+    return mx.full(o.shape, ins[0], dtype=dtypes.to_mx(o.dtype))
+
+
+@rule("Arange", **_MOVE)
+def _arange(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
+    start, stop, step = args
+    return mx.arange(start, stop, step, dtype=dtypes.to_mx(e.outs[0].dtype))
+
+
+@rule("NumberOfElements", rebuilt="always: a constant computed from the static shape as its eval does")
+def _number_of_elements(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
+    axes, inverted, dt = args
+    shape = ins[0].shape
+    n = float(math.prod(shape[a] for a in axes))
+    # NumberOfElements::eval casts the (inverted) count held in a double to the dtype
+    return mx.array(1.0 / n if inverted else n, dtype=dtypes.to_mx(dt.name))

@@ -1,0 +1,366 @@
+"""State: objects a traced function mutates (KV caches), functionalized.
+
+A *state object* is found among the call's arguments (an object with
+``update_and_fetch`` or a ``state`` property, as mlx-lm's caches have, or an instance of
+a class given to :func:`register`) or named explicitly with ``segc.jit(fn, state=[...])``
+when ``fn`` captures it. For the trace its arrays become graph inputs of kind
+``"state"``; its final arrays become extra graph outputs; its Python attributes are
+advanced on the host. Nothing is written into the caller's objects until the call has
+run: a call that fails leaves them untouched.
+
+Each object gets a :class:`Slot` for the call, in one of two modes:
+
+``exact``
+    the generic mode: the object is shallow-copied with its arrays replaced by graph
+    inputs and the model's own code runs on the copy; its non-array attributes are part
+    of the signature (so a new offset traces again) and their values after the trace
+    are copied back (:func:`commit`).
+``dynamic``
+    a :class:`StateKind` registered in :data:`KINDS` claims the object and supplies its
+    own slot, traced stand-in, commit, growth and donation. ``kvcache.py`` registers
+    mlx-lm's ``KVCache`` and ``RotatingKVCache``, whose write offset becomes an array
+    input, so a decode loop traces once per buffer capacity rather than per token.
+
+During the trace, each object is swapped in place (``__class__`` and ``__dict__``) for
+its traced stand-in and restored on every exit path, so functions that capture the
+object see the stand-in too.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .. import dtypes
+from ..errors import StateError
+from .snapshots import snapshot
+
+_MARK = "\x00segc.state#"
+
+
+class NeedsGrowth(Exception):
+    """Raised during a trace: a dynamic state object must grow (on the host) first."""
+
+    def __init__(self, slot: int, n: int):
+        self.slot, self.n = slot, n
+
+
+class NeedsExact(Exception):
+    """Raised during a trace: this state object cannot be traced dynamically; use exact mode."""
+
+    def __init__(self, slot: int, why: str):
+        self.slot, self.why = slot, why
+
+
+def aval(x: mx.array) -> tuple[tuple[int, ...], str]:
+    return tuple(x.shape), dtypes.short(x.dtype)
+
+
+@dataclass
+class Slot:
+    """One state object in one call: its mode, the arrays it feeds the graph, its key."""
+
+    index: int
+    obj: Any
+    mode: str  # "dynamic" | "exact"
+    kind: str  # "exact", "container", or the name of a registered StateKind
+    inputs: list[mx.array] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    key: tuple = ()  # part of the trace-cache key
+    host: dict[str, Any] = field(default_factory=dict)  # host values for the trace and commit
+
+
+class Record:
+    """What a stand-in did during the trace (filled in by the stand-in)."""
+
+    def __init__(self) -> None:
+        self.n = 0  # tokens written
+        self.outputs: list[str] = []  # attribute names of the state's arrays after the call
+        self.statics: dict[str, Any] = {}  # exact mode: non-array attributes after the call
+
+
+@dataclass(frozen=True)
+class Commit:
+    """How to write one slot's graph outputs back into the caller's object."""
+
+    kind: str
+    outputs: tuple[str, ...]
+    n: int
+    statics: tuple[tuple[str, Any], ...] = ()
+
+
+def _never(*_: Any) -> bool:
+    return False
+
+
+def _no_growth(slot: Slot, n: int) -> dict[str, Any] | None:
+    return None
+
+
+@dataclass(frozen=True)
+class StateKind:
+    """A dynamic way to functionalize one class of state object."""
+
+    name: str
+    slot: Callable[[int, Any, dict[str, Any] | None], Slot | None]  # None: not dynamically
+    standin: Callable[[Slot, list[mx.array], Record], tuple[type, dict]]
+    commit: Callable[[Slot, Commit, list[mx.array]], None]
+    needs_growth: Callable[[Slot, Commit], bool] = _never
+    grow: Callable[[Slot, int], dict[str, Any] | None] = _no_growth  # replacement buffers
+    donate: Callable[[Slot, Commit], bool] = _never  # detach buffers the call rewrites
+
+
+KINDS: dict[str, StateKind] = {}  # dynamic kinds, tried in order before exact mode
+_RECOGNIZERS: list[Callable[[Any], bool]] = []  # which argument objects are state
+
+
+def register_kind(kind: StateKind) -> StateKind:
+    KINDS[kind.name] = kind
+    return kind
+
+
+def recognize(test: Callable[[Any], bool]) -> None:
+    """Treat argument objects for which ``test`` is true as state."""
+    _RECOGNIZERS.append(test)
+
+
+def register(cls: type) -> type:
+    """Treat instances of ``cls`` found in a call's arguments as state (exact mode)."""
+    recognize(lambda x: isinstance(x, cls))
+    return cls
+
+
+def is_state(x: Any) -> bool:
+    if isinstance(x, mx.array | type):
+        return False
+    if any(test(x) for test in _RECOGNIZERS):
+        return True
+    if not hasattr(x, "__dict__") or isinstance(x, nn.Module):
+        return False
+    # an mlx-lm-style cache: update_and_fetch, or a `state` property
+    return callable(getattr(x, "update_and_fetch", None)) or isinstance(getattr(type(x), "state", None), property)
+
+
+def children(obj: Any) -> list[Any]:
+    """State objects held by a container state object (mlx-lm's ``CacheList``)."""
+    out: list[Any] = []
+    for v in vars(obj).values():
+        if isinstance(v, tuple | list) and v and all(is_state(c) for c in v):
+            out.extend(v)
+    return out
+
+
+def extract(tree: Any, found: list[Any]) -> Any:
+    """``tree`` with every state object replaced by a static marker string."""
+    if isinstance(tree, tuple | list):
+        out = [extract(v, found) for v in tree]
+        return tuple(out) if isinstance(tree, tuple) else out
+    if isinstance(tree, dict):
+        return {k: extract(v, found) for k, v in tree.items()}
+    if is_state(tree):
+        for i, o in enumerate(found):
+            if o is tree:
+                return f"{_MARK}{i}"
+        found.append(tree)
+        mark = f"{_MARK}{len(found) - 1}"
+        extract(children(tree), found)
+        return mark
+    return tree
+
+
+def restore(tree: Any, objs: list[Any]) -> Any:
+    """Put the state objects back where :func:`extract` left markers."""
+    if isinstance(tree, tuple | list):
+        out = [restore(v, objs) for v in tree]
+        return tuple(out) if isinstance(tree, tuple) else out
+    if isinstance(tree, dict):
+        return {k: restore(v, objs) for k, v in tree.items()}
+    if isinstance(tree, str) and tree.startswith(_MARK):
+        return objs[int(tree[len(_MARK) :])]
+    return tree
+
+
+# --------------------------------------------------------------------------- slots
+
+
+def make_slot(index: int, obj: Any, *, exact: bool, grown: dict[str, Any] | None = None) -> Slot:
+    """Decide the slot's mode and collect its graph inputs (``grown`` replaces buffers)."""
+    kids = children(obj)
+    if kids:  # a container: its children are slots of their own; it has no arrays
+        s = Slot(index, obj, "exact", "container")
+        s.key = (type(obj).__qualname__, len(kids))
+        return s
+    if not exact:
+        for kind in KINDS.values():
+            dyn = kind.slot(index, obj, grown)
+            if dyn is not None:
+                return dyn
+    return _exact_slot(index, obj)
+
+
+def _static(v: Any, where: str) -> Any:
+    if v is None or isinstance(v, bool | int | float | str):
+        return v
+    if isinstance(v, tuple | list) and all(x is None or isinstance(x, bool | int | float | str) for x in v):
+        return tuple(v)
+    raise StateError(
+        f"{where} is a {type(v).__name__}; segc functionalizes state attributes that are "
+        "mx.arrays, lists of mx.arrays, or hashable scalars"
+    )
+
+
+def _exact_slot(index: int, obj: Any) -> Slot:
+    s = Slot(index, obj, "exact", "exact")
+    key: list[Any] = [type(obj).__qualname__]
+    for name, v in sorted(vars(obj).items()):
+        where = f"state[{index}] ({type(obj).__name__}).{name}"
+        if isinstance(v, mx.array):
+            key.append((name, "array", aval(v)))
+            s.inputs.append(v)
+            s.names.append(name)
+        elif isinstance(v, list | tuple) and v and any(isinstance(x, mx.array) for x in v):
+            shape: list[Any] = []
+            for i, x in enumerate(v):
+                if isinstance(x, mx.array):
+                    shape.append(aval(x))
+                    s.inputs.append(x)
+                    s.names.append(f"{name}[{i}]")
+                else:
+                    shape.append(("static", _static(x, f"{where}[{i}]")))
+            key.append((name, type(v).__name__, tuple(shape)))
+        else:
+            key.append((name, "static", _static(v, where)))
+    s.key = tuple(key)
+    return s
+
+
+def _exact_standin(slot: Slot, arrays: list[mx.array], rec: Record) -> tuple[type, dict]:
+    d = snapshot(slot.obj)
+    for name, a in zip(slot.names, arrays):
+        if "[" in name:
+            base, i = name[:-1].split("[")
+            seq = d[base]
+            if isinstance(seq, tuple):
+                seq = list(seq)
+            seq[int(i)] = a
+            d[base] = seq if isinstance(vars(slot.obj)[base], list) else tuple(seq)
+        else:
+            d[name] = a
+    return type(slot.obj), d
+
+
+@contextmanager
+def swapped(slots: list[Slot], arrays: list[list[mx.array]]) -> Iterator[list[Record]]:
+    """Swap each state object for its traced stand-in (in place); restore on exit."""
+    saved = []
+    recs = []
+    try:
+        for s, arrs in zip(slots, arrays):
+            rec = Record()
+            recs.append(rec)
+            if s.kind == "container":
+                continue
+            standin = _exact_standin if s.kind == "exact" else KINDS[s.kind].standin
+            cls, d = standin(s, arrs, rec)
+            saved.append((s.obj, s.obj.__class__, s.obj.__dict__))
+            s.obj.__dict__ = d
+            if cls is not s.obj.__class__:
+                s.obj.__class__ = cls
+        yield recs
+    finally:
+        for obj, cls, d in reversed(saved):
+            if obj.__class__ is not cls:
+                obj.__class__ = cls
+            obj.__dict__ = d
+
+
+def outputs_after(slot: Slot, rec: Record) -> list[mx.array]:
+    """The stand-in's arrays after the traced call (read before :func:`swapped` exits)."""
+    d = vars(slot.obj)
+    if slot.kind == "container":
+        return []
+    if slot.kind != "exact":
+        if not rec.n:
+            rec.outputs = []
+        return [d[k] for k in rec.outputs]
+    outs: list[mx.array] = []
+    rec.outputs, rec.statics = [], {}
+    for name, v in d.items():
+        where = f"state[{slot.index}] ({type(slot.obj).__name__}).{name} after the call"
+        if isinstance(v, mx.array):
+            rec.outputs.append(name)
+            outs.append(v)
+        elif isinstance(v, list | tuple) and any(isinstance(x, mx.array) for x in v):
+            rec.statics[name] = copy.copy(v)
+            for i, x in enumerate(v):
+                if isinstance(x, mx.array):
+                    rec.outputs.append(f"{name}[{i}]")
+                    outs.append(x)
+        else:
+            _static(v, where)
+            rec.statics[name] = v
+    return outs
+
+
+def needs_growth(slot: Slot, plan: Commit) -> bool:
+    kind = KINDS.get(slot.kind)
+    return kind is not None and slot.kind == plan.kind and kind.needs_growth(slot, plan)
+
+
+def grow(slots: list[Slot], n: int, grown: dict[int, dict[str, Any]]) -> None:
+    """Grow (on the host, uncommitted) every dynamic slot that cannot take ``n`` more tokens."""
+    for s in slots:
+        kind = KINDS.get(s.kind)
+        bufs = kind.grow(s, n) if kind is not None else None
+        if bufs is not None:
+            grown[s.index] = bufs
+
+
+def donate(slots: list[Slot], commits: tuple[Commit, ...]) -> bool:
+    """Detach the buffers a call rewrites from their state objects and slots, so that the
+    executor holds the only references and MLX can update them in place; the call's
+    commit writes the new buffers back. Returns whether anything was detached."""
+    any_ = False
+    for s, c in zip(slots, commits):
+        kind = KINDS.get(c.kind)
+        if kind is not None and s.kind == c.kind and kind.donate(s, c):
+            any_ = True
+    return any_
+
+
+def commit_plan(slot: Slot, rec: Record) -> Commit:
+    return Commit(slot.kind, tuple(rec.outputs), rec.n, tuple(rec.statics.items()))
+
+
+def commit(slot: Slot, plan: Commit, outs: list[mx.array]) -> None:
+    """Write the call's results into the caller's state object."""
+    obj = slot.obj
+    if plan.kind == "container":
+        return
+    if plan.kind != "exact":
+        KINDS[plan.kind].commit(slot, plan, outs)
+        return
+    d = dict(plan.statics)
+    for name, a in zip(plan.outputs, outs):
+        if "[" in name:
+            base, i = name[:-1].split("[")
+            seq = d[base]
+            if isinstance(seq, tuple):
+                seq = list(seq)
+                seq[int(i)] = a
+                d[base] = tuple(seq)
+            else:
+                seq[int(i)] = a
+        else:
+            d[name] = a
+    for k in list(vars(obj)):
+        if k not in d:
+            delattr(obj, k)
+    obj.__dict__.update(d)
+    return
