@@ -18,6 +18,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..errors import SegcError
+from ..jit import jit
 
 
 @dataclass
@@ -64,14 +65,12 @@ def generate_tokens(
         raise SegcError("generate: the prompt is empty; give at least one token")
     if max_tokens < 1:
         raise SegcError(f"generate: max_tokens must be at least 1, got {max_tokens}")
-    import segc
-
     stats = stats if stats is not None else GenerationStats()
     stats.prompt_tokens = len(prompt)
     cache = cache if cache is not None else make_prompt_cache(model)
     fn: Any = model
     if use_segc:
-        fn = segc.jit(model, boundaries=boundaries, **jit_options)
+        fn = jit(model, boundaries=boundaries, **jit_options)
         stats.jitted = fn
     t0 = time.perf_counter()
     # uint32 like the sampled tokens (argmax), so the prompt's last token and the sampled

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import mlx.core as mx
 
 from ..ir import Eqn
-from .prim import no_flops, rule, unsupported
+from .prim import no_flops, rule
 from .shapes import assign
 
 _MOVE = {"memory": "move", "flops": no_flops}
@@ -64,8 +64,6 @@ def _gather(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
     x, idx = ins[0], ins[1:]
     axes, sizes = list(args[0]), list(args[1])
     out_shape = e.outs[0].shape
-    if not axes:
-        raise unsupported(e, "a Gather without index arrays has no MLX op")
     if len(axes) == 1 and sizes[axes[0]] == 1 and all(sizes[d] == x.shape[d] for d in range(x.ndim) if d != axes[0]):
         a = axes[0]
         nb = idx[0].ndim
@@ -90,8 +88,6 @@ def _scatter(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
     reduce, axes = args[0], list(args[1])
     nb = idx[0].ndim if idx else 0
     sizes = list(u.shape[nb:])
-    if not axes:
-        raise unsupported(e, "a Scatter without index arrays has no MLX op")
     if _leading(axes, sizes, x.shape):
         # x.at[i, j] expects updates of shape B + x.shape[k:], and reshapes them back
         u2 = mx.reshape(u, tuple(u.shape[:nb]) + tuple(x.shape[len(axes) :]))

@@ -8,7 +8,7 @@ import mlx.core as mx
 
 from .. import dtypes
 from ..ir import Eqn, Var
-from .prim import Check, Prim, define, matmul_flops, rule, unsupported
+from .prim import Check, Prim, define, matmul_flops, rule
 
 
 def _conv_flops(e: Eqn, vs: dict[str, Var]) -> int:
@@ -60,12 +60,10 @@ def _check_quant(n_before: int, n_after: int, mode_at: int) -> Check:
     return check
 
 
-def _quant_inputs(e: Eqn, ins: list[mx.array], mode: int, n_before: int, n_after: int) -> list[Any]:
-    """Split (x, w, scales, [biases], *rest): biases exist for the affine mode only."""
+def _quant_inputs(ins: list[mx.array], mode: int, n_before: int) -> list[Any]:
+    """Split (x, w, scales, [biases], *rest) (``_check_quant`` counted them): biases
+    exist for the affine mode only."""
     has_bias = mode == 0
-    want = n_before + 1 + has_bias + n_after
-    if len(ins) != want:
-        raise unsupported(e, f"{len(ins)} inputs for mode {_QMODE.get(mode, mode)!r}, expected {want}")
     head = ins[: n_before + 1]
     biases = ins[n_before + 1] if has_bias else None
     return [*head, biases, *ins[n_before + 1 + has_bias :]]
@@ -79,7 +77,7 @@ def _quant_inputs(e: Eqn, ins: list[mx.array], mode: int, n_before: int, n_after
 )
 def _quantized_matmul(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
     group_size, bits, mode, transpose = args
-    x, w, scales, biases = _quant_inputs(e, ins, mode, 2, 0)
+    x, w, scales, biases = _quant_inputs(ins, mode, 2)
     return mx.quantized_matmul(
         x, w, scales, biases, transpose=bool(transpose), group_size=group_size, bits=bits, mode=_QMODE[mode]
     )
@@ -93,7 +91,7 @@ def _quantized_matmul(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
 )
 def _gather_qmm(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
     group_size, bits, mode, transpose, left_sorted, right_sorted = args
-    x, w, scales, biases, li, ri = _quant_inputs(e, ins, mode, 2, 2)
+    x, w, scales, biases, li, ri = _quant_inputs(ins, mode, 2)
     li2, ri2, srt = _sorted_indices(li, ri, bool(left_sorted), bool(right_sorted))
     return mx.gather_qmm(
         x,
@@ -110,14 +108,24 @@ def _gather_qmm(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
     )
 
 
-@rule("Quantize")
+def _check_quantize(e: Eqn, ins: list[Var]) -> str | None:
+    if e.args[3]:  # dequantize: (w, scales[, biases])
+        return _check_quant(1, 0, 2)(e, ins)
+    if e.args[2] not in _QMODE:
+        return f"unknown quantization mode {e.args[2]}"
+    return None if len(ins) == 1 else "quantizing with a global scale is not rebuilt"
+
+
+@rule(
+    "Quantize",
+    check=_check_quantize,
+    refused="an unknown quantization mode, or a global scale input",
+)
 def _quantize(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array | list[mx.array]:
     group_size, bits, mode, dequantize = args
     if not dequantize:
-        if len(ins) != 1:
-            raise unsupported(e, "quantizing with a global scale is not rebuilt")
         return list(mx.quantize(ins[0], group_size=group_size, bits=bits, mode=_QMODE[mode]))
-    w, scales, biases = _quant_inputs(e, ins, mode, 1, 0)
+    w, scales, biases = _quant_inputs(ins, mode, 1)
     return mx.dequantize(
         w, scales, biases, group_size=group_size, bits=bits, mode=_QMODE[mode], dtype=dtypes.to_mx(e.outs[0].dtype)
     )

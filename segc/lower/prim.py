@@ -31,7 +31,6 @@ from typing import Any
 
 import mlx.core as mx
 
-from ..errors import UnsupportedPrimitive
 from ..ir import Eqn, Var
 
 Rule = Callable[[list[mx.array], tuple, Eqn], Any]
@@ -109,8 +108,3 @@ def lookup(name: str) -> Prim:
     """The record of ``name``; an unknown primitive gets the default (no rule)."""
     p = PRIMS.get(name)
     return p if p is not None else Prim(name, unsupported="no lowering rule")
-
-
-def unsupported(e: Eqn, why: str) -> UnsupportedPrimitive:
-    """The error a rule raises for arguments it cannot rebuild."""
-    return UnsupportedPrimitive(e.prim, f"{why} (equation #{e.id}, arguments {list(e.args)})")

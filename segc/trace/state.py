@@ -156,34 +156,41 @@ def children(obj: Any) -> list[Any]:
     return out
 
 
-def extract(tree: Any, found: list[Any]) -> Any:
-    """``tree`` with every state object replaced by a static marker string."""
+def _map_leaves(tree: Any, fn: Callable[[Any], Any]) -> Any:
+    """``tree`` (tuples, lists and dicts) with ``fn`` applied to every other object."""
     if isinstance(tree, tuple | list):
-        out = [extract(v, found) for v in tree]
+        out = [_map_leaves(v, fn) for v in tree]
         return tuple(out) if isinstance(tree, tuple) else out
     if isinstance(tree, dict):
-        return {k: extract(v, found) for k, v in tree.items()}
-    if is_state(tree):
+        return {k: _map_leaves(v, fn) for k, v in tree.items()}
+    return fn(tree)
+
+
+def extract(tree: Any, found: list[Any]) -> Any:
+    """``tree`` with every state object replaced by a static marker string; the objects
+    (and the state objects they contain) are appended to ``found``."""
+
+    def mark(x: Any) -> Any:
+        if not is_state(x):
+            return x
         for i, o in enumerate(found):
-            if o is tree:
+            if o is x:
                 return f"{_MARK}{i}"
-        found.append(tree)
-        mark = f"{_MARK}{len(found) - 1}"
-        extract(children(tree), found)
-        return mark
-    return tree
+        found.append(x)
+        m = f"{_MARK}{len(found) - 1}"
+        extract(children(x), found)
+        return m
+
+    return _map_leaves(tree, mark)
 
 
 def restore(tree: Any, objs: list[Any]) -> Any:
     """Put the state objects back where :func:`extract` left markers."""
-    if isinstance(tree, tuple | list):
-        out = [restore(v, objs) for v in tree]
-        return tuple(out) if isinstance(tree, tuple) else out
-    if isinstance(tree, dict):
-        return {k: restore(v, objs) for k, v in tree.items()}
-    if isinstance(tree, str) and tree.startswith(_MARK):
-        return objs[int(tree[len(_MARK) :])]
-    return tree
+
+    def unmark(x: Any) -> Any:
+        return objs[int(x[len(_MARK) :])] if isinstance(x, str) and x.startswith(_MARK) else x
+
+    return _map_leaves(tree, unmark)
 
 
 # --------------------------------------------------------------------------- slots
