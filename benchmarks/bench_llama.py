@@ -39,10 +39,10 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+from segc.runtime.params import ParamGatherer
 
 import segc
 from segc.models import tiny_llama
-from segc.runtime.params import ParamGatherer
 
 PRESETS: dict[str, dict[str, Any]] = {
     # fast enough for a smoke test on a laptop CPU

@@ -9,6 +9,9 @@ and on the CUDA build.
 from __future__ import annotations
 
 import os
+
+# the pass pipeline verifies the graph after every pass (segc/passes/pipeline.py)
+os.environ.setdefault("SEGC_CHECKS", "1")
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 

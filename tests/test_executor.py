@@ -68,9 +68,9 @@ def test_executor_releases_values_after_their_last_reader() -> None:
     assert len(ex.steps) == 3
     released = [k for st in ex.steps for k in st.dead]
     assert len(released) == len(set(released))
-    assert not set(released) & set(ex.out_slots)  # outputs are never released
+    assert not set(released) & set(ex.output_cells)  # outputs are never released
     for st in ex.steps:  # a step releases only values it reads
-        assert set(st.dead) <= set(st.in_slots)
+        assert set(st.dead) <= set(st.reads)
 
 
 def _write_first(buf: mx.array, x: mx.array) -> list[mx.array]:

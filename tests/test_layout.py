@@ -126,5 +126,7 @@ def test_the_checker_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
 
 
 def test_files_stay_small() -> None:
-    big = {str(p.relative_to(ROOT)): n for p in ROOT.rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    big = {
+        str(p.relative_to(ROOT)): n for p in ROOT.rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
     assert not big, f"files over {MAX_LINES} lines: {big}"

@@ -10,8 +10,8 @@ import pytest
 from segc import IRError, ScheduleError
 from segc.ir import parse, segments, to_text
 from segc.passes import PASSES, register, run, run_pass
-from segc.passes.fences import CutNode, Schedule, WaitNode
 from segc.passes.analysis import header_annotator
+from segc.passes.fences import CutNode, Schedule, WaitNode
 from segc.passes.pipeline import Step
 
 SRC = """\

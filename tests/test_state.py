@@ -17,8 +17,8 @@ pytest.importorskip("mlx_lm")
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
 import segc
-from segc.models.zoo import build
 from segc import StateError
+from segc.models.zoo import build
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ the front end, ``jit`` or the engines."""
 
 from .executor import DispatchTimes as DispatchTimes
 from .executor import Executor as Executor
-from .executor import Step as Step
+from .executor import SegmentStep as SegmentStep
 from .timing import measure_segments as measure_segments
 
-__all__ = ["DispatchTimes", "Executor", "Step", "measure_segments"]
+__all__ = ["DispatchTimes", "Executor", "SegmentStep", "measure_segments"]

@@ -5,7 +5,7 @@ command buffer without waiting for it; the host never drains between segments. W
 ``drain=True`` the executor instead ``mx.eval``s after each segment: the host-draining
 baseline that segc exists to beat.
 
-Values live in a flat slot list; every step's input and output slots are resolved once
+Values live in a flat list of cells; every step's input and output cells are resolved once
 here so the per-call loop does no name lookups.
 """
 
@@ -25,16 +25,16 @@ from ..lower import check_supported, segment_fn
 
 
 @dataclass(frozen=True, slots=True)
-class Step:
-    """One segment as the dispatch loop runs it. ``in_slots``/``out_slots`` index the
+class SegmentStep:
+    """One segment as the dispatch loop runs it. ``reads``/``writes`` index the
     executor's value list (``env``); ``effects`` are the segment's signals, waits and
     windows from the IR (executed by the runtime's schedule, not by this loop)."""
 
     segment: Segment
     fn: Callable[..., list[mx.array]]
-    in_slots: tuple[int, ...]
-    out_slots: tuple[int, ...]
-    dead: tuple[int, ...]  # slots whose last reader is this step: released after it
+    reads: tuple[int, ...]
+    writes: tuple[int, ...]
+    dead: tuple[int, ...]  # cells whose last reader is this step: released after it
     effects: SegmentEffects
 
 
@@ -46,14 +46,14 @@ class DispatchTimes:
     steps: list[list[float]] = field(default_factory=list)
 
 
-def _getter(slots: tuple[int, ...]) -> Callable[[list], tuple]:
-    """``env -> tuple(env[i] for i in slots)`` as one C call."""
-    if len(slots) == 1:
-        (i,) = slots
+def _getter(cells: tuple[int, ...]) -> Callable[[list], tuple]:
+    """``env -> tuple(env[i] for i in cells)`` as one C call."""
+    if len(cells) == 1:
+        (i,) = cells
         return lambda env: (env[i],)
-    if not slots:
+    if not cells:
         return lambda env: ()
-    return operator.itemgetter(*slots)
+    return operator.itemgetter(*cells)
 
 
 def _touches_empty(g: Graph, s: Segment, vs: dict[str, Var]) -> bool:
@@ -70,8 +70,8 @@ class Executor:
     (arguments, then parameters) and returns its outputs.
 
     The per-call loop is the host's dispatch path, so everything it needs is resolved
-    here: each step's compiled function, a getter for its input slots, its output slots
-    and the slots it is the last reader of (released right after it, so a value lives
+    here: each step's compiled function, a getter for its input cells, its output cells
+    and the cells it is the last reader of (released right after it, so a value lives
     no longer than its last segment).
     """
 
@@ -81,14 +81,14 @@ class Executor:
         self.drain = drain
         self.segments = segments(g)
         effects = segment_effects(g, self.segments)
-        slot: dict[str, int] = {}
+        cell: dict[str, int] = {}
         for i in g.inputs:
-            slot[i.var.name] = len(slot)
-        self.n_inputs = len(slot)
+            cell[i.var.name] = len(cell)
+        self.n_inputs = len(cell)
         self.preset: list[tuple[int, mx.array]] = []
         for c in g.consts:
-            slot[c.var.name] = len(slot)
-            self.preset.append((slot[c.var.name], c.value))
+            cell[c.var.name] = len(cell)
+            self.preset.append((cell[c.var.name], c.value))
         fns = []
         vs = g.vars()
         for s in self.segments:
@@ -96,39 +96,39 @@ class Executor:
             if compile and not _touches_empty(g, s, vs):
                 fn = mx.compile(fn)
             for o in s.outputs:
-                slot[o] = len(slot)
+                cell[o] = len(cell)
             fns.append(fn)
-        self.n_slots = len(slot)
-        self.out_slots = tuple(slot[v] for v in g.outputs)
+        self.n_cells = len(cell)
+        self.output_cells = tuple(cell[v] for v in g.outputs)
         # the last step reading each value (graph outputs and constants are never released);
         # graph inputs too: a state buffer (a KV cache) that nothing else holds when its
         # last reader is dispatched can be updated in place by MLX instead of copied
-        const_slots = range(self.n_inputs, self.n_inputs + len(g.consts))
+        const_cells = range(self.n_inputs, self.n_inputs + len(g.consts))
         last: dict[int, int] = {}
         for k, s in enumerate(self.segments):
             for v in s.inputs:
-                if slot[v] not in const_slots:
-                    last[slot[v]] = k
-        keep = set(self.out_slots)
+                if cell[v] not in const_cells:
+                    last[cell[v]] = k
+        keep = set(self.output_cells)
         dead: dict[int, list[int]] = {}
-        for reader_slot, k in last.items():
-            if reader_slot not in keep:
-                dead.setdefault(k, []).append(reader_slot)
+        for idx, k in last.items():
+            if idx not in keep:
+                dead.setdefault(k, []).append(idx)
         self.steps = tuple(
-            Step(
+            SegmentStep(
                 s,
                 fn,
-                tuple(slot[v] for v in s.inputs),
-                tuple(slot[v] for v in s.outputs),
+                tuple(cell[v] for v in s.inputs),
+                tuple(cell[v] for v in s.outputs),
                 tuple(dead.get(k, ())),
                 effects[k],
             )
             for k, (s, fn) in enumerate(zip(self.segments, fns))
         )
-        # env = inputs + _tail: constants in their slots, then room for segment outputs
-        self._tail: list = [c.value for c in g.consts] + [None] * (self.n_slots - self.n_inputs - len(g.consts))
-        self._plan = tuple((st.fn, _getter(st.in_slots), st.out_slots, st.dead) for st in self.steps)
-        self._outs = _getter(self.out_slots)
+        # env = inputs + _tail: constants in their cells, then room for segment outputs
+        self._tail: list = [c.value for c in g.consts] + [None] * (self.n_cells - self.n_inputs - len(g.consts))
+        self._plan = tuple((st.fn, _getter(st.reads), st.writes, st.dead) for st in self.steps)
+        self._outs = _getter(self.output_cells)
         self._times: DispatchTimes | None = None
 
     @contextmanager
