@@ -2,6 +2,13 @@
 
 Array leaves become graph inputs; hashable Python scalars and strings are *static*
 leaves, kept inside the tree definition so they are part of the trace-cache key.
+
+Why not ``mlx.utils.tree_flatten``/``tree_unflatten``: they flatten to ``(path, leaf)``
+pairs and rebuild lists and dicts from the paths, so a tuple comes back as a list and a
+static leaf has nowhere to live but the leaf list. The trace cache needs a hashable
+structure that tells ``(x,)`` from ``[x]`` and keys static values; :class:`TreeDef` is
+that structure. Module parameters, which are plain nested dicts and lists, do go through
+``mlx.utils`` (``params.py``).
 """
 
 from __future__ import annotations
