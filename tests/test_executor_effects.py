@@ -5,8 +5,8 @@ Expected values are written out by hand from the IR text below."""
 from __future__ import annotations
 
 import mlx.core as mx
-
 from conftest import assert_same_bits
+
 from segc.ir import SegmentEffects, parse, segment_effects
 from segc.runtime import Executor
 
