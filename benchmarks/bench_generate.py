@@ -75,7 +75,7 @@ def run_variant(model: Any, prompt: list[int], n: int, variant: str, boundaries:
             trace_s=info.trace_seconds,
             traced_calls=[(why, dt) for dt, traced, why in timed.calls if traced],
             cached_call_s=statistics.median(hits) if hits else 0.0,
-            segments=len(next(iter(timed.jitted._cache.values())).segments),
+            segments=len(timed.jitted.entries()[0].segments),
         )
     return res
 

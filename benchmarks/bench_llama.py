@@ -27,6 +27,7 @@ On the CPU quote ratios only; absolute times are meaningful on the GPU.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import math
@@ -39,10 +40,11 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from segc.runtime.params import ParamGatherer
 
 import segc
 from segc.models import tiny_llama
+from segc.runtime import Executor
+from segc.trace.params import ParamGatherer
 
 PRESETS: dict[str, dict[str, Any]] = {
     # fast enough for a smoke test on a laptop CPU
@@ -274,48 +276,29 @@ def workload(
     }
     for k, step in jitted.items():
         info = step.cache_info()
-        res.setdefault("segments", {})[k] = len(next(iter(step._cache.values())).segments)
+        res.setdefault("segments", {})[k] = len(step.entries()[0].segments)
         res.setdefault("retraces", {})[k] = list(info.retraces)
     if "segc" in jitted and "segc" in fns:
         res["segc_host"] = host_split(jitted["segc"], fns["segc"], sync["segc"], max(repeats, 10))
     return res
 
 
-class _TimedExecutor:
-    """Stands in for a Compiled's executor and records the host time of each call."""
-
-    def __init__(self, ex: Any, times: list[float]):
-        self._ex, self._times = ex, times
-
-    def __call__(self, *a: Any, **k: Any) -> Any:
-        t0 = time.perf_counter()
-        out = self._ex(*a, **k)
-        self._times.append(time.perf_counter() - t0)
-        return out
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._ex, name)
-
-
 def host_split(step: Any, f: Callable[[], Any], sync: Callable[[], Any], calls: int) -> dict[str, float]:
     """Where the host time of a cached segc call goes: segc's call path (signature,
     parameters, state, commit) against the executor's dispatch loop (the compiled
-    segment calls and their ``mx.async_eval``), per call and per segment."""
-    compiled = list(step._cache.values())
-    times: list[float] = []
-    for c in compiled:
-        c.executor = _TimedExecutor(c.executor, times)
+    segment calls and their ``mx.async_eval``), per call and per segment, timed by
+    ``Executor.timed()`` on every compiled entry of the jitted function."""
+    compiled = step.entries()
     total = []
-    try:
+    with contextlib.ExitStack() as stack:
+        recs = [stack.enter_context(c.executor.timed()) for c in compiled]
         for _ in range(calls):
             mx.synchronize()
             t0 = time.perf_counter()
             y = f()
             total.append(time.perf_counter() - t0)
             mx.eval(y, sync())
-    finally:
-        for c in compiled:
-            c.executor = c.executor._ex
+    times = [t for r in recs for t in r.calls]
     n_seg = len(compiled[0].segments)
     call, ex = statistics.median(total), statistics.median(times)
     return {
@@ -349,9 +332,6 @@ def _bind_segc(step: Any, x: mx.array, fc: FixedContext | None) -> Callable[[], 
 def first_call(preset: str, layers: int, tokens: int) -> dict[str, Any]:
     """Trace, passes (verify + segmentation), lower (executor build), segc replay (the
     lowering rules rebuilding the MLX graph, uncompiled), MLX compile + first run."""
-    from segc.jit import Compiled
-    from segc.runtime.executor import Executor
-
     model = make_model(preset, layers=layers)
     x = mx.random.randint(0, model.args.vocab_size, (1, tokens))
     step = segc.jit(model, boundaries="layers.*")
@@ -362,11 +342,10 @@ def first_call(preset: str, layers: int, tokens: int) -> dict[str, Any]:
     lowered = traced.lower()
     segs = lowered.segments
     t2 = time.perf_counter()
-    compiled = Compiled(lowered)
+    compiled = lowered.compile()
     t3 = time.perf_counter()
     t["trace"], t["passes"], t["lower"] = t1 - t0, t2 - t1, t3 - t2
-    _, leaves, params = step._abstract((x,), {})
-    inputs = leaves + [params[p] for p in compiled._param_order]
+    inputs = compiled.flat_inputs(x)
     # segc replay: the same lowering rules, uncompiled and not evaluated
     plain = Executor(lowered.graph, compile=False)
     t4 = time.perf_counter()
@@ -376,10 +355,10 @@ def first_call(preset: str, layers: int, tokens: int) -> dict[str, Any]:
     # the first compiled call: MLX traces each segment function (the replay again),
     # compiles it, and (on the GPU) builds its kernels; then a cached call for reference
     t5 = time.perf_counter()
-    mx.eval(compiled._run(leaves, params))
+    mx.eval(compiled.execute(inputs))
     t["first_run"] = time.perf_counter() - t5
     t6 = time.perf_counter()
-    mx.eval(compiled._run(leaves, params))
+    mx.eval(compiled.execute(inputs))
     t["cached_run"] = time.perf_counter() - t6
     t["mlx_compile"] = max(0.0, t["first_run"] - t["replay"] - t["cached_run"])
     t["segc_total"] = t["trace"] + t["passes"] + t["lower"] + t["replay"]
@@ -449,7 +428,7 @@ def dispatch(counts: tuple[int, ...] = (1, 8, 32), calls: int = 300) -> dict[str
 
         mx.eval(step(x), loop())
         assert mx.array_equal(step(x), loop()).item()
-        segs = len(next(iter(step._cache.values())).segments)
+        segs = len(step.entries()[0].segments)
         rows.append(
             {
                 "layers": n,

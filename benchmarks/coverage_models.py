@@ -131,7 +131,8 @@ def try_one(arch: str) -> dict:
     same_cache = len(ce) == len(cs) and all(_same_cache(a, b) for a, b in zip(ce, cs))
     info = step.cache_info()
     rec["traces"] = info.traces
-    rec["segments"] = len(next(iter(step._cache.values())).segments) if step._cache else 0
+    entries = step.entries()
+    rec["segments"] = len(entries[0].segments) if entries else 0
     rec["seconds"] = round(time.perf_counter() - t0, 2)
     if not (same_logits and same_cache):
         diff = max(mx.abs(a - b).max().item() for a, b in zip(logits_e, logits_s) if a.shape == b.shape)

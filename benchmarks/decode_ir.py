@@ -18,6 +18,7 @@ from mlx_lm.models.cache import make_prompt_cache
 import segc
 from segc.ir import segment_header
 from segc.models import tiny_llama
+from segc.passes.analysis import header_annotator
 
 
 def main() -> None:
@@ -38,8 +39,9 @@ def main() -> None:
     g = lowered.graph
     print(f"device {mx.default_device()}: decode graph, {len(g.eqns)} equations")
     segs = lowered.segments
+    cost = header_annotator(g)  # the cost model's figures (an H200 roofline) in each header
     for s in segs:
-        print(segment_header(g, s))
+        print(segment_header(g, s, cost))
     first = segs[0]
     hist = collections.Counter(e.prim for e in first.eqns(g))
     print(f"segment {first.name!r} primitives:")

@@ -11,11 +11,11 @@ from .ir import Graph as Graph
 from .ir import parse as parse
 from .ir import segments as segments
 from .ir import verify as verify
-from .jit import Compiled as Compiled
-from .jit import Jitted as Jitted
-from .jit import Lowered as Lowered
-from .jit import Traced as Traced
-from .jit import jit as jit
+from .staging import Compiled as Compiled
+from .staging import Jitted as Jitted
+from .staging import Lowered as Lowered
+from .staging import Traced as Traced
+from .staging import jit as jit
 from .trace.markers import boundary as boundary
 
 __version__ = "0.1.0"

@@ -1,9 +1,15 @@
-"""Shared helpers for tests that run MLX: trace a function, cut its graph at every
-point, run it through the segmented executor, and compare bits with eager MLX.
+"""Shared helpers: trace a function, cut its graph at every point, run it through the
+segmented executor, and compare bits with eager MLX (raw bytes, shape and dtype:
+:func:`same_bits`, :func:`assert_same_bits`; the one bit comparison of the suite);
+the small test networks; brute-force reference analyses for the pass tests.
 
-Import them as ``from conftest import ...`` (pytest puts ``tests/`` on ``sys.path``).
-Everything here runs on MLX's default device, so the same tests run on the CPU build
-and on the CUDA build.
+Import them as ``from conftest import ...`` (pytest puts ``tests/`` on ``sys.path``,
+for ``tests/fast/`` too). Everything here runs on MLX's default device, so the same
+tests run on the CPU build and on the CUDA build.
+
+``tests/fast/`` holds the tests that run no MLX (IR text, passes, analyses, plans);
+tests of more than about 2 s on a fresh machine (MLX compiles each new fused CPU kernel
+once, into ``$TMPDIR/mlx``) are marked ``slow``: ``make test-fast`` leaves them out.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import os
 # the pass pipeline verifies the graph after every pass (segc/passes/pipeline.py)
 os.environ.setdefault("SEGC_CHECKS", "1")
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -22,9 +28,10 @@ import pytest
 
 import segc
 from segc import dtypes
-from segc.ir import CUT, Eqn, Graph
-from segc.lower import REBUILT, replay_fn
+from segc.ir import CUT, Eqn, Graph, segments
+from segc.lower import PRIMS, REBUILT, replay_fn
 from segc.runtime import Executor
+from segc.staging.validate import VALIDATE_TOL
 
 FLOATS = (mx.float32, mx.float16, mx.bfloat16)
 INTS = (mx.int32, mx.int16, mx.uint8, mx.uint32, mx.int8)
@@ -73,9 +80,47 @@ class Block(nn.Module):
         return x + self.lin(self.norm(x))
 
 
+class Net(nn.Module):
+    """``n`` :class:`Block` layers (``boundaries="layers.*"`` cuts after each), then a
+    linear head: the small test network."""
+
+    def __init__(self, d: int = 16, n: int = 3, out: int = 5):
+        super().__init__()
+        self.layers = [Block(d) for _ in range(n)]
+        self.head = nn.Linear(d, out)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+M = TypeVar("M", bound=nn.Module)
+
+
+def seeded(make: Callable[[], M], seed: int) -> M:
+    """``make()`` under MLX's random ``seed``, its parameters evaluated."""
+    mx.random.seed(seed)
+    m = make()
+    mx.eval(m.parameters())
+    return m
+
+
+# the prompt of the tiny mlx-lm models' single-call tests
+PROMPT8 = mx.array([[3, 1, 4, 1, 5, 9, 2, 6]], dtype=mx.int32)
+
+
 def trace_graph(fn: Callable[..., Any], *args: mx.array) -> Graph:
     """The IR of ``fn(*args)`` (array arguments only)."""
     return segc.jit(fn).trace(*args).graph
+
+
+def traced_with_inputs(fn: Callable[..., Any], *args: Any, **options: Any) -> tuple[Graph, list[mx.array]]:
+    """The graph ``segc.jit(fn, **options)`` traces for ``fn(*args)`` (its markers as
+    cuts, no strategy) and that call's flat graph inputs (arguments, state, parameters):
+    what ``Executor(graph)`` takes."""
+    compiled = segc.jit(fn, **options).trace(*args).lower().compile()
+    return compiled.graph, compiled.flat_inputs(*args)
 
 
 @pytest.fixture(autouse=True)
@@ -179,6 +224,19 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 _CANNOT = ("not supported", "not implemented", "no implementation", "nyi", "only supports", "not yet")
 
 
+def eager_and_compiled(
+    fn: Callable[..., Any], args: Sequence[mx.array]
+) -> tuple[list[mx.array], list[mx.array] | None]:
+    """``fn(*args)`` run eagerly, and run under ``mx.compile`` where that gives other
+    bits than eager (else None): the promise is then mx.compile's bits for an uncut run,
+    either's for a cut one (:func:`assert_matches`, :func:`check_segmented`)."""
+    eager = eager_or_skip(fn, args)
+    compiled = leaves(mx.compile(fn)(*args))
+    mx.eval(compiled)
+    differs = len(compiled) != len(eager) or any(not same_bits(a, b) for a, b in zip(eager, compiled))
+    return eager, compiled if differs else None
+
+
 def eager_or_skip(fn: Callable[..., Any], args: Sequence[mx.array]) -> list[mx.array]:
     """``fn(*args)`` evaluated; an op this device's MLX does not implement skips."""
     try:
@@ -194,20 +252,20 @@ def eager_or_skip(fn: Callable[..., Any], args: Sequence[mx.array]) -> list[mx.a
 
 # On the CPU segc's dynamic KV cache is bit-identical to eager mlx-lm. Off it, CUDA's
 # attention over the masked whole buffer rounds differently from attention over the exact
-# keys (docs/models.md): there decode logits and caches are promised within STATE_BOUND
-# of eager's, and greedy tokens identical (tests/test_state.py, tests/test_zoo.py).
+# keys (docs/models.md): there decode logits and caches are promised within
+# segc.staging.validate.VALIDATE_TOL of eager's (absolute), and greedy tokens identical
+# (tests/test_state.py, tests/test_zoo.py).
 STATE_BIT_IDENTICAL = mx.default_device() == mx.cpu
-STATE_BOUND = 1e-2
 
 
 def state_close(a: mx.array, b: mx.array) -> bool:
     """Same shape and dtype; bit for bit on the CPU (and for non-float arrays), within
-    STATE_BOUND elsewhere."""
+    VALIDATE_TOL elsewhere."""
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
     if STATE_BIT_IDENTICAL or not mx.issubdtype(a.dtype, mx.floating):
-        return bool(mx.array_equal(a, b).item())
-    return bool(mx.all(mx.abs(a.astype(mx.float32) - b.astype(mx.float32)) <= STATE_BOUND).item())
+        return same_bits(a, b)
+    return bool(mx.all(mx.abs(a.astype(mx.float32) - b.astype(mx.float32)) <= VALIDATE_TOL).item())
 
 
 # Convolutions on MLX 0.32.4's CUDA build (mlx/backend/cuda/conv.cpp): its cuDNN plan
@@ -283,3 +341,98 @@ def check_segmented(
             assert_same_bits(got, compiled, "uncut (mx.compile's bits)")
         assert_matches(got, eager, compiled if differs else None, label)
     return g, differs
+
+
+# --------------------------------------------------------------------------- reference analyses
+# Brute-force restatements of the definitions in segc/passes/analysis.py's docstring,
+# written for reading rather than speed: the expected values for the analyses and for
+# the strategies built on them. Which primitives are views comes from the primitive
+# table (``Prim.memory``), the definition the analyses follow too.
+
+
+def ref_buffers(g: Graph) -> tuple[dict[str, str], dict[str, int]]:
+    """``(holder, size)``: the buffer holding each value (a view owns no memory: it is
+    held by its source's buffer; a reshape is a view only of a contiguous value) and
+    the bytes of each buffer (graph inputs and parameters their size, constants 0)."""
+    holder: dict[str, str] = {}
+    size: dict[str, int] = {}
+    contiguous: dict[str, bool] = {}
+    for i in g.inputs:
+        holder[i.var.name], size[i.var.name], contiguous[i.var.name] = i.var.name, i.var.nbytes, True
+    for c in g.consts:
+        holder[c.var.name], size[c.var.name], contiguous[c.var.name] = c.var.name, 0, True
+    for e in g.eqns:
+        if e.is_pseudo:
+            continue
+        kind = PRIMS[e.prim].memory if e.prim in PRIMS else "compute"  # unknown: elementwise
+        src = e.ins[0] if e.ins else None
+        view = src is not None and (kind in ("view", "view_keep") or (kind == "reshape" and contiguous[src]))
+        for o in e.outs:
+            if view:
+                assert src is not None
+                holder[o.name] = holder[src]
+                contiguous[o.name] = contiguous[src] and kind != "view"
+            else:
+                holder[o.name], size[o.name], contiguous[o.name] = o.name, o.nbytes, True
+    return holder, size
+
+
+def _op_spans(g: Graph) -> tuple[list[Eqn], list[range]]:
+    """The computing equations, and the op indices of each segment."""
+    opos: dict[int, int] = {}
+    os_: list[Eqn] = []
+    for p, e in enumerate(g.eqns):
+        if not e.is_pseudo:
+            opos[p] = len(os_)
+            os_.append(e)
+    spans = []
+    for s in segments(g):
+        idx = [opos[p] for p in range(s.start, s.stop) if p in opos]
+        spans.append(range(idx[0], idx[-1] + 1))
+    return os_, spans
+
+
+def _lifetimes(g: Graph, os_: list[Eqn], holder: dict[str, str]) -> dict[str, tuple[int, int]]:
+    """For each buffer the graph computes: (op index that makes it, last op index that
+    reads it through any view; ``len(os_)`` if it holds a graph output)."""
+    life: dict[str, tuple[int, int]] = {}
+    for k, e in enumerate(os_):
+        for o in e.outs:
+            if holder[o.name] == o.name:
+                life[o.name] = (k, k)
+        for v in e.ins:
+            b = holder[v]
+            if b in life:
+                life[b] = (life[b][0], k)
+    for v in g.outputs:
+        b = holder[v]
+        if b in life:
+            life[b] = (life[b][0], len(os_))
+    return life
+
+
+def ref_segment_peaks(g: Graph) -> list[int]:
+    """Each segment's peak live bytes, simulated op by op: the buffers it reads from
+    outside itself (graph inputs and parameters included, constants free) plus the most
+    bytes of its own buffers alive at any one op (a buffer lives from the op that makes
+    it to its last reader, or to the segment's end)."""
+    holder, size = ref_buffers(g)
+    os_, spans = _op_spans(g)
+    life = _lifetimes(g, os_, holder)
+    peaks = []
+    for span in spans:
+        own = {b for b, (made, _) in life.items() if made in span}
+        outside = {holder[v] for k in span for v in os_[k].ins} - own
+        worst = max(sum(size[b] for b in own if life[b][0] <= t <= life[b][1]) for t in span)
+        peaks.append(sum(size[b] for b in outside) + worst)
+    return peaks
+
+
+def ref_boundary_bytes(g: Graph) -> int:
+    """Bytes of computed buffers (not graph inputs, parameters or constants) carried
+    across each cut between two segments, summed over the cuts: a buffer crosses a cut
+    when it is made before it and read after it (through any view) or returned."""
+    holder, size = ref_buffers(g)
+    os_, spans = _op_spans(g)
+    life = _lifetimes(g, os_, holder)
+    return sum(size[b] for s in spans[1:] for b, (made, last) in life.items() if made < s.start <= last)

@@ -1,10 +1,12 @@
 """Smoke test of benchmarks/bench_llama.py: it runs, and reports segc bit-identical.
+Also: no benchmark script reaches a private name of segc or imports the tests.
 
 No timing is checked here: timings are for the benchmark's reader, never for tests.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -40,8 +42,45 @@ def test_bench_llama_tiny_reports_bit_identical_outputs(tmp_path: Path) -> None:
         assert w["bit_identical_to_eager"]["segc"] is True, name
         assert w["bit_identical_to_eager"]["drain"] is True, name
         assert w["segments"]["segc"] >= 4  # one per layer, and the tail
+        # the host split comes from Executor.timed() on every compiled entry
+        h = w["segc_host"]
+        assert h["segments"] == w["segments"]["segc"], name
+        assert 0 < h["executor_s"] <= h["call_s"], (name, h)
     assert r["workloads"]["prefill"]["tokens"] == 16
     fc = r["first_call"]["seconds"]
     assert {"trace", "passes", "lower", "replay", "mlx_compile"} <= set(fc)
     assert len(r["dispatch"]["rows"]) == 3
     assert "bit-identical" in p.stdout and "first call" in p.stdout
+
+
+def _private_uses(path: Path) -> list[str]:
+    """Attribute reads and imports of ``_names`` (dunders aside), and imports of the
+    tests' modules, in one script. The scripts keep no private attributes of their own,
+    so any ``._name`` read would be segc's."""
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.endswith("__"):
+            found.append(f"{path.name}:{node.lineno}: .{node.attr}")
+        elif isinstance(node, ast.ImportFrom):
+            mod = node.module or ""
+            names = [a.name for a in node.names]
+            if mod.split(".")[0] in ("tests", "conftest") or mod.startswith("test_"):
+                found.append(f"{path.name}:{node.lineno}: from {mod}")
+            elif mod.split(".")[0] == "segc" and any(n.startswith("_") for n in [*mod.split("."), *names]):
+                found.append(f"{path.name}:{node.lineno}: from {mod} import {', '.join(names)}")
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                parts = a.name.split(".")
+                if parts[0] in ("tests", "conftest") or (parts[0] == "segc" and any(p.startswith("_") for p in parts)):
+                    found.append(f"{path.name}:{node.lineno}: import {a.name}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value == "tests":
+            found.append(f"{path.name}:{node.lineno}: the tests directory")
+    return found
+
+
+def test_benchmarks_use_only_public_names() -> None:
+    scripts = sorted((ROOT / "benchmarks").glob("*.py"))
+    assert scripts
+    found = [f for p in scripts for f in _private_uses(p)]
+    assert not found, "benchmarks reach private names or the tests:\n" + "\n".join(found)

@@ -10,6 +10,7 @@ import segc
 from segc.cli import main
 
 
+@pytest.mark.slow
 def test_demo_reports_bit_identical_prefill_and_decode(capsys: pytest.CaptureFixture[str]) -> None:
     rc = main(["demo", "--layers", "2", "--hidden", "64", "--tokens", "8", "--repeats", "1", "--decode", "3"])
     out = capsys.readouterr().out

@@ -1,4 +1,5 @@
-"""The segmented executor and the parameter gatherer on the cached-call path."""
+"""The segmented executor, per-segment timing, and the parameter gatherer on the
+cached-call path."""
 
 from __future__ import annotations
 
@@ -7,35 +8,31 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
-from conftest import Block
+from conftest import Block, Net, assert_same_bits, same_bits, seeded
 from mlx.utils import tree_flatten
 
 import segc
 from segc.dtypes import short
-from segc.runtime.executor import Executor
+from segc.ir import parse
+from segc.runtime import Executor, measure_segments
 from segc.trace.params import ParamGatherer, ParamSig
 
 
-class Net(nn.Module):
-    def __init__(self, d: int = 8, n: int = 3):
-        super().__init__()
-        self.layers = [Block(d) for _ in range(n)]
-        self.head = nn.Linear(d, 4)
+class ExtraNet(Net):
+    """:class:`conftest.Net` with parameters in a dict and a list, and a private array."""
+
+    def __init__(self) -> None:
+        super().__init__(d=8, n=3, out=4)
         self.extra: dict[str, Any] = {"scale": mx.ones((4,)), "more": [mx.zeros((4,))]}
         self._private = mx.ones((2,))  # not a parameter: the name starts with "_"
 
     def __call__(self, x: mx.array) -> mx.array:
-        for layer in self.layers:
-            x = layer(x)
-        return self.head(x) * self.extra["scale"] + self.extra["more"][0]
+        return super().__call__(x) * self.extra["scale"] + self.extra["more"][0]
 
 
 @pytest.fixture
-def net() -> Net:
-    mx.random.seed(3)
-    m = Net()
-    mx.eval(m.parameters())
-    return m
+def net() -> ExtraNet:
+    return seeded(ExtraNet, 3)
 
 
 def _skip(x: mx.array, w: mx.array) -> tuple[mx.array, mx.array]:
@@ -57,9 +54,7 @@ def test_executor_matches_uncompiled_replay_and_eager() -> None:
     for compile in (True, False):
         for drain in (False, True):
             out = Executor(g, compile=compile, drain=drain)(ins)
-            assert len(out) == 2
-            for o, r in zip(out, ref):
-                assert mx.array_equal(o, r).item()
+            assert_same_bits(out, list(ref), f"compile={compile}, drain={drain}")
 
 
 def test_executor_releases_values_after_their_last_reader() -> None:
@@ -101,7 +96,7 @@ def test_consumed_input_buffer_is_updated_in_place() -> None:
         out = ex(ins, consume=consume)
         mx.eval(out)
         grown[consume] = mx.get_peak_memory() - base
-        assert mx.array_equal(out[0][:2], mx.array([1.0, 0.0])).item()
+        assert same_bits(out[0][:2], mx.array([1.0, 0.0]))
         assert ins == [] if consume else len(ins) == 2
         del out, ins
     assert grown[False] >= 4 * n  # the caller's reference forced a copy
@@ -114,7 +109,7 @@ def test_executor_checks_the_input_count() -> None:
         Executor(g)(ins[:1])
 
 
-def test_gatherer_matches_tree_flatten(net: Net) -> None:
+def test_gatherer_matches_tree_flatten(net: ExtraNet) -> None:
     g = ParamGatherer(net)
     params, sig = g.gather()
     ref = dict(tree_flatten(net.parameters()))
@@ -125,7 +120,7 @@ def test_gatherer_matches_tree_flatten(net: Net) -> None:
     assert isinstance(sig, ParamSig)
 
 
-def test_gatherer_reuses_the_signature_object(net: Net) -> None:
+def test_gatherer_reuses_the_signature_object(net: ExtraNet) -> None:
     g = ParamGatherer(net)
     p1, s1 = g.gather()
     p2, s2 = g.gather()
@@ -179,15 +174,15 @@ def test_gatherer_sees_every_change(net: Net, change: str) -> None:
         assert sig != s0
 
 
-def test_jit_follows_new_weights_without_retracing(net: Net) -> None:
+def test_jit_follows_new_weights_without_retracing(net: ExtraNet) -> None:
     x = mx.random.normal((2, 8))
     step = segc.jit(net, boundaries="layers.*")
-    assert mx.array_equal(step(x), net(x)).item()
+    assert same_bits(step(x), net(x))
     net.update({"head": {"weight": net.head.weight * 2}})
-    assert mx.array_equal(step(x), net(x)).item()
+    assert same_bits(step(x), net(x))
     net.layers[0].lin = nn.Linear(8, 8)
     mx.eval(net.parameters())
-    assert mx.array_equal(step(x), net(x)).item()
+    assert same_bits(step(x), net(x))
     info = step.cache_info()
     assert info.misses == 1 and info.hits == 2
 
@@ -203,6 +198,7 @@ def test_gatherer_walks_lists_and_dicts() -> None:
     assert list(params) == ["stuff.0", "stuff.1.k"]
 
 
+@pytest.mark.slow
 def test_cached_decode_updates_kv_caches_in_place() -> None:
     # On the GPU MLX decides at dispatch (inside mx.async_eval) whether an input buffer
     # can be reused, so segc must have dropped every other reference by then. (On the
@@ -233,10 +229,10 @@ def test_cached_decode_updates_kv_caches_in_place() -> None:
         mx.eval(y, [(c.keys, c.values) for c in cache])
         grown = mx.get_peak_memory() - base
         ref = ref_step(x, cache=ref_cache)
-        assert mx.array_equal(y, ref).item()
+        assert same_bits(y, ref)
         for c, e in zip(cache, ref_cache):
             assert c.offset == e.offset
-            assert mx.array_equal(c.keys[..., : c.offset, :], e.keys[..., : e.offset, :]).item()
+            assert same_bits(c.keys[..., : c.offset, :], e.keys[..., : e.offset, :])
         if i > 0:  # the first decode call of this signature copies; later ones do not
             assert grown < one_buffer, (i, grown, one_buffer)
 
@@ -258,5 +254,20 @@ def test_segments_over_empty_arrays_run_op_by_op(monkeypatch: pytest.MonkeyPatch
     assert len(ex.segments) == 2 and len(compiled) == 1  # only the segment without empties
     got, want = ex([x, k]), f(x, k)
     assert [a.shape for a in got] == [(0, 2), ()]
-    for a, b in zip(got, want):
-        assert short(a.dtype) == short(b.dtype) and mx.array_equal(a, b).item()
+    assert_same_bits(got, list(want), "op by op")
+
+
+def test_measure_segments_runs_each_segment() -> None:
+    g = parse(
+        """graph f(%a0: f32[8,8] arg="0", %p0: f32[8,8] param="w0") {
+  %v0: f32[8,8] = Matmul(%a0, %p0) #0
+  segc.cut() ["l0"] #1
+  %v1: f32[8,8] = Exp(%v0) #2
+  segc.cut() ["l1"] #3
+  %v2: f32[8,8] = Add(%v1, %a0) #4
+  return (%v2)
+}"""
+    )
+    x = mx.ones((8, 8))
+    times = measure_segments(g, [x, x], repeats=1)
+    assert set(times) == {"l0", "l1", "tail"} and all(t > 0 for t in times.values())

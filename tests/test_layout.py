@@ -23,7 +23,7 @@ LAYERS = {
     "segc.trace": 2,
     "segc.passes": 3,
     "segc.runtime": 4,
-    "segc.jit": 5,
+    "segc.staging": 5,
     "segc.engine": 6,
     "segc.models": 6,
     "segc": 7,  # the public API, segc/__init__.py
@@ -121,7 +121,7 @@ def test_the_checker_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
     p.write_text(src)
     known = {"segc.passes.analysis", "segc.ir.nodes"}
     assert imports("segc.ir.printer", p, known) == {"segc.passes.analysis", "segc.ir.nodes"}
-    p.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..jit import Jitted\n")
+    p.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..staging import Jitted\n")
     assert imports("segc.ir.printer", p, known) == set()
 
 

@@ -62,6 +62,7 @@ seeds = st.integers(0, 2**31)
 # --------------------------------------------------------------------------- mx.fast
 
 
+@pytest.mark.slow
 @FAST
 @given(seed=seeds, rows=st.integers(1, 4), d=st.integers(1, 40), dt=st.sampled_from(FLOATS), weight=st.booleans())
 def test_rms_norm(seed: int, rows: int, d: int, dt: mx.Dtype, weight: bool) -> None:
@@ -71,6 +72,7 @@ def test_rms_norm(seed: int, rows: int, d: int, dt: mx.Dtype, weight: bool) -> N
     assert_same_bits(run_one("RMSNorm", (1e-5,), [x, wi], [want]), [want], "RMSNorm")
 
 
+@pytest.mark.slow
 @FAST
 @given(seed=seeds, d=st.integers(1, 40), dt=st.sampled_from(FLOATS), weight=st.booleans(), bias=st.booleans())
 def test_layer_norm(seed: int, d: int, dt: mx.Dtype, weight: bool, bias: bool) -> None:
@@ -81,6 +83,7 @@ def test_layer_norm(seed: int, d: int, dt: mx.Dtype, weight: bool, bias: bool) -
     assert_same_bits(run_one("LayerNorm", (1e-6,), [x, wi, bi], [want]), [want], "LayerNorm")
 
 
+@pytest.mark.slow
 @FAST
 @given(
     seed=seeds,

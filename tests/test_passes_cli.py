@@ -12,6 +12,7 @@ SMALL = ["--layers", "2", "--hidden", "64", "--intermediate", "128", "--heads", 
 SMALL += ["--vocab", "128", "--tokens", "8"]
 
 
+@pytest.mark.slow
 def test_compare_prints_a_table_of_every_strategy(capsys):
     assert main(["passes", "--compare", "--check-bits", *SMALL]) == 0
     out = capsys.readouterr().out
@@ -23,6 +24,7 @@ def test_compare_prints_a_table_of_every_strategy(capsys):
     assert all(r.endswith("bit-identical |") for r in rows)
 
 
+@pytest.mark.slow
 def test_compare_with_measured_costs(capsys):
     assert main(["passes", "--compare", "--measure", *SMALL]) == 0
     assert "| `balanced(3, measured)` | " in capsys.readouterr().out

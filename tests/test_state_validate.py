@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
+from conftest import same_bits
 
 pytest.importorskip("mlx_lm")
 
@@ -33,7 +34,10 @@ def _greedy(step, model, steps: int = 4) -> tuple[list[mx.array], list[mx.array]
 
 
 def _same_cache(a, b) -> bool:
-    return a.offset == b.offset and all(mx.array_equal(x, y).item() for x, y in zip(a.state, b.state))
+    # a cache's state holds its arrays and, for some caches, plain numbers
+    return a.offset == b.offset and all(
+        same_bits(x, y) if isinstance(x, mx.array) else x == y for x, y in zip(a.state, b.state)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -41,30 +45,32 @@ def phi3small():
     return build("phi3small")
 
 
+@pytest.mark.slow
 def test_a_model_that_reads_the_key_length_falls_back_to_exact_state(phi3small) -> None:
     step = segc.jit(phi3small, boundaries="auto")
     want, got, eager_cache, segc_cache = _greedy(step, phi3small)
     for k, (a, b) in enumerate(zip(want, got)):
-        assert mx.array_equal(a, b).item(), f"call {k}"
+        assert same_bits(a, b), f"call {k}"
     assert all(_same_cache(a, b) for a, b in zip(eager_cache, segc_cache))
     info = step.cache_info()
     assert any("disagree with eager" in r and "exact" in r for r in info.aborted), info.aborted
     assert step.state_mode == "exact"
 
 
+@pytest.mark.slow
 def test_without_validation_the_dynamic_cache_would_be_wrong_there(phi3small) -> None:
     """Why the check exists: the same model through the dynamic cache, unchecked."""
     step = segc.jit(phi3small, boundaries="auto", validate=False)
     want, got, _, _ = _greedy(step, phi3small, steps=2)
-    assert mx.array_equal(want[0], got[0]).item()  # the prefill is traced with eager's shapes
-    assert not all(mx.array_equal(a, b).item() for a, b in zip(want[1:], got[1:]))
+    assert same_bits(want[0], got[0])  # the prefill is traced with eager's shapes
+    assert not all(same_bits(a, b) for a, b in zip(want[1:], got[1:]))
 
 
 def test_models_that_agree_keep_the_dynamic_cache() -> None:
     model = build("llama")
     step = segc.jit(model, boundaries="auto")
     want, got, eager_cache, segc_cache = _greedy(step, model, steps=6)
-    assert all(mx.array_equal(a, b).item() for a, b in zip(want, got))
+    assert all(same_bits(a, b) for a, b in zip(want, got))
     assert all(_same_cache(a, b) for a, b in zip(eager_cache, segc_cache))
     info = step.cache_info()
     assert not info.aborted and step.state_mode == "auto"

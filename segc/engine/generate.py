@@ -18,7 +18,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..errors import SegcError
-from ..jit import jit
+from ..staging import jit
 
 
 @dataclass

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 class Segment:
     """A derived view: equations ``eqns[start:stop]`` between two cuts.
 
-    A segment is named by the cut that ends it (the seed's cut node: the segment ends
+    A segment is named by the cut that ends it (a schedule's cut node: the segment ends
     after it); the last one is ``"tail"``.
     """
 
@@ -95,7 +95,7 @@ def segment_of(g: Graph, segs: list[Segment] | None = None) -> list[int]:
 
 @dataclass(frozen=True, slots=True)
 class SegmentEffects:
-    """What the runtime must honour around one segment (the seed's cut and wait nodes,
+    """What the runtime must honour around one segment (a schedule's cut and wait nodes,
     and its window membership)."""
 
     signals: tuple[tuple[str, int], ...] = ()  # (event, value): signal once the segment has completed

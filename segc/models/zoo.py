@@ -243,7 +243,7 @@ def build(
     ``group_size`` is 32, not mlx-lm's 64: with a hidden size of 64, a group of 64 sends
     the projections to MLX 0.32.4's CUDA ``qmm_sm90`` kernel (chosen when K <= group
     size), whose float32 results are wrong and change from call to call
-    (``benchmarks/probe_qmm.py``, docs/gpu.md).
+    (docs/gpu.md, item 1 of the 06:45 UTC run).
     """
     model_cls, args_cls = model_classes(model_type)
     mx.random.seed(seed)

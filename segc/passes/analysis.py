@@ -34,7 +34,7 @@ from ..units import fmt_bytes, fmt_seconds
 
 @dataclass(frozen=True, slots=True)
 class Machine:
-    """Roofline parameters. The default is an NVIDIA H200 in bf16 (DESIGN.md)."""
+    """Roofline parameters. The default is an NVIDIA H200 in bf16 (docs/performance.md)."""
 
     name: str = "h200"
     flops_per_s: float = 790e12

@@ -11,7 +11,7 @@ The seed's schedule, matched by equation id instead of tensor pointer:
   ``segc.host_event`` declares each, so waits on it are satisfiable.
 
 Events are timeline semaphores with explicit values. Nodes whose equation is not in
-this graph are skipped (a schedule covers every graph of a call, as in the seed). The
+this graph are skipped (a schedule covers every graph of a call). The
 pass is idempotent: a fence already in place is not added again. Fences are effects:
 no other pass drops or reorders them, and the verifier (``verify.py``) rejects waits
 that nothing can satisfy, waits that deadlock and signal values that do not increase.

@@ -8,7 +8,7 @@ diffed, compared (``segc passes --compare``) and re-applied.
 - ``balanced(n)``: at most n segments minimising the largest segment cost, by dynamic
   programming over the legal cut points (as PipeDream's partitioner); the cost is the
   analytic roofline (``analysis.eqn_cost``) or measured per-segment times
-  (:func:`measure_segments`) spread over each segment's equations;
+  (``segc.runtime.measure_segments``) spread over each segment's equations;
 - ``memory(budget)``: the fewest segments whose peak live bytes each stay under budget;
 - ``min_boundary_bytes``: one cut between each pair of consecutive markers, where the
   bytes crossing it are smallest: a minimum s-t cut (networkx) over the equations

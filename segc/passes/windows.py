@@ -1,7 +1,7 @@
 """``window``: an execution window ``[first, last]`` over equation ids, in the IR.
 
 A window selects the segments that intersect the inclusive range of equations from
-``first`` to ``last`` (matched by id, per graph, as the seed matches by pointer). It is
+``first`` to ``last`` (matched by id, per graph, so it survives re-tracing). It is
 a ``segc.window`` pseudo-equation, placed at the start of its first segment, with
 arguments ``(name, first, last, mode, entry, exit)``:
 
@@ -10,7 +10,7 @@ arguments ``(name, first, last, mode, entry, exit)``:
   ``exit`` the values it computes for segments after it or for the graph's outputs
   (what the stash receives);
 - ``mode`` ``"all"``: neither endpoint is in this graph (another graph of the same call
-  holds the window): the window selects everything, as the seed encodes in full;
+  holds the window): the window selects everything (the graph runs in full);
 - exactly one endpoint in the graph is an error (:class:`segc.ScheduleError`) naming
   the one that is missing.
 

@@ -1,4 +1,4 @@
-"""segc's runtime: the segmented executor (and, with the runtime issue, events,
+"""segc's runtime: the segmented executor (and, to come, events,
 schedules, windows and the activation stash). It imports the IR and the lowering, never
 the front end, ``jit`` or the engines."""
 

@@ -59,7 +59,7 @@ def _getter(cells: tuple[int, ...]) -> Callable[[list], tuple]:
 def _touches_empty(g: Graph, s: Segment, vs: dict[str, Var]) -> bool:
     """Whether a value the segment reads or makes has no elements. MLX 0.32.4's CUDA
     build dies with SIGFPE evaluating an ``mx.compile``d function over an empty array
-    (``benchmarks/probe_cuda.py``), so such a segment runs its ops one by one, as eager
+    (docs/lowering.md, "GPU"), so such a segment runs its ops one by one, as eager
     MLX does: the same bits, only without fusion in that segment."""
     names = [*s.inputs, *(o.name for e in s.eqns(g) for o in e.outs)]
     return any(0 in vs[v].shape for v in names)

@@ -249,17 +249,21 @@ def _exact_slot(index: int, obj: Any) -> Slot:
 
 def _exact_standin(slot: Slot, arrays: list[mx.array], rec: Record) -> tuple[type, dict]:
     d = snapshot(slot.obj)
-    for name, a in zip(slot.names, arrays):
-        if "[" in name:
-            base, i = name[:-1].split("[")
-            seq = d[base]
-            if isinstance(seq, tuple):
-                seq = list(seq)
-            seq[int(i)] = a
-            d[base] = seq if isinstance(vars(slot.obj)[base], list) else tuple(seq)
-        else:
-            d[name] = a
+    _put(d, slot.names, arrays)
     return type(slot.obj), d
+
+
+def _put(d: dict[str, Any], names: list[str] | tuple[str, ...], arrays: list[mx.array]) -> None:
+    """Write ``arrays`` into the attribute dict ``d`` by name: ``attr``, or ``attr[i]`` for
+    an element of a list or tuple attribute (which keeps its type)."""
+    for name, a in zip(names, arrays):
+        if "[" not in name:
+            d[name] = a
+            continue
+        base, i = name[:-1].split("[")
+        seq = list(d[base])
+        seq[int(i)] = a
+        d[base] = seq if isinstance(d[base], list) else tuple(seq)
 
 
 @contextmanager
@@ -354,20 +358,8 @@ def commit(slot: Slot, plan: Commit, outs: list[mx.array]) -> None:
         KINDS[plan.kind].commit(slot, plan, outs)
         return
     d = dict(plan.statics)
-    for name, a in zip(plan.outputs, outs):
-        if "[" in name:
-            base, i = name[:-1].split("[")
-            seq = d[base]
-            if isinstance(seq, tuple):
-                seq = list(seq)
-                seq[int(i)] = a
-                d[base] = tuple(seq)
-            else:
-                seq[int(i)] = a
-        else:
-            d[name] = a
+    _put(d, plan.outputs, outs)
     for k in list(vars(obj)):
         if k not in d:
             delattr(obj, k)
     obj.__dict__.update(d)
-    return

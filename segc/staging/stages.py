@@ -3,7 +3,7 @@
 placed by a strategy) and its ``.compile()`` a :class:`Compiled`: a callable for that
 signature, which refuses arguments of another.
 
-Every stage keeps the :class:`~segc.jit.signature.CallSpec` of the function it came
+Every stage keeps the :class:`~segc.staging.signature.CallSpec` of the function it came
 from, so that a :class:`Compiled` can check and flatten a call on its own.
 """
 
@@ -46,7 +46,7 @@ class Traced:
         return self.graph.as_text()
 
     def lower(self, strategy: Any = None) -> Lowered:
-        """Place the cuts by ``strategy`` (default: the jit's; see ``segc.passes.place``)."""
+        """Place the cuts by ``strategy`` (default: the jit's; see ``segc.passes.pipeline.place``)."""
         return Lowered(self, place(self.graph, strategy if strategy is not None else self.strategy))
 
 
