@@ -18,8 +18,10 @@ import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
 from ..errors import StateError, TraceError
-from ..trace import auto_boundaries, matching_modules, module_boundaries, trace
+from ..runtime import DISPATCH_LOCK
+from ..trace import auto_boundaries, matching_modules, module_boundaries, trace, tracing
 from ..trace import state as st
+from ..trace.clone import clone_modules
 from ..trace.params import ParamGatherer
 from ..trace.pytree import flatten, unflatten
 from .signature import ROOTS, CacheInfo, CallSpec, Signature
@@ -101,8 +103,9 @@ class Jitted:
     # ----------------------------------------------------------------- stages
 
     def trace(self, *args: Any, **kwargs: Any) -> Traced:
-        args, kwargs, objs = self.spec.extract(args, kwargs)
-        return self._bind(args, kwargs, objs, cached=False)[0]
+        with DISPATCH_LOCK:
+            args, kwargs, objs = self.spec.extract(args, kwargs)
+            return self._bind(args, kwargs, objs, cached=False)[0]
 
     def lower(self, *args: Any, strategy: Any = None, **kwargs: Any) -> Lowered:
         return self.trace(*args, **kwargs).lower(strategy)
@@ -132,8 +135,10 @@ class Jitted:
             kw.update({where: v for kind, where, v in stat if kind == "kw"})
             return st.restore(tuple(full), objs), st.restore(kw, objs)
 
-        module = self.module
-        original = module.parameters() if module is not None else None
+        # the trace binds placeholders and wraps submodules in a private copy of the
+        # module tree, never in the user's module (trace/clone.py)
+        module = clone_modules(self.module) if self.module is not None else None
+        target = module if module is not None else self.fn
 
         def bind(pkw: dict[str, mx.array]) -> None:
             assert module is not None
@@ -147,7 +152,7 @@ class Jitted:
                 per_slot.append(xs[: len(s.inputs)])
                 xs = xs[len(s.inputs) :]
             with st.swapped(slots, per_slot) as recs, module_boundaries(module, self.boundaries):
-                out = self.fn(*a, **k)
+                out = target(*a, **k)
                 outs = [st.outputs_after(s, r) for s, r in zip(slots, recs)]
                 recorded[:] = [st.commit_plan(s, r) for s, r in zip(slots, recs)]
             return (out, tuple(x for o in outs for x in o)) if slots else out
@@ -166,8 +171,6 @@ class Jitted:
                 name=self.name,
             )
         finally:
-            if module is not None and original is not None:
-                module.update(original)
             self.info.trace_seconds += time.perf_counter() - t0
         out_tree = tr.out_tree.children[0] if slots else tr.out_tree
         exact = frozenset(s.index for s in slots if s.mode == "exact")
@@ -185,6 +188,12 @@ class Jitted:
     # ----------------------------------------------------------------- calling
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if tracing():  # called inside another segc trace: inline, as jax.jit does
+            return self.fn(*args, **kwargs)
+        with DISPATCH_LOCK:  # one call at a time in the process (MLX's compiled calls)
+            return self._call(args, kwargs)
+
+    def _call(self, args: tuple, kwargs: dict) -> Any:
         args, kwargs, objs = self.spec.extract(args, kwargs)
         if not objs:  # the fast path: no state objects to settle
             sig, leaves, params = self.spec.abstract(args, kwargs)

@@ -18,7 +18,7 @@ from ..errors import SignatureError
 from ..ir import Graph, Segment, segments, to_text, verify
 from ..passes.analysis import header_annotator
 from ..passes.pipeline import place
-from ..runtime import Executor
+from ..runtime import Aborted, Executor
 from ..trace import state as st
 from ..trace.pytree import TreeDef, unflatten
 from .signature import CallSpec, Signature
@@ -123,17 +123,66 @@ class Compiled:
         return self.executor(list(inputs))
 
     def run(self, leaves: list[mx.array], params: dict[str, mx.array], slots: Sequence[st.Slot] = ()) -> Any:
-        """Run on a call already bound to this signature; commit the state objects."""
+        """Run on a call already bound to this signature; commit the state objects.
+
+        Whatever ends the call, the caller's state objects end as they were before it or
+        as eager MLX would leave them after it, never in between (docs/reliability.md):
+        an exception before the commit leaves them untouched; an exception during a
+        dispatch that donated their buffers finishes the dispatch and commits (or, if the
+        dispatch fails again, puts back the buffers it took); an exception in a commit
+        completes the other commits. The exception is raised after.
+        """
+        slots = list(slots)
         inputs = leaves + [x for s in slots for x in s.inputs] + [params[p] for p in self._param_order]
+        starts = _input_starts(len(leaves), slots)
         # Once this signature has run, hand state buffers that the call rewrites to the
         # executor alone: MLX then updates them in place instead of copying every cache on
         # every decode step (the commit below puts the results back into the objects).
-        donate = self._ran and st.donate(list(slots), self.commits)
-        outs = self.executor(inputs, consume=donate)
+        donated = self._ran and st.donate(slots, self.commits)
+        try:
+            outs = self.executor(inputs, consume=donated)
+        except Aborted as ab:
+            if ab.outputs is not None:  # finished after the exception: commit, then re-raise
+                self._commit(slots, ab.outputs)
+            else:
+                self._give_back(slots, starts, ab)
+            raise ab.cause.with_traceback(ab.cause.__traceback__) from None
         self._ran = True
-        n = len(outs) - self._n_state_out
-        k = n
+        self._commit(slots, outs)
+        return unflatten(self.out_tree, outs[: len(outs) - self._n_state_out])
+
+    def _commit(self, slots: list[st.Slot], outs: list[mx.array]) -> None:
+        """Write every state object's results; an exception in one commit is raised only
+        after every commit has been done (once more for the one that raised), so that the
+        objects never end between two calls."""
+        k = len(outs) - self._n_state_out
+        pending: BaseException | None = None
         for s, c in zip(slots, self.commits):
-            st.commit(s, c, outs[k : k + len(c.outputs)])
+            part = outs[k : k + len(c.outputs)]
             k += len(c.outputs)
-        return unflatten(self.out_tree, outs[:n])
+            try:
+                st.commit(s, c, part)
+            except BaseException as exc:
+                pending = pending or exc
+                st.commit(s, c, part)  # commits are idempotent: they write from the slot's host values
+        if pending is not None:
+            raise pending
+
+    def _give_back(self, slots: list[st.Slot], starts: list[int], ab: Aborted) -> None:
+        """After a failed donating dispatch, give each state object back the buffers it
+        handed over (``trace.state.give_back``)."""
+        k = len(self.graph.outputs) - self._n_state_out
+        for s, c, start in zip(slots, self.commits, starts):
+            alive = {n: ab.inputs[start + i] for i, n in enumerate(s.names) if start + i in ab.inputs}
+            made = {n: ab.partial[k + j] for j, n in enumerate(c.outputs) if k + j in ab.partial}
+            st.give_back(s, alive, made)
+            k += len(c.outputs)
+
+
+def _input_starts(n_leaves: int, slots: list[st.Slot]) -> list[int]:
+    """The position of each state object's first input among the graph's inputs."""
+    out, k = [], n_leaves
+    for s in slots:
+        out.append(k)
+        k += len(s.inputs)
+    return out

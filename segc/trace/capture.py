@@ -10,6 +10,7 @@ A ``Depends`` on a boundary tag (``markers.py``) becomes a ``segc.cut`` equation
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +42,15 @@ def _canon(a: Any) -> Any:
     if isinstance(a, bool | int | float | str) or a is None:
         return a
     return str(a)  # enums and other exotic states are kept by name
+
+
+# how deep this thread is inside mx.export_function (a nested segc.jit call inlines)
+_LOCAL = threading.local()
+
+
+def tracing() -> bool:
+    """Whether this thread is inside a segc trace."""
+    return getattr(_LOCAL, "depth", 0) > 0
 
 
 _STATE_ERR = re.compile(r"Unable to get state for primitive (\w+)")
@@ -84,6 +94,7 @@ def trace(
             raise TraceError(f"{name} returned no arrays (output structure {td})")
         return outs
 
+    _LOCAL.depth = getattr(_LOCAL, "depth", 0) + 1
     try:
         mx.export_function(records.append, traced, *arg_leaves, **params)  # type: ignore[arg-type]
     except (TraceError, UnsupportedPrimitive):
@@ -94,6 +105,8 @@ def trace(
             prim = m.group(1)
             raise UnsupportedPrimitive(prim, _HINTS.get(prim, "MLX cannot export it"), where=name) from None
         raise TraceError(f"tracing {name} failed: {exc}") from exc
+    finally:
+        _LOCAL.depth -= 1
     g = _build(records, arg_paths, name, kinds)
     return Capture(verify(g), out_tree[0])
 

@@ -283,6 +283,7 @@ def _donate(slot: Slot, plan: Commit) -> bool:
         return False
     slot.inputs.clear()
     slot.obj.keys = slot.obj.values = None
+    slot.host["donated"] = ("keys", "values")
     return True
 
 

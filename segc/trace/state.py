@@ -341,6 +341,17 @@ def donate(slots: list[Slot], commits: tuple[Commit, ...]) -> bool:
     return any_
 
 
+def give_back(slot: Slot, unread: dict[str, mx.array], written: dict[str, mx.array]) -> None:
+    """Put back the buffers :func:`donate` detached (their names in
+    ``slot.host["donated"]``) after a dispatch that failed: the input itself if the
+    executor never read it (``unread``), else the buffer that the segment reading it
+    wrote (``written``), which a state kind's write leaves equal to the input wherever
+    the object can be read (a KV cache writes beyond its offset, which stays as it was)."""
+    for name in slot.host.get("donated", ()):
+        buf = unread.get(name)
+        setattr(slot.obj, name, buf if buf is not None else written.get(name))
+
+
 def commit_plan(slot: Slot, rec: Record) -> Commit:
     return Commit(slot.kind, tuple(rec.outputs), rec.n, tuple(rec.statics.items()))
 
