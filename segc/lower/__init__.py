@@ -18,6 +18,7 @@ from .prim import PRIMS as PRIMS
 from .prim import Prim as Prim
 from .prim import lookup as lookup
 from .replay import check_supported as check_supported
+from .replay import compile_loses as compile_loses
 from .replay import replay_fn as replay_fn
 from .replay import segment_fn as segment_fn
 
@@ -34,6 +35,7 @@ __all__ = [
     "UNSUPPORTED",
     "Prim",
     "check_supported",
+    "compile_loses",
     "lookup",
     "replay_fn",
     "segment_fn",

@@ -23,7 +23,7 @@ import mlx.core as mx
 
 from ..errors import SignatureError
 from ..ir import Graph, Segment, SegmentEffects, Var, segment_effects, segments
-from ..lower import check_supported, segment_fn
+from ..lower import check_supported, compile_loses, segment_fn
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,8 +99,12 @@ class Executor:
             self.preset.append((cell[c.var.name], c.value))
         fns = []
         vs = g.vars()
+        fragile = {c.var.name for c in g.consts if compile_loses(c)}
+        const_args: list[tuple[str, ...]] = []
         for s in self.segments:
-            fn = segment_fn(g, s)
+            used = dict.fromkeys(v for e in s.eqns(g) for v in e.ins if v in fragile)
+            const_args.append(tuple(used))
+            fn = segment_fn(g, s, const_args[-1])
             if compile and not _touches_empty(g, s, vs):
                 fn = mx.compile(fn)
             for o in s.outputs:
@@ -126,7 +130,7 @@ class Executor:
             SegmentStep(
                 s,
                 fn,
-                tuple(cell[v] for v in s.inputs),
+                tuple(cell[v] for v in (*s.inputs, *const_args[k])),
                 tuple(cell[v] for v in s.outputs),
                 tuple(dead.get(k, ())),
                 effects[k],

@@ -13,7 +13,7 @@ that structure. Module parameters, which are plain nested dicts and lists, do go
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
@@ -23,11 +23,21 @@ from ..errors import TraceError
 STATIC_TYPES = (bool, int, float, str, bytes, type(None))
 
 
+def static_key(x: Any) -> tuple[str, Any]:
+    """What identifies a static value in the trace-cache key: its type and its value, a
+    float by its exact bits, so that values eager MLX treats differently never share an
+    entry (``2``/``2.0``/``True``, ``0.0``/``-0.0``) and equal NaNs do."""
+    if isinstance(x, float):
+        return type(x).__name__, x.hex()
+    return type(x).__name__, x
+
+
 @dataclass(frozen=True, slots=True)
 class TreeDef:
     kind: str  # "leaf" | "static" | "tuple" | "list" | "dict" | "none"
     children: tuple[TreeDef, ...] = ()
-    keys: tuple[Any, ...] = ()  # dict keys, or the static value (one element)
+    keys: tuple[Any, ...] = ()  # dict keys, or a static value's static_key (one element)
+    value: Any = field(default=None, compare=False)  # a static value itself
 
     @property
     def num_leaves(self) -> int:
@@ -39,7 +49,7 @@ class TreeDef:
         if self.kind == "leaf":
             return "*"
         if self.kind == "static":
-            return repr(self.keys[0])
+            return repr(self.value)
         if self.kind == "none":
             return "None"
         inner = ", ".join(
@@ -76,7 +86,7 @@ def flatten(
             kids = tuple(go(x[k], f"{p}[{k!r}]") for k in keys)
             return TreeDef("dict", kids, keys)
         if isinstance(x, STATIC_TYPES):
-            return TreeDef("static", (), (x,))
+            return TreeDef("static", (), (static_key(x),), x)
         raise TraceError(
             f"{what} {p or '<root>'} is a {type(x).__module__}.{type(x).__qualname__}; "
             "segc traces mx.array leaves (convert with mx.array) and hashable static "
@@ -97,7 +107,7 @@ def unflatten(td: TreeDef, leaves: list[Any]) -> Any:
         if t.kind == "leaf":
             return next(it)
         if t.kind == "static":
-            return t.keys[0]
+            return t.value
         if t.kind == "none":
             return None
         kids = [go(c) for c in t.children]
