@@ -24,6 +24,7 @@ from ..trace import state as st
 from ..trace.clone import clone_modules
 from ..trace.params import ParamGatherer
 from ..trace.pytree import flatten, unflatten
+from . import rng
 from .signature import ROOTS, CacheInfo, CallSpec, Signature
 from .stages import Compiled, Lowered, Traced
 from .validate import check_against_eager
@@ -159,6 +160,7 @@ class Jitted:
 
         state_paths = [f"state[{s.index}].{n}" for s in slots for n in s.names]
         t0 = time.perf_counter()
+        key = rng.key_words()
         try:
             tr = trace(
                 fn,
@@ -171,10 +173,12 @@ class Jitted:
                 name=self.name,
             )
         finally:
+            draws = rng.rewind(key, self.name)  # the trace itself draws nothing
             self.info.trace_seconds += time.perf_counter() - t0
         out_tree = tr.out_tree.children[0] if slots else tr.out_tree
         exact = frozenset(s.index for s in slots if s.mode == "exact")
-        return Traced(self.spec, sig, tr.graph, out_tree, tuple(recorded), exact, self.strategy)
+        graph = rng.key_as_input(tr.graph, key) if draws else tr.graph
+        return Traced(self.spec, sig, graph, out_tree, tuple(recorded), exact, self.strategy, draws=draws)
 
     def _compile(self, t: Traced) -> Compiled:
         """The miss path: lower and compile a fresh trace, and file it in the cache."""

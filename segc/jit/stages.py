@@ -21,6 +21,7 @@ from ..passes.pipeline import place
 from ..runtime import Aborted, Executor
 from ..trace import state as st
 from ..trace.pytree import TreeDef, unflatten
+from . import rng
 from .signature import CallSpec, Signature
 
 
@@ -36,11 +37,14 @@ class Traced:
         commits: tuple[st.Commit, ...] = (),
         exact: frozenset[int] = frozenset(),
         strategy: Any = None,
+        *,
+        draws: int = 0,
     ):
         self.spec, self.signature, self.graph, self.out_tree = spec, signature, graph, out_tree
         self.commits = commits  # per state object: how its outputs are written back
         self.exact = exact  # indices of the state objects traced in exact mode
         self.strategy = strategy  # the jitted function's default cut placement
+        self.draws = draws  # how many times a call splits MLX's global random key (jit/rng.py)
 
     def as_text(self) -> str:
         return self.graph.as_text()
@@ -86,6 +90,8 @@ class Compiled:
         self.commits = t.commits
         self.exact = t.exact
         self._n_state_out = sum(len(c.outputs) for c in self.commits)
+        self._draws = t.draws
+        self._key_in = any(i.path == rng.KEY_PATH for i in self.graph.inputs)
         self._ran = False
         self._param_order = [i.path for i in self.graph.inputs if i.kind == "param"]
 
@@ -114,8 +120,11 @@ class Compiled:
     def flat_inputs(self, *args: Any, **kwargs: Any) -> list[mx.array]:
         """The graph's inputs for a call (arguments, state arrays, then parameters), after
         checking its signature: what :meth:`execute` takes."""
-        leaves, params, slots = self._bind(args, kwargs)
-        return leaves + [x for s in slots for x in s.inputs] + [params[p] for p in self._param_order]
+        return self._inputs(*self._bind(args, kwargs))
+
+    def _inputs(self, leaves: list[mx.array], params: dict[str, mx.array], slots: Sequence[st.Slot]) -> list[mx.array]:
+        key = [rng.current_key()] if self._key_in else []
+        return leaves + [x for s in slots for x in s.inputs] + key + [params[p] for p in self._param_order]
 
     def execute(self, inputs: list[mx.array]) -> list[mx.array]:
         """Run the segments on flat graph inputs; the graph's outputs (not waited for),
@@ -133,7 +142,7 @@ class Compiled:
         completes the other commits. The exception is raised after.
         """
         slots = list(slots)
-        inputs = leaves + [x for s in slots for x in s.inputs] + [params[p] for p in self._param_order]
+        inputs = self._inputs(leaves, params, slots)
         starts = _input_starts(len(leaves), slots)
         # Once this signature has run, hand state buffers that the call rewrites to the
         # executor alone: MLX then updates them in place instead of copying every cache on
@@ -143,11 +152,13 @@ class Compiled:
             outs = self.executor(inputs, consume=donated)
         except Aborted as ab:
             if ab.outputs is not None:  # finished after the exception: commit, then re-raise
+                rng.advance(self._draws)
                 self._commit(slots, ab.outputs)
             else:
                 self._give_back(slots, starts, ab)
             raise ab.cause.with_traceback(ab.cause.__traceback__) from None
         self._ran = True
+        rng.advance(self._draws)  # leave MLX's global key where eager would
         self._commit(slots, outs)
         return unflatten(self.out_tree, outs[: len(outs) - self._n_state_out])
 
