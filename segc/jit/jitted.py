@@ -67,6 +67,8 @@ class Jitted:
         if boundaries is not None and not isinstance(boundaries, str | list | tuple):
             raise TraceError(f"boundaries= takes a glob or a list of globs, got {type(boundaries).__name__}")
         self.boundaries = [boundaries] if isinstance(boundaries, str) else list(boundaries or [])
+        if not all(isinstance(b, str) for b in self.boundaries):
+            raise TraceError(f"boundaries= takes a glob or a list of globs (strings), got {boundaries!r}")
         if state_mode not in ("auto", "exact"):
             raise TraceError(f"state_mode must be 'auto' or 'exact', got {state_mode!r}")
         self.state_mode = state_mode

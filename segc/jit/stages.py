@@ -82,7 +82,7 @@ class Compiled:
     def __init__(self, lowered: Lowered, *, drain: bool = False, compile: bool = True):
         self.lowered = lowered
         self.graph = lowered.graph
-        self.executor = Executor(self.graph, compile=compile, drain=drain)
+        self.executor = Executor(self.graph, compile=compile, drain=drain, check=False)
         t = lowered.traced
         self.spec = t.spec
         self.signature = t.signature

@@ -23,7 +23,7 @@ import mlx.core as mx
 
 from ..errors import SignatureError
 from ..ir import Graph, Segment, SegmentEffects, Var, segment_effects, segments
-from ..lower import check_supported, compile_loses, segment_fn
+from ..lower import check_supported, check_types, compile_loses, segment_fn
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,8 +83,13 @@ class Executor:
     no longer than its last segment).
     """
 
-    def __init__(self, g: Graph, *, compile: bool = True, drain: bool = False):
-        check_supported(g)
+    def __init__(self, g: Graph, *, compile: bool = True, drain: bool = False, check: bool = True):
+        # a graph from elsewhere (parsed text) is type-checked against the rules; the
+        # jit's own traced graphs are right by construction and skip it (check=False)
+        if check:
+            check_types(g)
+        else:
+            check_supported(g)
         self.graph = g
         self.drain = drain
         self.segments = segments(g)

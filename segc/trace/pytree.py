@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
 
 from ..errors import TraceError
 
@@ -78,6 +79,11 @@ def flatten(
             return TreeDef("leaf")
         if x is None:
             return TreeDef("none")
+        if isinstance(x, nn.Module):  # a dict subclass: it would flatten to its parameters
+            raise TraceError(
+                f"{what} {p or '<root>'} is an nn.Module ({type(x).__name__}); segc traces a module as the "
+                "jitted function itself (segc.jit(module)) or closed over by it, not as an argument"
+            )
         if isinstance(x, tuple | list):
             kids = tuple(go(v, f"{p}[{i}]") for i, v in enumerate(x))
             return TreeDef("tuple" if isinstance(x, tuple) else "list", kids)

@@ -161,7 +161,7 @@ def _map_leaves(tree: Any, fn: Callable[[Any], Any]) -> Any:
     if isinstance(tree, tuple | list):
         out = [_map_leaves(v, fn) for v in tree]
         return tuple(out) if isinstance(tree, tuple) else out
-    if isinstance(tree, dict):
+    if isinstance(tree, dict) and not isinstance(tree, nn.Module):
         return {k: _map_leaves(v, fn) for k, v in tree.items()}
     return fn(tree)
 
