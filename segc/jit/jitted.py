@@ -9,7 +9,10 @@ and records a readable reason (:attr:`Jitted.info`).
 from __future__ import annotations
 
 import functools
+import gc
 import time
+import warnings
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -17,7 +20,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
-from ..errors import StateError, TraceError
+from ..errors import SegcWarning, StateError, TraceError
 from ..runtime import DISPATCH_LOCK
 from ..trace import auto_boundaries, matching_modules, module_boundaries, trace, tracing
 from ..trace import state as st
@@ -57,6 +60,7 @@ class Jitted:
         state_mode: str = "auto",
         strategy: Any = None,
         validate: bool = True,
+        cache_size: int = 64,
     ):
         if not callable(fn):
             raise TraceError(f"segc.jit needs a function or an nn.Module, got {type(fn).__name__}")
@@ -90,7 +94,11 @@ class Jitted:
             state,
             gather,
         )
-        self._cache: dict[Signature, Compiled] = {}
+        if not isinstance(cache_size, int) or isinstance(cache_size, bool) or cache_size < 1:
+            raise TraceError(f"cache_size must be an int >= 1, got {cache_size!r}")
+        self.cache_size = cache_size
+        self._cache: OrderedDict[Signature, Compiled] = OrderedDict()  # least recently used first
+        self._warned = False
         self._last: Signature | None = None
         self.info = CacheInfo()
         functools.update_wrapper(self, fn if not isinstance(fn, nn.Module) else type(fn).__call__, updated=())  # type: ignore[arg-type]
@@ -188,6 +196,9 @@ class Jitted:
         self.info.misses += 1
         self.info.retraces.append(t.signature.explain_change(self._last))
         self._cache[t.signature] = c
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+            self.info.evictions += 1
         self._last = t.signature
         return c
 
@@ -201,9 +212,14 @@ class Jitted:
 
     def _call(self, args: tuple, kwargs: dict) -> Any:
         args, kwargs, objs = self.spec.extract(args, kwargs)
+        why = next((r for o in objs if (r := st.eager_reason(o)) is not None), None)
+        if why is not None:
+            return self._eager(args, kwargs, objs, why)
         if not objs:  # the fast path: no state objects to settle
             sig, leaves, params = self.spec.abstract(args, kwargs)
             c = self._cache.get(sig)
+            if c is not None:
+                self._cache.move_to_end(sig)
             if c is None:
                 c = self._compile(self._trace(sig, args, kwargs, leaves, params, []))
             else:
@@ -216,6 +232,14 @@ class Jitted:
         if self.validate and self.info.misses != misses and any(s.mode == "dynamic" for s in slots):
             return self._validated(c, args, kwargs, objs, leaves, params, slots)
         return c.run(leaves, params, slots)
+
+    def _eager(self, args: tuple, kwargs: dict, objs: list[Any], why: str) -> Any:
+        """Run the function as it is: a state object segc does not trace (a warning once)."""
+        if not self._warned:
+            self._warned = True
+            warnings.warn(f"{self.name}: {why}; such calls run eagerly", SegcWarning, stacklevel=4)
+        self.info.eager_calls += 1
+        return self.fn(*st.restore(args, objs), **st.restore(kwargs, objs))
 
     def _validated(
         self,
@@ -259,6 +283,8 @@ class Jitted:
             slots = [st.make_slot(i, o, exact=i in exact, grown=grown.get(i)) for i, o in enumerate(objs)]
             sig, leaves, params = self.spec.abstract(args, kwargs, slots)
             c = self._cache.get(sig) if cached else None
+            if c is not None:
+                self._cache.move_to_end(sig)
             if c is None and sig in self._exact_after:
                 exact |= self._exact_after[sig]
                 continue
@@ -291,8 +317,13 @@ class Jitted:
         return self.info
 
     def clear_cache(self) -> None:
+        """Drop every compiled entry and hand the memory back to MLX's allocator (and
+        MLX's buffer cache back to the system: ``mx.clear_cache``)."""
         self._cache.clear()
+        self._exact_after.clear()
         self._last = None
+        gc.collect()
+        mx.clear_cache()
 
 
 def jit(fn: Callable[..., Any] | None = None, **options: Any) -> Any:

@@ -81,6 +81,8 @@ class CacheInfo:
     trace_seconds: float = 0.0
     # traces abandoned because a state object had to grow or switch to exact mode first
     aborted: list[str] = field(default_factory=list)
+    evictions: int = 0  # entries dropped by the cache bound (least recently used first)
+    eager_calls: int = 0  # calls run eagerly (a state object segc does not trace, with a warning)
 
     @property
     def traces(self) -> int:

@@ -130,6 +130,19 @@ def recognize(test: Callable[[Any], bool]) -> None:
     _RECOGNIZERS.append(test)
 
 
+_EAGER: list[Callable[[Any], str | None]] = []  # state objects segc runs eagerly, and why
+
+
+def run_eagerly(reason: Callable[[Any], str | None]) -> None:
+    """Register a test: a state object for which it gives a reason is not traced; calls
+    that pass it run the function eagerly (``segc.SegcWarning`` says so once)."""
+    _EAGER.append(reason)
+
+
+def eager_reason(obj: Any) -> str | None:
+    return next((r for test in _EAGER if (r := test(obj)) is not None), None)
+
+
 def register(cls: type) -> type:
     """Treat instances of ``cls`` found in a call's arguments as state (exact mode)."""
     recognize(lambda x: isinstance(x, cls))
