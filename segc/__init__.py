@@ -3,6 +3,7 @@
 from .errors import IRError as IRError
 from .errors import ScheduleError as ScheduleError
 from .errors import SegcError as SegcError
+from .errors import SegcWarning as SegcWarning
 from .errors import SignatureError as SignatureError
 from .errors import StateError as StateError
 from .errors import TraceError as TraceError
@@ -28,6 +29,7 @@ __all__ = [
     "Lowered",
     "ScheduleError",
     "SegcError",
+    "SegcWarning",
     "SignatureError",
     "StateError",
     "TraceError",

@@ -39,3 +39,7 @@ class IRError(SegcError):
 
 class ScheduleError(SegcError):
     """An invalid cut plan, fence or window."""
+
+
+class SegcWarning(UserWarning):
+    """segc did something other than asked, safely (e.g. ran a call eagerly)."""

@@ -21,6 +21,7 @@ os.environ.setdefault("SEGC_CHECKS", "1")
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
+import hypothesis
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
@@ -32,6 +33,21 @@ from segc.ir import CUT, Eqn, Graph, segments
 from segc.lower import PRIMS, REBUILT, replay_fn
 from segc.runtime import Executor
 from segc.staging.validate import VALIDATE_TOL
+
+# Hypothesis profiles: HYPOTHESIS_PROFILE=ci (the default, what CI runs) or deep (ten
+# times the examples of every property test, for a thorough run before a release).
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+if PROFILE not in ("ci", "deep"):
+    raise pytest.UsageError(f"HYPOTHESIS_PROFILE must be ci or deep, got {PROFILE!r}")
+hypothesis.settings.register_profile("ci", deadline=None)
+hypothesis.settings.register_profile("deep", deadline=None, max_examples=1000)
+hypothesis.settings.load_profile(PROFILE)
+
+
+def examples(n: int) -> int:
+    """A property test's number of examples under the current profile."""
+    return n * (10 if PROFILE == "deep" else 1)
+
 
 FLOATS = (mx.float32, mx.float16, mx.bfloat16)
 INTS = (mx.int32, mx.int16, mx.uint8, mx.uint32, mx.int8)

@@ -43,8 +43,12 @@ CHECKED = [
     "docs/api.md",
     "docs/cli.md",
     "docs/concepts.md",
+    "docs/gpu.md",
+    "docs/lowering.md",
     "docs/models.md",
     "docs/passes.md",
+    "docs/performance.md",
+    "docs/reliability.md",
     *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "segc").glob("*/README.md")),
 ]
 # files whose examples take more than ~2 s (none: every example uses a tiny model and

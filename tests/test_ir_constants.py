@@ -4,7 +4,7 @@ elided (large ones) with the fingerprint kept. These build and compare MLX array
 from __future__ import annotations
 
 import mlx.core as mx
-from conftest import same_bits
+from conftest import examples, same_bits
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,7 +14,7 @@ from segc.ir import Const, Eqn, Graph, Input, Var, to_text, verify
 _DTYPES = ["f32", "f16", "bf16", "i32", "u8", "bool", "i64", "c64"]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     dtype=st.sampled_from(_DTYPES),
     shape=st.lists(st.integers(0, 4), min_size=0, max_size=3),

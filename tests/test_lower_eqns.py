@@ -13,7 +13,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import FLOATS, assert_same_bits, run_graph
+from conftest import FLOATS, assert_same_bits, examples, run_graph
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -54,8 +54,8 @@ def _rand(seed: int, shape: tuple[int, ...], dt: mx.Dtype = mx.float32, ints: bo
     return mx.array(v).astype(dt)
 
 
-SET = settings(max_examples=8, deadline=None)
-FAST = settings(max_examples=5, deadline=None)  # each new fused CPU kernel costs a C++ compile
+SET = settings(max_examples=examples(8), deadline=None)
+FAST = settings(max_examples=examples(5), deadline=None)  # each new fused CPU kernel costs a C++ compile
 seeds = st.integers(0, 2**31)
 
 

@@ -23,6 +23,7 @@ from conftest import (
     assert_same_bits,
     check_segmented,
     cut_variants,
+    examples,
     graph_inputs,
     prims,
     run_graph,
@@ -276,7 +277,7 @@ _UNDEFINED_CAST = "AsType (float to integer, out of range)"
 
 
 @pytest.mark.slow
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=examples(8), deadline=None)
 @given(
     dt=st.sampled_from([mx.float32, mx.float16, mx.bfloat16]),
     to=st.sampled_from([mx.int32, mx.uint8, mx.int8, mx.uint32]),
@@ -877,7 +878,7 @@ SLOW_CASES = {
 )
 def test_case(c: Case) -> None:
     @settings(
-        max_examples=c.examples,
+        max_examples=examples(c.examples),
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
@@ -903,7 +904,7 @@ def _covering_example(c: Case) -> set[str]:
     fn, args = find(
         c.strategy,
         lambda b: want <= prims(trace_graph(*b[:1], *b[1])),
-        settings=settings(database=None, max_examples=50, suppress_health_check=list(HealthCheck)),
+        settings=settings(database=None, max_examples=examples(50), suppress_health_check=list(HealthCheck)),
     )
     return prims(trace_graph(fn, *args))
 

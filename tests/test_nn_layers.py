@@ -14,6 +14,7 @@ from conftest import (
     assert_matches,
     assert_rules_exact,
     cut_variants,
+    examples,
     record_differs,
     run_graph,
     same_bits,
@@ -144,7 +145,7 @@ def test_layer_bit_identical(name: str) -> None:
 
 
 @pytest.mark.slow  # draws any layer, the slow ones too
-@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(5), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**16), name=st.sampled_from(list(LAYERS)), data=st.data())
 def test_layer_random_cuts(seed: int, name: str, data: st.DataObject) -> None:
     """Random weights and inputs, random cut plans (any set of cut points)."""

@@ -16,6 +16,7 @@ from conftest import (
     assert_matches,
     assert_same_bits,
     eager_and_compiled,
+    examples,
     ref_segment_peaks,
     same_bits,
     traced_with_inputs,
@@ -33,7 +34,7 @@ from segc.passes.legalize import illegal_points
 from segc.passes.plan import apply_plan
 from segc.runtime import Executor
 
-SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+SETTINGS = settings(max_examples=examples(30), deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 Reference = tuple[list[mx.array], list[mx.array] | None]  # eager's outputs, mx.compile's where they differ
 
 
@@ -151,7 +152,7 @@ def check_effects(fenced: Graph, signal_after: int, wait_at: int, first: int, la
 
 @pytest.mark.slow
 @given(steps=programs, data=st.data())
-@settings(SETTINGS, max_examples=80)
+@settings(SETTINGS, max_examples=examples(80))
 def test_random_programs_any_plan_bit_identical(steps: list, data: Any) -> None:
     x = mx.random.normal((4, 4), key=mx.random.key(1))
     y = mx.random.normal((4, 4), key=mx.random.key(2))

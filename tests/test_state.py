@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-from conftest import same_bits, state_close
+from conftest import examples, same_bits, state_close
 from hypothesis import given, settings
 from hypothesis import strategies as hst
 
@@ -89,7 +89,7 @@ def test_chunked_prefill(llama) -> None:
     _lockstep(llama, step, [_tokens(33), _tokens(20, 5), _tokens(7, 9)], 4)
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=examples(8), deadline=None)
 @given(chunks=hst.lists(hst.integers(1, 40), min_size=1, max_size=3), decode=hst.integers(0, 5))
 def test_chunks_property(chunks: list[int], decode: int) -> None:
     model = build("llama", num_hidden_layers=1)

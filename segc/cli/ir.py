@@ -20,12 +20,16 @@ def run(args: argparse.Namespace) -> int:
     from segc.models import tiny_llama
 
     if args.check:
-        if args.check == "-":
-            text = sys.stdin.read()
-        else:
-            with open(args.check) as f:
-                text = f.read()
-        print(segc.parse(text).as_text(), end="")
+        try:
+            if args.check == "-":
+                text = sys.stdin.read()
+            else:
+                with open(args.check) as f:
+                    text = f.read()
+            print(segc.parse(text).as_text(), end="")
+        except (OSError, UnicodeDecodeError, segc.SegcError) as exc:
+            print(f"segc ir: {args.check}: {exc}", file=sys.stderr)
+            return 2
         return 0
     model = tiny_llama(num_hidden_layers=args.layers)
     step = segc.jit(model, boundaries=args.boundaries or None)

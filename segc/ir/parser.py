@@ -103,7 +103,7 @@ def parse(text: str) -> Graph:
                 eqns.append(Eqn(int(eid), prim.strip(), ins, outs, args))
         except IRError:
             raise
-        except (ValueError, KeyError, IndexError) as exc:
+        except (ValueError, KeyError, IndexError, TypeError, OverflowError, RecursionError) as exc:
             raise IRError(f"{ctx}: cannot parse {raw.strip()!r}: {exc}") from None
     if name is None or outputs is None:
         raise IRError("not a segc graph: missing 'graph' header or 'return'")

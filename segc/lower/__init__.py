@@ -18,8 +18,10 @@ from .prim import PRIMS as PRIMS
 from .prim import Prim as Prim
 from .prim import lookup as lookup
 from .replay import check_supported as check_supported
+from .replay import compile_loses as compile_loses
 from .replay import replay_fn as replay_fn
 from .replay import segment_fn as segment_fn
+from .typecheck import check_types as check_types
 
 RULES = MappingProxyType({n: p.rule for n, p in PRIMS.items() if p.rule is not None})
 REBUILT = MappingProxyType({n: p.rebuilt for n, p in PRIMS.items() if p.rebuilt is not None})
@@ -34,6 +36,8 @@ __all__ = [
     "UNSUPPORTED",
     "Prim",
     "check_supported",
+    "check_types",
+    "compile_loses",
     "lookup",
     "replay_fn",
     "segment_fn",

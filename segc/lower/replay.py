@@ -7,13 +7,14 @@ already broadcast and cast: the trace records those steps as their own primitive
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlx.core as mx
 
 from ..errors import UnsupportedPrimitive
-from ..ir import Eqn, Graph, Segment
+from ..ir import Const, Eqn, Graph, Segment
 from .prim import Rule, lookup
 
 
@@ -35,12 +36,22 @@ def check_supported(g: Graph) -> None:
             raise UnsupportedPrimitive(e.prim, f"{reason} (equation #{e.id}, arguments {list(e.args)})", where=at)
 
 
-def segment_fn(g: Graph, seg: Segment) -> Callable[..., list[mx.array]]:
-    """A function of the segment's inputs returning its outputs, replaying its equations."""
-    consts = {c.var.name: c.value for c in g.consts}
-    eqns = seg.eqns(g)
-    in_names, out_names = seg.inputs, seg.outputs
-    return replay_fn(eqns, in_names, out_names, consts)
+def compile_loses(c: Const) -> bool:
+    """Whether ``mx.compile`` would change this constant if the segment captured it: MLX
+    0.32.4 writes a captured scalar into its fused kernels as a literal and loses the sign
+    bit of ``-0.0`` and of a negative NaN (``x * -0.0`` gives ``+0.0``). Such constants
+    are passed to the compiled segment as arguments instead, which keeps eager's bits."""
+    if c.value is None or c.var.shape != () or not mx.issubdtype(c.value.dtype, mx.floating):
+        return False
+    v = c.value.astype(mx.float32).item()
+    return (v == 0.0 or math.isnan(v)) and math.copysign(1.0, v) < 0
+
+
+def segment_fn(g: Graph, seg: Segment, const_args: Sequence[str] = ()) -> Callable[..., list[mx.array]]:
+    """A function of the segment's inputs, then of the constants named in ``const_args``,
+    returning its outputs by replaying its equations; other constants are captured."""
+    consts = {c.var.name: c.value for c in g.consts if c.var.name not in const_args}
+    return replay_fn(seg.eqns(g), (*seg.inputs, *const_args), seg.outputs, consts)
 
 
 def _rule(e: Eqn) -> Rule:

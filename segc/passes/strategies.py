@@ -176,10 +176,21 @@ class UserCallable:
         res = self.fn(g)
         if isinstance(res, Plan):
             return res
+        name_of = getattr(self.fn, "__name__", "user")
+        if isinstance(res, str | bytes) or not hasattr(res, "__iter__"):
+            raise ScheduleError(
+                f"user strategy {name_of!r} returned a {type(res).__name__}; return a Plan or a list of "
+                "equation ids (or (id, name) pairs) to cut after"
+            )
         ids = {e.id for e in ops(g)}
         cuts = []
         for i, item in enumerate(res):
-            eid, name = item if isinstance(item, tuple) else (item, f"cut{i}")
+            ok = isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], str)
+            eid, name = item if ok else (item, f"cut{i}")
+            if not isinstance(eid, int) or isinstance(eid, bool):
+                raise ScheduleError(
+                    f"user strategy {name_of!r}: item {i} is {item!r}, not an equation id or (id, name)"
+                )
             if eid not in ids:
                 raise ScheduleError(f"user strategy: #{eid} is not a computing equation of {g.name}")
             cuts.append(Cut(int(eid), str(name)))
@@ -200,7 +211,13 @@ def parse_bytes(text: str) -> int:
         raise ScheduleError(f"not a byte count: {text!r}")
     unit = m.group(2).lower()
     unit = unit if unit in _UNITS else unit.rstrip("b")
-    return int(float(m.group(1)) * _UNITS[unit])
+    try:
+        n = float(m.group(1)) * _UNITS[unit]
+        if not 0 <= n < 2**63:
+            raise OverflowError
+        return int(n)
+    except (ValueError, OverflowError):
+        raise ScheduleError(f"not a byte count: {text!r} (a number of bytes below 2**63)") from None
 
 
 def resolve(spec: Any) -> Strategy:

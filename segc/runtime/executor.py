@@ -12,16 +12,18 @@ here so the per-call loop does no name lookups.
 from __future__ import annotations
 
 import operator
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import mlx.core as mx
 
 from ..errors import SignatureError
 from ..ir import Graph, Segment, SegmentEffects, Var, segment_effects, segments
-from ..lower import check_supported, segment_fn
+from ..lower import check_supported, check_types, compile_loses, segment_fn
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +46,12 @@ class DispatchTimes:
 
     calls: list[float] = field(default_factory=list)
     steps: list[list[float]] = field(default_factory=list)
+
+
+# MLX's compiled calls are not thread-safe (two threads calling one mx.compile'd function
+# abort the process): every dispatch in the process holds this lock. It guards MLX, it
+# holds no data.
+DISPATCH_LOCK = threading.RLock()
 
 
 def _getter(cells: tuple[int, ...]) -> Callable[[list], tuple]:
@@ -75,8 +83,13 @@ class Executor:
     no longer than its last segment).
     """
 
-    def __init__(self, g: Graph, *, compile: bool = True, drain: bool = False):
-        check_supported(g)
+    def __init__(self, g: Graph, *, compile: bool = True, drain: bool = False, check: bool = True):
+        # a graph from elsewhere (parsed text) is type-checked against the rules; the
+        # jit's own traced graphs are right by construction and skip it (check=False)
+        if check:
+            check_types(g)
+        else:
+            check_supported(g)
         self.graph = g
         self.drain = drain
         self.segments = segments(g)
@@ -91,8 +104,12 @@ class Executor:
             self.preset.append((cell[c.var.name], c.value))
         fns = []
         vs = g.vars()
+        fragile = {c.var.name for c in g.consts if compile_loses(c)}
+        const_args: list[tuple[str, ...]] = []
         for s in self.segments:
-            fn = segment_fn(g, s)
+            used = dict.fromkeys(v for e in s.eqns(g) for v in e.ins if v in fragile)
+            const_args.append(tuple(used))
+            fn = segment_fn(g, s, const_args[-1])
             if compile and not _touches_empty(g, s, vs):
                 fn = mx.compile(fn)
             for o in s.outputs:
@@ -118,7 +135,7 @@ class Executor:
             SegmentStep(
                 s,
                 fn,
-                tuple(cell[v] for v in s.inputs),
+                tuple(cell[v] for v in (*s.inputs, *const_args[k])),
                 tuple(cell[v] for v in s.outputs),
                 tuple(dead.get(k, ())),
                 effects[k],
@@ -149,7 +166,9 @@ class Executor:
         ``consume=True`` empties ``inputs`` (a list) once read, so that the executor holds
         the only references to them: an input buffer then dies with its last reader, and
         MLX may update it in place (a KV cache written by slice updates) if the caller
-        holds it nowhere else either.
+        holds it nowhere else either. The caller then cannot fall back on its inputs, so
+        an exception during such a call arrives wrapped in :class:`Aborted`, which says
+        what became of them.
         """
         if len(inputs) != self.n_inputs:
             raise SignatureError(f"{self.graph.name} takes {self.n_inputs} inputs, got {len(inputs)}")
@@ -161,17 +180,74 @@ class Executor:
         clock = time.perf_counter
         t_call = clock() if times is not None else 0.0
         steps: list[float] = []
-        for fn, take, outs, dead in self._plan:
-            t0 = clock() if times is not None else 0.0
-            res = fn(*take(env))
-            for k in dead:  # before the dispatch, so that MLX may donate those buffers
-                env[k] = None
-            sync(res)
-            for k, r in zip(outs, res):
-                env[k] = r
-            if times is not None:
-                steps.append(clock() - t0)
+        k, done, res = 0, -1, None
+        with DISPATCH_LOCK:
+            try:
+                for k, (fn, take, outs, dead) in enumerate(self._plan):
+                    t0 = clock() if times is not None else 0.0
+                    res = fn(*take(env))
+                    done = k
+                    for i in dead:  # before the dispatch, so that MLX may donate those buffers
+                        env[i] = None
+                    for i, r in zip(outs, res):
+                        env[i] = r
+                    sync(res)
+                    if times is not None:
+                        steps.append(clock() - t0)
+            except BaseException as exc:
+                if not consume:
+                    raise
+                raise self._abort(env, k if done < k else k + 1, res if done == k else None, exc) from None
         if times is not None:
             times.calls.append(clock() - t_call)
             times.steps.append(steps)
         return list(self._outs(env))
+
+    def _abort(self, env: list, start: int, res: Any, exc: BaseException) -> Aborted:
+        """After ``exc`` interrupted a consuming call at step ``start`` (``res``: the
+        outputs of the step before it, if it computed them and they may not be stored):
+        dispatch the remaining steps once more, so that the call's results exist (an
+        interrupt ends the call, not its state); if that fails too, report what is left
+        of the inputs and which outputs exist."""
+        if res is not None:
+            _, _, outs, dead = self._plan[start - 1]
+            for i in dead:
+                env[i] = None
+            for i, r in zip(outs, res):
+                env[i] = r
+        try:
+            for fn, take, outs, dead in self._plan[start:]:
+                out = fn(*take(env))
+                for i in dead:
+                    env[i] = None
+                for i, r in zip(outs, out):
+                    env[i] = r
+                mx.async_eval(out)
+            return Aborted(exc, outputs=list(self._outs(env)))
+        except BaseException:  # report the first exception, with what is left
+            pass
+        alive = {i: env[i] for i in range(self.n_inputs) if env[i] is not None}
+        made = {j: env[c] for j, c in enumerate(self.output_cells) if env[c] is not None}
+        return Aborted(exc, inputs=alive, partial=made)
+
+
+class Aborted(BaseException):
+    """An exception that interrupted a consuming executor call (see ``Executor.__call__``),
+    with what a caller needs to leave its state whole: ``outputs``, the graph's outputs when
+    the executor could finish the call after the exception; otherwise ``inputs``
+    (input index -> the inputs still unread) and ``partial`` (output index -> the outputs
+    already computed)."""
+
+    def __init__(
+        self,
+        cause: BaseException,
+        *,
+        outputs: list[mx.array] | None = None,
+        inputs: dict[int, mx.array] | None = None,
+        partial: dict[int, mx.array] | None = None,
+    ):
+        super().__init__(cause)
+        self.cause = cause
+        self.outputs = outputs
+        self.inputs = inputs or {}
+        self.partial = partial or {}

@@ -9,7 +9,10 @@ and records a readable reason (:attr:`Jitted.info`).
 from __future__ import annotations
 
 import functools
+import gc
 import time
+import warnings
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -17,11 +20,14 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
-from ..errors import StateError, TraceError
-from ..trace import auto_boundaries, matching_modules, module_boundaries, trace
+from ..errors import SegcWarning, StateError, TraceError
+from ..runtime import DISPATCH_LOCK
+from ..trace import auto_boundaries, matching_modules, module_boundaries, trace, tracing
 from ..trace import state as st
+from ..trace.clone import clone_modules
 from ..trace.params import ParamGatherer
 from ..trace.pytree import flatten, unflatten
+from . import rng
 from .signature import ROOTS, CacheInfo, CallSpec, Signature
 from .stages import Compiled, Lowered, Traced
 from .validate import check_against_eager
@@ -54,6 +60,7 @@ class Jitted:
         state_mode: str = "auto",
         strategy: Any = None,
         validate: bool = True,
+        cache_size: int = 64,
     ):
         if not callable(fn):
             raise TraceError(f"segc.jit needs a function or an nn.Module, got {type(fn).__name__}")
@@ -64,6 +71,8 @@ class Jitted:
         if boundaries is not None and not isinstance(boundaries, str | list | tuple):
             raise TraceError(f"boundaries= takes a glob or a list of globs, got {type(boundaries).__name__}")
         self.boundaries = [boundaries] if isinstance(boundaries, str) else list(boundaries or [])
+        if not all(isinstance(b, str) for b in self.boundaries):
+            raise TraceError(f"boundaries= takes a glob or a list of globs (strings), got {boundaries!r}")
         if state_mode not in ("auto", "exact"):
             raise TraceError(f"state_mode must be 'auto' or 'exact', got {state_mode!r}")
         self.state_mode = state_mode
@@ -85,7 +94,11 @@ class Jitted:
             state,
             gather,
         )
-        self._cache: dict[Signature, Compiled] = {}
+        if not isinstance(cache_size, int) or isinstance(cache_size, bool) or cache_size < 1:
+            raise TraceError(f"cache_size must be an int >= 1, got {cache_size!r}")
+        self.cache_size = cache_size
+        self._cache: OrderedDict[Signature, Compiled] = OrderedDict()  # least recently used first
+        self._warned = False
         self._last: Signature | None = None
         self.info = CacheInfo()
         functools.update_wrapper(self, fn if not isinstance(fn, nn.Module) else type(fn).__call__, updated=())  # type: ignore[arg-type]
@@ -101,8 +114,9 @@ class Jitted:
     # ----------------------------------------------------------------- stages
 
     def trace(self, *args: Any, **kwargs: Any) -> Traced:
-        args, kwargs, objs = self.spec.extract(args, kwargs)
-        return self._bind(args, kwargs, objs, cached=False)[0]
+        with DISPATCH_LOCK:
+            args, kwargs, objs = self.spec.extract(args, kwargs)
+            return self._bind(args, kwargs, objs, cached=False)[0]
 
     def lower(self, *args: Any, strategy: Any = None, **kwargs: Any) -> Lowered:
         return self.trace(*args, **kwargs).lower(strategy)
@@ -132,8 +146,10 @@ class Jitted:
             kw.update({where: v for kind, where, v in stat if kind == "kw"})
             return st.restore(tuple(full), objs), st.restore(kw, objs)
 
-        module = self.module
-        original = module.parameters() if module is not None else None
+        # the trace binds placeholders and wraps submodules in a private copy of the
+        # module tree, never in the user's module (trace/clone.py)
+        module = clone_modules(self.module) if self.module is not None else None
+        target = module if module is not None else self.fn
 
         def bind(pkw: dict[str, mx.array]) -> None:
             assert module is not None
@@ -147,13 +163,14 @@ class Jitted:
                 per_slot.append(xs[: len(s.inputs)])
                 xs = xs[len(s.inputs) :]
             with st.swapped(slots, per_slot) as recs, module_boundaries(module, self.boundaries):
-                out = self.fn(*a, **k)
+                out = target(*a, **k)
                 outs = [st.outputs_after(s, r) for s, r in zip(slots, recs)]
                 recorded[:] = [st.commit_plan(s, r) for s, r in zip(slots, recs)]
             return (out, tuple(x for o in outs for x in o)) if slots else out
 
         state_paths = [f"state[{s.index}].{n}" for s in slots for n in s.names]
         t0 = time.perf_counter()
+        key = rng.key_words()
         try:
             tr = trace(
                 fn,
@@ -166,12 +183,12 @@ class Jitted:
                 name=self.name,
             )
         finally:
-            if module is not None and original is not None:
-                module.update(original)
+            draws = rng.rewind(key, self.name)  # the trace itself draws nothing
             self.info.trace_seconds += time.perf_counter() - t0
         out_tree = tr.out_tree.children[0] if slots else tr.out_tree
         exact = frozenset(s.index for s in slots if s.mode == "exact")
-        return Traced(self.spec, sig, tr.graph, out_tree, tuple(recorded), exact, self.strategy)
+        graph = rng.key_as_input(tr.graph, key) if draws else tr.graph
+        return Traced(self.spec, sig, graph, out_tree, tuple(recorded), exact, self.strategy, draws=draws)
 
     def _compile(self, t: Traced) -> Compiled:
         """The miss path: lower and compile a fresh trace, and file it in the cache."""
@@ -179,16 +196,30 @@ class Jitted:
         self.info.misses += 1
         self.info.retraces.append(t.signature.explain_change(self._last))
         self._cache[t.signature] = c
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+            self.info.evictions += 1
         self._last = t.signature
         return c
 
     # ----------------------------------------------------------------- calling
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if tracing():  # called inside another segc trace: inline, as jax.jit does
+            return self.fn(*args, **kwargs)
+        with DISPATCH_LOCK:  # one call at a time in the process (MLX's compiled calls)
+            return self._call(args, kwargs)
+
+    def _call(self, args: tuple, kwargs: dict) -> Any:
         args, kwargs, objs = self.spec.extract(args, kwargs)
+        why = next((r for o in objs if (r := st.eager_reason(o)) is not None), None)
+        if why is not None:
+            return self._eager(args, kwargs, objs, why)
         if not objs:  # the fast path: no state objects to settle
             sig, leaves, params = self.spec.abstract(args, kwargs)
             c = self._cache.get(sig)
+            if c is not None:
+                self._cache.move_to_end(sig)
             if c is None:
                 c = self._compile(self._trace(sig, args, kwargs, leaves, params, []))
             else:
@@ -201,6 +232,14 @@ class Jitted:
         if self.validate and self.info.misses != misses and any(s.mode == "dynamic" for s in slots):
             return self._validated(c, args, kwargs, objs, leaves, params, slots)
         return c.run(leaves, params, slots)
+
+    def _eager(self, args: tuple, kwargs: dict, objs: list[Any], why: str) -> Any:
+        """Run the function as it is: a state object segc does not trace (a warning once)."""
+        if not self._warned:
+            self._warned = True
+            warnings.warn(f"{self.name}: {why}; such calls run eagerly", SegcWarning, stacklevel=4)
+        self.info.eager_calls += 1
+        return self.fn(*st.restore(args, objs), **st.restore(kwargs, objs))
 
     def _validated(
         self,
@@ -244,6 +283,8 @@ class Jitted:
             slots = [st.make_slot(i, o, exact=i in exact, grown=grown.get(i)) for i, o in enumerate(objs)]
             sig, leaves, params = self.spec.abstract(args, kwargs, slots)
             c = self._cache.get(sig) if cached else None
+            if c is not None:
+                self._cache.move_to_end(sig)
             if c is None and sig in self._exact_after:
                 exact |= self._exact_after[sig]
                 continue
@@ -276,8 +317,13 @@ class Jitted:
         return self.info
 
     def clear_cache(self) -> None:
+        """Drop every compiled entry and hand the memory back to MLX's allocator (and
+        MLX's buffer cache back to the system: ``mx.clear_cache``)."""
         self._cache.clear()
+        self._exact_after.clear()
         self._last = None
+        gc.collect()
+        mx.clear_cache()
 
 
 def jit(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
@@ -294,7 +340,8 @@ def jit(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
     ``strategy`` (cut placement: ``"balanced:4"``, a saved ``segc.passes.Plan``, a
     callable, ...; see :mod:`segc.passes.strategies`), ``validate`` (default True: the
     first call of each graph with dynamic KV caches is also run eagerly on copies of the
-    caches and compared; on a mismatch the function falls back to ``state_mode="exact"``).
+    caches and compared; on a mismatch the function falls back to ``state_mode="exact"``),
+    ``cache_size`` (default 64: the most signatures kept, least recently used out).
     Usable as ``@segc.jit`` or ``@segc.jit(boundaries=...)``.
     """
     if fn is None:

@@ -81,6 +81,8 @@ class CacheInfo:
     trace_seconds: float = 0.0
     # traces abandoned because a state object had to grow or switch to exact mode first
     aborted: list[str] = field(default_factory=list)
+    evictions: int = 0  # entries dropped by the cache bound (least recently used first)
+    eager_calls: int = 0  # calls run eagerly (a state object segc does not trace, with a warning)
 
     @property
     def traces(self) -> int:
@@ -107,14 +109,13 @@ class CallSpec:
     def split(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, tuple]:
         """(dynamic positional arguments, dynamic keywords, static values)."""
         static: list[tuple[str, Any, Any]] = []
-        for i in self.static_argnums:
-            if i >= len(args):
-                raise SignatureError(f"static_argnums has {i} but {self.name} got {len(args)} positional arguments")
+        nums = self.static_positions(len(args))
+        for i in nums:
             static.append(("arg", i, args[i]))
         for n in self.static_argnames:
             if n in kwargs:
                 static.append(("kw", n, kwargs[n]))
-        dyn_args = tuple(a for i, a in enumerate(args) if i not in self.static_argnums)
+        dyn_args = tuple(a for i, a in enumerate(args) if i not in nums)
         dyn_kw = {k: v for k, v in sorted(kwargs.items()) if k not in self.static_argnames}
         for _, where, v in static:
             try:
@@ -124,6 +125,19 @@ class CallSpec:
                     f"static argument {where!r} of {self.name} is not hashable ({type(v).__name__})"
                 ) from None
         return dyn_args, dyn_kw, tuple(static)
+
+    def static_positions(self, n_args: int) -> tuple[int, ...]:
+        """``static_argnums`` for a call with ``n_args`` positional arguments: negative
+        ones counted from the end, each once, in order (as ``jax.jit`` normalises them)."""
+        if not self.static_argnums:
+            return ()
+        out = set()
+        for i in self.static_argnums:
+            j = i + n_args if i < 0 else i
+            if not 0 <= j < n_args:
+                raise SignatureError(f"static_argnums has {i} but {self.name} got {n_args} positional arguments")
+            out.add(j)
+        return tuple(sorted(out))
 
     def extract(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, list[Any]]:
         """Replace state objects in the arguments by markers; add the explicit ``state=``."""

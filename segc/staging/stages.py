@@ -18,9 +18,10 @@ from ..errors import SignatureError
 from ..ir import Graph, Segment, segments, to_text, verify
 from ..passes.analysis import header_annotator
 from ..passes.pipeline import place
-from ..runtime import Executor
+from ..runtime import Aborted, Executor
 from ..trace import state as st
 from ..trace.pytree import TreeDef, unflatten
+from . import rng
 from .signature import CallSpec, Signature
 
 
@@ -36,11 +37,14 @@ class Traced:
         commits: tuple[st.Commit, ...] = (),
         exact: frozenset[int] = frozenset(),
         strategy: Any = None,
+        *,
+        draws: int = 0,
     ):
         self.spec, self.signature, self.graph, self.out_tree = spec, signature, graph, out_tree
         self.commits = commits  # per state object: how its outputs are written back
         self.exact = exact  # indices of the state objects traced in exact mode
         self.strategy = strategy  # the jitted function's default cut placement
+        self.draws = draws  # how many times a call splits MLX's global random key (jit/rng.py)
 
     def as_text(self) -> str:
         return self.graph.as_text()
@@ -78,7 +82,7 @@ class Compiled:
     def __init__(self, lowered: Lowered, *, drain: bool = False, compile: bool = True):
         self.lowered = lowered
         self.graph = lowered.graph
-        self.executor = Executor(self.graph, compile=compile, drain=drain)
+        self.executor = Executor(self.graph, compile=compile, drain=drain, check=False)
         t = lowered.traced
         self.spec = t.spec
         self.signature = t.signature
@@ -86,6 +90,8 @@ class Compiled:
         self.commits = t.commits
         self.exact = t.exact
         self._n_state_out = sum(len(c.outputs) for c in self.commits)
+        self._draws = t.draws
+        self._key_in = any(i.path == rng.KEY_PATH for i in self.graph.inputs)
         self._ran = False
         self._param_order = [i.path for i in self.graph.inputs if i.kind == "param"]
 
@@ -114,8 +120,11 @@ class Compiled:
     def flat_inputs(self, *args: Any, **kwargs: Any) -> list[mx.array]:
         """The graph's inputs for a call (arguments, state arrays, then parameters), after
         checking its signature: what :meth:`execute` takes."""
-        leaves, params, slots = self._bind(args, kwargs)
-        return leaves + [x for s in slots for x in s.inputs] + [params[p] for p in self._param_order]
+        return self._inputs(*self._bind(args, kwargs))
+
+    def _inputs(self, leaves: list[mx.array], params: dict[str, mx.array], slots: Sequence[st.Slot]) -> list[mx.array]:
+        key = [rng.current_key()] if self._key_in else []
+        return leaves + [x for s in slots for x in s.inputs] + key + [params[p] for p in self._param_order]
 
     def execute(self, inputs: list[mx.array]) -> list[mx.array]:
         """Run the segments on flat graph inputs; the graph's outputs (not waited for),
@@ -123,17 +132,68 @@ class Compiled:
         return self.executor(list(inputs))
 
     def run(self, leaves: list[mx.array], params: dict[str, mx.array], slots: Sequence[st.Slot] = ()) -> Any:
-        """Run on a call already bound to this signature; commit the state objects."""
-        inputs = leaves + [x for s in slots for x in s.inputs] + [params[p] for p in self._param_order]
+        """Run on a call already bound to this signature; commit the state objects.
+
+        Whatever ends the call, the caller's state objects end as they were before it or
+        as eager MLX would leave them after it, never in between (docs/reliability.md):
+        an exception before the commit leaves them untouched; an exception during a
+        dispatch that donated their buffers finishes the dispatch and commits (or, if the
+        dispatch fails again, puts back the buffers it took); an exception in a commit
+        completes the other commits. The exception is raised after.
+        """
+        slots = list(slots)
+        inputs = self._inputs(leaves, params, slots)
+        starts = _input_starts(len(leaves), slots)
         # Once this signature has run, hand state buffers that the call rewrites to the
         # executor alone: MLX then updates them in place instead of copying every cache on
         # every decode step (the commit below puts the results back into the objects).
-        donate = self._ran and st.donate(list(slots), self.commits)
-        outs = self.executor(inputs, consume=donate)
+        donated = self._ran and st.donate(slots, self.commits)
+        try:
+            outs = self.executor(inputs, consume=donated)
+        except Aborted as ab:
+            if ab.outputs is not None:  # finished after the exception: commit, then re-raise
+                rng.advance(self._draws)
+                self._commit(slots, ab.outputs)
+            else:
+                self._give_back(slots, starts, ab)
+            raise ab.cause.with_traceback(ab.cause.__traceback__) from None
         self._ran = True
-        n = len(outs) - self._n_state_out
-        k = n
+        rng.advance(self._draws)  # leave MLX's global key where eager would
+        self._commit(slots, outs)
+        return unflatten(self.out_tree, outs[: len(outs) - self._n_state_out])
+
+    def _commit(self, slots: list[st.Slot], outs: list[mx.array]) -> None:
+        """Write every state object's results; an exception in one commit is raised only
+        after every commit has been done (once more for the one that raised), so that the
+        objects never end between two calls."""
+        k = len(outs) - self._n_state_out
+        pending: BaseException | None = None
         for s, c in zip(slots, self.commits):
-            st.commit(s, c, outs[k : k + len(c.outputs)])
+            part = outs[k : k + len(c.outputs)]
             k += len(c.outputs)
-        return unflatten(self.out_tree, outs[:n])
+            try:
+                st.commit(s, c, part)
+            except BaseException as exc:
+                pending = pending or exc
+                st.commit(s, c, part)  # commits are idempotent: they write from the slot's host values
+        if pending is not None:
+            raise pending
+
+    def _give_back(self, slots: list[st.Slot], starts: list[int], ab: Aborted) -> None:
+        """After a failed donating dispatch, give each state object back the buffers it
+        handed over (``trace.state.give_back``)."""
+        k = len(self.graph.outputs) - self._n_state_out
+        for s, c, start in zip(slots, self.commits, starts):
+            alive = {n: ab.inputs[start + i] for i, n in enumerate(s.names) if start + i in ab.inputs}
+            made = {n: ab.partial[k + j] for j, n in enumerate(c.outputs) if k + j in ab.partial}
+            st.give_back(s, alive, made)
+            k += len(c.outputs)
+
+
+def _input_starts(n_leaves: int, slots: list[st.Slot]) -> list[int]:
+    """The position of each state object's first input among the graph's inputs."""
+    out, k = [], n_leaves
+    for s in slots:
+        out.append(k)
+        k += len(s.inputs)
+    return out

@@ -17,6 +17,16 @@ from .boundaries import matching_modules as matching_modules
 from .boundaries import module_boundaries as module_boundaries
 from .capture import Capture as Capture
 from .capture import trace as trace
+from .capture import tracing as tracing
 from .markers import boundary as boundary
 
-__all__ = ["Capture", "auto_boundaries", "boundary", "kvcache", "matching_modules", "module_boundaries", "trace"]
+__all__ = [
+    "Capture",
+    "auto_boundaries",
+    "boundary",
+    "kvcache",
+    "matching_modules",
+    "module_boundaries",
+    "trace",
+    "tracing",
+]

@@ -10,6 +10,7 @@ A ``Depends`` on a boundary tag (``markers.py``) becomes a ``segc.cut`` equation
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,15 @@ def _canon(a: Any) -> Any:
     return str(a)  # enums and other exotic states are kept by name
 
 
+# how deep this thread is inside mx.export_function (a nested segc.jit call inlines)
+_LOCAL = threading.local()
+
+
+def tracing() -> bool:
+    """Whether this thread is inside a segc trace."""
+    return getattr(_LOCAL, "depth", 0) > 0
+
+
 _STATE_ERR = re.compile(r"Unable to get state for primitive (\w+)")
 
 _HINTS = {
@@ -65,18 +75,23 @@ def trace(
 ) -> Capture:
     """Trace ``fn`` called as ``fn(*args, **kwargs)`` with ``rebuild_args(leaves)``.
 
-    ``params`` (path -> array) become keyword graph inputs; during the trace
-    ``bind_params`` installs the tracer's placeholders in the module. ``kinds`` gives
-    each positional leaf its input kind (``"arg"`` by default, ``"state"`` for state).
+    ``params`` (path -> array) become graph inputs of kind ``"param"`` named by their
+    path, after the argument leaves and sorted by path; during the trace ``bind_params``
+    installs the tracer's placeholders in the module. They are handed to
+    ``mx.export_function`` positionally: nanobind takes at most 1024 keyword arguments,
+    and a model may have any number of parameters. ``kinds`` gives each argument leaf its
+    input kind (``"arg"`` by default, ``"state"`` for state).
     """
-    params = params or {}
+    names = sorted(params or {})
+    values = [(params or {})[k] for k in names]
+    n_args = len(arg_leaves)
     records: list[dict] = []
     out_tree: list[TreeDef] = []
 
-    def traced(*leaves: mx.array, **pkw: mx.array) -> list[mx.array]:
-        if bind_params is not None and pkw:
-            bind_params(pkw)
-        args, kwargs = rebuild_args(list(leaves))
+    def traced(*leaves: mx.array) -> list[mx.array]:
+        if bind_params is not None and names:
+            bind_params(dict(zip(names, leaves[n_args:])))
+        args, kwargs = rebuild_args(list(leaves[:n_args]))
         out = fn(*args, **kwargs)
         outs, _, td = flatten(out, what="output")
         out_tree.append(td)
@@ -84,8 +99,9 @@ def trace(
             raise TraceError(f"{name} returned no arrays (output structure {td})")
         return outs
 
+    _LOCAL.depth = getattr(_LOCAL, "depth", 0) + 1
     try:
-        mx.export_function(records.append, traced, *arg_leaves, **params)  # type: ignore[arg-type]
+        mx.export_function(records.append, traced, *arg_leaves, *values)  # type: ignore[arg-type]
     except (TraceError, UnsupportedPrimitive):
         raise
     except ValueError as exc:
@@ -94,34 +110,38 @@ def trace(
             prim = m.group(1)
             raise UnsupportedPrimitive(prim, _HINTS.get(prim, "MLX cannot export it"), where=name) from None
         raise TraceError(f"tracing {name} failed: {exc}") from exc
-    g = _build(records, arg_paths, name, kinds)
+    finally:
+        _LOCAL.depth -= 1
+    g = _build(records, arg_paths, names, name, kinds)
     return Capture(verify(g), out_tree[0])
 
 
-def _build(records: list[dict], arg_paths: Sequence[str], name: str, kinds: Sequence[str] | None = None) -> Graph:
+def _build(
+    records: list[dict],
+    arg_paths: Sequence[str],
+    param_names: Sequence[str],
+    name: str,
+    kinds: Sequence[str] | None = None,
+) -> Graph:
     rename: dict[str, str] = {}  # export name -> IR name
     alias: dict[str, str] = {}  # marker output -> marker input (IR names)
     counter = {"v": 0}
     by_type: dict[str, list[dict]] = {}
     for r in records:
         by_type.setdefault(r["type"], []).append(r)
-    kw_of = {}
-    for r in by_type.get("keyword_inputs", []):
-        kw_of.update({ename: k for k, ename in r["keywords"]})
-
     inputs: list[Input] = []
-    pos = 0
-    for r in by_type.get("inputs", []):
-        for ename, shape, dt in r["inputs"]:
-            if ename in kw_of:
-                nm = f"p{len(inputs) - pos}"
-                inputs.append(Input(Var(nm, tuple(shape), dtypes.short(dt)), "param", kw_of[ename]))
-            else:
-                nm = f"a{pos}"
-                kind = kinds[pos] if kinds is not None else "arg"
-                inputs.append(Input(Var(nm, tuple(shape), dtypes.short(dt)), kind, arg_paths[pos]))
-                pos += 1
-            rename[ename] = nm
+    n_args = len(arg_paths)
+    flat = [x for r in by_type.get("inputs", []) for x in r["inputs"]]
+    for k, (ename, shape, dt) in enumerate(flat):
+        var_type = (tuple(shape), dtypes.short(dt))
+        if k < n_args:
+            nm = f"a{k}"
+            kind = kinds[k] if kinds is not None else "arg"
+            inputs.append(Input(Var(nm, *var_type), kind, arg_paths[k]))
+        else:
+            nm = f"p{k - n_args}"
+            inputs.append(Input(Var(nm, *var_type), "param", param_names[k - n_args]))
+        rename[ename] = nm
 
     consts: list[Const] = []
     markers: dict[str, str] = {}

@@ -20,7 +20,18 @@ from typing import Any
 import mlx.core as mx
 
 from ..errors import StateError
-from .state import Commit, NeedsExact, NeedsGrowth, Record, Slot, StateKind, aval, recognize, register_kind
+from .state import (
+    Commit,
+    NeedsExact,
+    NeedsGrowth,
+    Record,
+    Slot,
+    StateKind,
+    aval,
+    recognize,
+    register_kind,
+    run_eagerly,
+)
 
 
 def _is_mlx_lm_cache(x: Any) -> bool:
@@ -283,9 +294,21 @@ def _donate(slot: Slot, plan: Commit) -> bool:
         return False
     slot.inputs.clear()
     slot.obj.keys = slot.obj.values = None
+    slot.host["donated"] = ("keys", "values")
     return True
 
 
+def _quantized(obj: Any) -> str | None:
+    try:
+        from mlx_lm.models.cache import QuantizedKVCache
+    except ImportError:  # pragma: no cover - mlx-lm is an extra
+        return None
+    if type(obj) is not QuantizedKVCache:
+        return None
+    return "a QuantizedKVCache has no dynamic stand-in yet, and exact mode keys on its offset (a trace per token)"
+
+
 recognize(_is_mlx_lm_cache)
+run_eagerly(_quantized)
 register_kind(StateKind("kv", _kv_slot, _kv_standin, _commit, _needs_growth, _grow_slot, _donate))
 register_kind(StateKind("rotating", _rot_slot, _rot_standin, _commit, donate=_donate))

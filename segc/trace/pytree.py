@@ -13,21 +13,32 @@ that structure. Module parameters, which are plain nested dicts and lists, do go
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
 
 from ..errors import TraceError
 
 STATIC_TYPES = (bool, int, float, str, bytes, type(None))
 
 
+def static_key(x: Any) -> tuple[str, Any]:
+    """What identifies a static value in the trace-cache key: its type and its value, a
+    float by its exact bits, so that values eager MLX treats differently never share an
+    entry (``2``/``2.0``/``True``, ``0.0``/``-0.0``) and equal NaNs do."""
+    if isinstance(x, float):
+        return type(x).__name__, x.hex()
+    return type(x).__name__, x
+
+
 @dataclass(frozen=True, slots=True)
 class TreeDef:
     kind: str  # "leaf" | "static" | "tuple" | "list" | "dict" | "none"
     children: tuple[TreeDef, ...] = ()
-    keys: tuple[Any, ...] = ()  # dict keys, or the static value (one element)
+    keys: tuple[Any, ...] = ()  # dict keys, or a static value's static_key (one element)
+    value: Any = field(default=None, compare=False)  # a static value itself
 
     @property
     def num_leaves(self) -> int:
@@ -39,7 +50,7 @@ class TreeDef:
         if self.kind == "leaf":
             return "*"
         if self.kind == "static":
-            return repr(self.keys[0])
+            return repr(self.value)
         if self.kind == "none":
             return "None"
         inner = ", ".join(
@@ -68,6 +79,11 @@ def flatten(
             return TreeDef("leaf")
         if x is None:
             return TreeDef("none")
+        if isinstance(x, nn.Module):  # a dict subclass: it would flatten to its parameters
+            raise TraceError(
+                f"{what} {p or '<root>'} is an nn.Module ({type(x).__name__}); segc traces a module as the "
+                "jitted function itself (segc.jit(module)) or closed over by it, not as an argument"
+            )
         if isinstance(x, tuple | list):
             kids = tuple(go(v, f"{p}[{i}]") for i, v in enumerate(x))
             return TreeDef("tuple" if isinstance(x, tuple) else "list", kids)
@@ -76,7 +92,7 @@ def flatten(
             kids = tuple(go(x[k], f"{p}[{k!r}]") for k in keys)
             return TreeDef("dict", kids, keys)
         if isinstance(x, STATIC_TYPES):
-            return TreeDef("static", (), (x,))
+            return TreeDef("static", (), (static_key(x),), x)
         raise TraceError(
             f"{what} {p or '<root>'} is a {type(x).__module__}.{type(x).__qualname__}; "
             "segc traces mx.array leaves (convert with mx.array) and hashable static "
@@ -97,7 +113,7 @@ def unflatten(td: TreeDef, leaves: list[Any]) -> Any:
         if t.kind == "leaf":
             return next(it)
         if t.kind == "static":
-            return t.keys[0]
+            return t.value
         if t.kind == "none":
             return None
         kids = [go(c) for c in t.children]

@@ -130,6 +130,19 @@ def recognize(test: Callable[[Any], bool]) -> None:
     _RECOGNIZERS.append(test)
 
 
+_EAGER: list[Callable[[Any], str | None]] = []  # state objects segc runs eagerly, and why
+
+
+def run_eagerly(reason: Callable[[Any], str | None]) -> None:
+    """Register a test: a state object for which it gives a reason is not traced; calls
+    that pass it run the function eagerly (``segc.SegcWarning`` says so once)."""
+    _EAGER.append(reason)
+
+
+def eager_reason(obj: Any) -> str | None:
+    return next((r for test in _EAGER if (r := test(obj)) is not None), None)
+
+
 def register(cls: type) -> type:
     """Treat instances of ``cls`` found in a call's arguments as state (exact mode)."""
     recognize(lambda x: isinstance(x, cls))
@@ -161,7 +174,7 @@ def _map_leaves(tree: Any, fn: Callable[[Any], Any]) -> Any:
     if isinstance(tree, tuple | list):
         out = [_map_leaves(v, fn) for v in tree]
         return tuple(out) if isinstance(tree, tuple) else out
-    if isinstance(tree, dict):
+    if isinstance(tree, dict) and not isinstance(tree, nn.Module):
         return {k: _map_leaves(v, fn) for k, v in tree.items()}
     return fn(tree)
 
@@ -343,6 +356,17 @@ def donate(slots: list[Slot], commits: tuple[Commit, ...]) -> bool:
         if kind is not None and s.kind == c.kind and kind.donate(s, c):
             any_ = True
     return any_
+
+
+def give_back(slot: Slot, unread: dict[str, mx.array], written: dict[str, mx.array]) -> None:
+    """Put back the buffers :func:`donate` detached (their names in
+    ``slot.host["donated"]``) after a dispatch that failed: the input itself if the
+    executor never read it (``unread``), else the buffer that the segment reading it
+    wrote (``written``), which a state kind's write leaves equal to the input wherever
+    the object can be read (a KV cache writes beyond its offset, which stays as it was)."""
+    for name in slot.host.get("donated", ()):
+        buf = unread.get(name)
+        setattr(slot.obj, name, buf if buf is not None else written.get(name))
 
 
 def commit_plan(slot: Slot, rec: Record) -> Commit:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from conftest import ref_boundary_bytes, ref_segment_peaks
+from conftest import examples, ref_boundary_bytes, ref_segment_peaks
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -228,7 +228,7 @@ def measured_chain(kinds: list[str]) -> Graph:
     costs=st.lists(st.floats(0, 100, allow_nan=False), min_size=1, max_size=9),
     data=st.data(),
 )
-@settings(max_examples=60, deadline=None, derandomize=True)
+@settings(max_examples=examples(60), deadline=None, derandomize=True)
 def test_balanced_with_measured_times_is_optimal(costs, data):
     """Any measured per-op times, any fusion pattern: the balanced plan's largest
     segment is the brute-force best over the legal points."""
