@@ -25,7 +25,7 @@ import segc
 import segc.trace.state as trace_state
 from segc.models.zoo import build
 
-ARCHS = ("llama", "qwen3")
+ARCHS = ("llama", "qwen3", "gemma3_text")
 
 
 def observable(caches: list) -> list:
