@@ -10,7 +10,7 @@ import weakref
 
 import mlx.core as mx
 import pytest
-from conftest import bits
+from conftest import bits, eager_or_skip
 
 import segc
 from segc.staging import Jitted
@@ -75,6 +75,7 @@ def test_quantized_kv_cache_runs_eagerly_with_one_warning() -> None:
     ce = [QuantizedKVCache(group_size=32, bits=8) for _ in model.layers]
     cs = [QuantizedKVCache(group_size=32, bits=8) for _ in model.layers]
     t = mx.array([[1, 2, 3, 4]])
+    eager_or_skip(lambda a: model(a, cache=[QuantizedKVCache(group_size=32, bits=8) for _ in model.layers]), [t])
     with pytest.warns(segc.SegcWarning, match="QuantizedKVCache") as record:
         for _ in range(6):
             le, ls = model(t, cache=ce), step(t, cache=cs)
