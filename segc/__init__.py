@@ -8,10 +8,12 @@ from .errors import SignatureError as SignatureError
 from .errors import StateError as StateError
 from .errors import TraceError as TraceError
 from .errors import UnsupportedPrimitive as UnsupportedPrimitive
+from .errors import WaitTimeout as WaitTimeout
 from .ir import Graph as Graph
 from .ir import parse as parse
 from .ir import segments as segments
 from .ir import verify as verify
+from .runtime.events import Event as Event
 from .staging import Compiled as Compiled
 from .staging import Jitted as Jitted
 from .staging import Lowered as Lowered
@@ -23,6 +25,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Compiled",
+    "Event",
     "Graph",
     "IRError",
     "Jitted",
@@ -35,6 +38,7 @@ __all__ = [
     "TraceError",
     "Traced",
     "UnsupportedPrimitive",
+    "WaitTimeout",
     "boundary",
     "jit",
     "parse",

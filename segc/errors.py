@@ -41,5 +41,25 @@ class ScheduleError(SegcError):
     """An invalid cut plan, fence or window."""
 
 
+class WaitTimeout(SegcError):
+    """A wait whose event did not reach its value in time. ``event``, ``value``,
+    ``reached`` (the event's value when the wait gave up), ``timeout`` (seconds) and
+    ``where`` (what was waiting, e.g. a segment; or None) say which."""
+
+    def __init__(self, event: str, value: int, reached: int, timeout: float, where: str | None = None):
+        self.event = event
+        self.value = value
+        self.reached = reached
+        self.timeout = timeout
+        self.where = where
+        msg = f"event {event!r} did not reach {value} within {timeout:g} s (it is at {reached})"
+        if where:
+            msg += f"; waiting: {where}"
+        super().__init__(msg)
+
+    def __reduce__(self) -> tuple[type[WaitTimeout], tuple[str, int, int, float, str | None]]:
+        return (type(self), (self.event, self.value, self.reached, self.timeout, self.where))
+
+
 class SegcWarning(UserWarning):
     """segc did something other than asked, safely (e.g. ran a call eagerly)."""

@@ -49,6 +49,7 @@ CHECKED = [
     "docs/passes.md",
     "docs/performance.md",
     "docs/reliability.md",
+    "docs/runtime.md",
     *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "segc").glob("*/README.md")),
 ]
 # files whose examples take more than ~2 s (none: every example uses a tiny model and

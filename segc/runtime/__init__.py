@@ -2,6 +2,8 @@
 schedules, windows and the activation stash). It imports the IR and the lowering, never
 the front end, ``jit`` or the engines."""
 
+from .events import Event as Event
+from .events import WaitTimeout as WaitTimeout
 from .executor import DISPATCH_LOCK as DISPATCH_LOCK
 from .executor import Aborted as Aborted
 from .executor import DispatchTimes as DispatchTimes
@@ -9,4 +11,13 @@ from .executor import Executor as Executor
 from .executor import SegmentStep as SegmentStep
 from .timing import measure_segments as measure_segments
 
-__all__ = ["DISPATCH_LOCK", "Aborted", "DispatchTimes", "Executor", "SegmentStep", "measure_segments"]
+__all__ = [
+    "DISPATCH_LOCK",
+    "Aborted",
+    "DispatchTimes",
+    "Event",
+    "Executor",
+    "SegmentStep",
+    "WaitTimeout",
+    "measure_segments",
+]

@@ -22,8 +22,9 @@ from typing import Any
 import mlx.core as mx
 
 from ..errors import SignatureError
-from ..ir import Graph, Segment, SegmentEffects, Var, segment_effects, segments
+from ..ir import WINDOW, Graph, Segment, SegmentEffects, Var, segment_effects, segments, window_segments
 from ..lower import check_supported, check_types, compile_loses, segment_fn
+from .fenced import Fences, Timeline, WindowRun, run_effects
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +148,13 @@ class Executor:
         self._plan = tuple((st.fn, _getter(st.reads), st.writes, st.dead) for st in self.steps)
         self._outs = _getter(self.output_cells)
         self._times: DispatchTimes | None = None
+        self.cell = cell  # value name -> its cell in env
+        # window name -> (indices of the steps it selects, entry values, exit values)
+        self.windows: dict[str, tuple[tuple[int, ...], tuple[str, ...], tuple[str, ...]]] = {}
+        for e in g.eqns:
+            if e.prim == WINDOW:
+                sel = tuple(window_segments(g, e, self.segments))
+                self.windows[e.args[0]] = (sel, tuple(e.args[4]), tuple(e.args[5]))
 
     @contextmanager
     def timed(self) -> Iterator[DispatchTimes]:
@@ -160,7 +168,15 @@ class Executor:
         finally:
             self._times = None
 
-    def __call__(self, inputs: Sequence[mx.array], *, consume: bool = False) -> list[mx.array]:
+    def __call__(
+        self,
+        inputs: Sequence[mx.array],
+        *,
+        consume: bool = False,
+        fences: Fences | None = None,
+        window: WindowRun | None = None,
+        timeline: Timeline | None = None,
+    ) -> list[mx.array]:
         """Dispatch every segment; return the graph's outputs (not waited for).
 
         ``consume=True`` empties ``inputs`` (a list) once read, so that the executor holds
@@ -169,6 +185,10 @@ class Executor:
         holds it nowhere else either. The caller then cannot fall back on its inputs, so
         an exception during such a call arrives wrapped in :class:`Aborted`, which says
         what became of them.
+
+        ``fences`` executes the graph's signals and waits; ``window`` runs only that
+        window's segments, with its activation stash (``fenced.py``); without either,
+        the stock loop below runs, which pays nothing for them.
         """
         if len(inputs) != self.n_inputs:
             raise SignatureError(f"{self.graph.name} takes {self.n_inputs} inputs, got {len(inputs)}")
@@ -181,6 +201,9 @@ class Executor:
         t_call = clock() if times is not None else 0.0
         steps: list[float] = []
         k, done, res = 0, -1, None
+        if fences is not None or window is not None or timeline is not None:
+            with DISPATCH_LOCK:
+                return run_effects(self, env, sync, fences, window, timeline)  # type: ignore[return-value]
         with DISPATCH_LOCK:
             try:
                 for k, (fn, take, outs, dead) in enumerate(self._plan):

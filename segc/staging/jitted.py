@@ -28,8 +28,9 @@ from ..trace.clone import clone_modules
 from ..trace.params import ParamGatherer
 from ..trace.pytree import flatten, unflatten
 from . import rng
+from .effects import EngineHooks
 from .signature import ROOTS, CacheInfo, CallSpec, Signature
-from .stages import Compiled, Lowered, Traced
+from .stages import Compiled, Effects, Lowered, Traced
 from .validate import check_against_eager
 
 Bound = tuple[Traced, "Compiled | None", list[mx.array], dict[str, mx.array], list[st.Slot]]
@@ -46,7 +47,7 @@ def _as_tuple(x: Any, kind: type, what: str) -> tuple:
     return out
 
 
-class Jitted:
+class Jitted(EngineHooks):
     def __init__(
         self,
         fn: Callable[..., Any],
@@ -98,6 +99,7 @@ class Jitted:
             raise TraceError(f"cache_size must be an int >= 1, got {cache_size!r}")
         self.cache_size = cache_size
         self._cache: OrderedDict[Signature, Compiled] = OrderedDict()  # least recently used first
+        self._effects = Effects()  # the engine's boundary schedule and window (set_boundary_schedule, set_window)
         self._warned = False
         self._last: Signature | None = None
         self.info = CacheInfo()
@@ -192,7 +194,7 @@ class Jitted:
 
     def _compile(self, t: Traced) -> Compiled:
         """The miss path: lower and compile a fresh trace, and file it in the cache."""
-        c = t.lower().compile(drain=self.drain)
+        c = t.lower(effects=self._effects).compile(drain=self.drain)
         self.info.misses += 1
         self.info.retraces.append(t.signature.explain_change(self._last))
         self._cache[t.signature] = c

@@ -9,20 +9,36 @@ from, so that a :class:`Compiled` can check and flatten a call on its own.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 
 from ..errors import SignatureError
-from ..ir import Graph, Segment, segments, to_text, verify
+from ..ir import WINDOW, Graph, Segment, segments, to_text, verify
+from ..passes import run_pass
 from ..passes.analysis import header_annotator
+from ..passes.fences import Schedule
 from ..passes.pipeline import place
 from ..runtime import Aborted, Executor
+from ..runtime.fenced import Fences, Timeline, WindowRun
 from ..trace import state as st
 from ..trace.pytree import TreeDef, unflatten
 from . import rng
 from .signature import CallSpec, Signature
+
+
+@dataclass(frozen=True)
+class Effects:
+    """An engine's persistent additions to every graph of a jitted function: a boundary
+    schedule with the events it uses, and a window ``(first, last, name)`` with its stash."""
+
+    schedule: Schedule | None = None
+    fences: Fences | None = None
+    window: tuple[int, int, str] | None = None
+    stash: MutableMapping[str, mx.array] | None = None
+    timeline: Timeline | None = None  # every call appends its waits, dispatches, signals and stash copies
 
 
 class Traced:
@@ -49,17 +65,27 @@ class Traced:
     def as_text(self) -> str:
         return self.graph.as_text()
 
-    def lower(self, strategy: Any = None) -> Lowered:
-        """Place the cuts by ``strategy`` (default: the jit's; see ``segc.passes.pipeline.place``)."""
-        return Lowered(self, place(self.graph, strategy if strategy is not None else self.strategy))
+    def lower(self, strategy: Any = None, *, effects: Effects | None = None) -> Lowered:
+        """Place the cuts by ``strategy`` (default: the jit's; see
+        ``segc.passes.pipeline.place``), then the engine's persistent ``effects``: its
+        boundary schedule (the ``fences`` pass) and its window (the ``window`` pass)."""
+        g = place(self.graph, strategy if strategy is not None else self.strategy)
+        effects = effects or Effects()
+        if effects.schedule is not None:
+            g = run_pass("fences", g, schedule=effects.schedule)
+        if effects.window is not None:
+            first, last, name = effects.window
+            g = run_pass("window", g, first=first, last=last, name=name)
+        return Lowered(self, g, effects)
 
 
 class Lowered:
     """The segmented IR: segments derived from the cuts in the graph."""
 
-    def __init__(self, traced: Traced, graph: Graph):
+    def __init__(self, traced: Traced, graph: Graph, effects: Effects | None = None):
         self.traced = traced
         self.graph = verify(graph)
+        self.effects = effects or Effects()
 
     @property
     def segments(self) -> list[Segment]:
@@ -94,6 +120,15 @@ class Compiled:
         self._key_in = any(i.path == rng.KEY_PATH for i in self.graph.inputs)
         self._ran = False
         self._param_order = [i.path for i in self.graph.inputs if i.kind == "param"]
+        eff = lowered.effects
+        fenced = any(st.effects.signals or st.effects.waits for st in self.executor.steps)
+        self._fences = eff.fences if fenced else None
+        self._timeline = eff.timeline
+        self._window: WindowRun | None = None
+        if eff.window is not None and eff.stash is not None:
+            name = eff.window[2]
+            if any(e.prim == WINDOW and e.args[0] == name and e.args[3] == "range" for e in self.graph.eqns):
+                self._window = WindowRun(name, eff.stash)  # else neither endpoint is here: run in full
 
     @property
     def segments(self) -> list[Segment]:
@@ -147,9 +182,13 @@ class Compiled:
         # Once this signature has run, hand state buffers that the call rewrites to the
         # executor alone: MLX then updates them in place instead of copying every cache on
         # every decode step (the commit below puts the results back into the objects).
-        donated = self._ran and st.donate(slots, self.commits)
+        # (not under fences or a window yet: a wait that times out must leave the caches whole)
+        plain = self._fences is None and self._window is None and self._timeline is None
+        donated = self._ran and plain and st.donate(slots, self.commits)
         try:
-            outs = self.executor(inputs, consume=donated)
+            outs = self.executor(
+                inputs, consume=donated, fences=self._fences, window=self._window, timeline=self._timeline
+            )
         except Aborted as ab:
             if ab.outputs is not None:  # finished after the exception: commit, then re-raise
                 rng.advance(self._draws)
@@ -171,6 +210,8 @@ class Compiled:
         for s, c in zip(slots, self.commits):
             part = outs[k : k + len(c.outputs)]
             k += len(c.outputs)
+            if any(x is None for x in part):  # a window left this object's segments out
+                continue
             try:
                 st.commit(s, c, part)
             except BaseException as exc:

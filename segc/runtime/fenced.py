@@ -1,0 +1,112 @@
+"""The dispatch loop with the IR's effects executed: waits gate a segment's dispatch,
+signals fire once a segment's work has completed, and a window runs only its segments,
+its entry values read from the activation stash and its exit values written to it.
+
+The stock loop (``Executor.__call__`` without fences or a window) does none of this and
+pays nothing for it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import mlx.core as mx
+
+from ..errors import ScheduleError
+from .completion import Completer
+
+if TYPE_CHECKING:
+    from .executor import Executor
+
+
+@dataclass
+class Fences:
+    """What executing a graph's fences needs: the events by name (``segc.Event``s: the
+    graph's own signals and the host's), how long a wait may block, and the completer
+    that signals after a segment's work."""
+
+    events: Mapping[str, Any]
+    timeout: float = 10.0
+    completer: Completer = field(default_factory=Completer)
+
+    def event(self, name: str, where: str) -> Any:
+        try:
+            return self.events[name]
+        except KeyError:
+            raise ScheduleError(
+                f"{where} uses event {name!r}, but no Event of that name was given (events: {sorted(self.events)})"
+            ) from None
+
+
+@dataclass(frozen=True)
+class WindowRun:
+    """Which window to run and where its activations live."""
+
+    name: str
+    stash: MutableMapping[str, mx.array]
+
+
+Timeline = list[tuple[float, str, int, str]]  # (time.perf_counter(), what, segment, detail)
+
+
+def run_effects(
+    ex: Executor,
+    env: list,
+    sync: Callable[[Any], Any],
+    fences: Fences | None,
+    window: WindowRun | None,
+    timeline: Timeline | None = None,
+) -> list[mx.array | None]:
+    """Dispatch ``ex``'s steps honouring effects; outputs a window did not compute are None.
+    ``timeline`` receives ``(time, what, segment, detail)`` for every stash read, wait
+    (``wait`` before, ``waited`` after), dispatch, completion signal and stash write."""
+    note = (
+        (lambda what, k, detail="": timeline.append((time.perf_counter(), what, k, detail)))
+        if timeline is not None
+        else None
+    )
+    selected: Sequence[int] = range(len(ex.steps))
+    entry: tuple[str, ...] = ()
+    exit_: tuple[str, ...] = ()
+    if window is not None:
+        spec = ex.windows.get(window.name)
+        if spec is None:
+            raise ScheduleError(f"{ex.graph.name} has no window {window.name!r}; windows: {sorted(ex.windows)}")
+        selected, entry, exit_ = spec
+    first, last = (selected[0], selected[-1]) if len(selected) else (-1, -1)
+    for k in selected:
+        st = ex.steps[k]
+        where = f"segment {k} {st.segment.name!r} of {ex.graph.name}"
+        if k == first:
+            for name in entry:
+                if note:
+                    note("stash_in", k, name)
+                if name not in window.stash:  # type: ignore[union-attr]
+                    raise ScheduleError(f"{where}: the stash holds no %{name}, an entry value of its window")
+                env[ex.cell[name]] = window.stash[name]  # type: ignore[union-attr]
+        if fences is not None:
+            for ev, value in st.effects.waits:
+                if note:
+                    note("wait", k, f"{ev} >= {value}")
+                fences.event(ev, where).wait(value, fences.timeout, where=where)
+                if note:
+                    note("waited", k, f"{ev} >= {value}")
+        if note:
+            note("dispatch", k, st.segment.name)
+        res = st.fn(*(env[i] for i in st.reads))
+        for i in st.dead:
+            env[i] = None
+        for i, r in zip(st.writes, res):
+            env[i] = r
+        sync(res)
+        if fences is not None and st.effects.signals:
+            fences.completer.signal_when_done(res, [(fences.event(ev, where), v) for ev, v in st.effects.signals])
+        if k == last:
+            for name in exit_:
+                if note:
+                    note("stash_out", k, name)
+                window.stash[name] = env[ex.cell[name]]  # type: ignore[union-attr]
+    return [env[c] for c in ex.output_cells]

@@ -1,0 +1,91 @@
+"""The engine's hooks on a jitted function: a persistent boundary schedule and a
+persistent window with its activation stash (docs/runtime.md). Both are applied when a
+trace is lowered, so they reach every graph of the function, re-traced ones included;
+setting or clearing one lowers the cached traces again, without re-tracing."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping, MutableMapping
+from dataclasses import replace
+from typing import Any
+
+import mlx.core as mx
+
+from ..errors import ScheduleError
+from ..passes.fences import Schedule
+from ..runtime import DISPATCH_LOCK
+from ..runtime.fenced import Fences
+from .signature import Signature
+from .stages import Compiled, Effects
+
+
+class EngineHooks:
+    """Mixed into ``Jitted``: ``set_boundary_schedule`` / ``clear_boundary_schedule`` and
+    ``set_window`` / ``clear_window``."""
+
+    _effects: Effects
+    _cache: OrderedDict[Signature, Compiled]
+    drain: bool
+
+    def set_boundary_schedule(
+        self, schedule: Schedule | str, events: Mapping[str, Any], *, timeout: float = 10.0
+    ) -> None:
+        """Apply a boundary schedule (a ``segc.passes.Schedule`` or its JSON) to every
+        later call, until :meth:`clear_boundary_schedule`: cut nodes (with a signal that
+        fires once the segment's work has completed), wait nodes (the segment is not
+        dispatched before the event reaches the value) and host events, matched by
+        equation id in every graph of the function, re-traced ones included. ``events``
+        maps each event name the schedule uses to a ``segc.Event``; a wait that nothing
+        signals within ``timeout`` seconds raises ``segc.WaitTimeout``."""
+        if isinstance(schedule, str):
+            schedule = Schedule.from_json(schedule)
+        if not isinstance(schedule, Schedule):
+            raise ScheduleError(f"set_boundary_schedule takes a Schedule or its JSON, got {type(schedule).__name__}")
+        used = {c.signal[0] for c in schedule.cuts if c.signal} | {w.event for w in schedule.waits}
+        missing = sorted(used - set(events))
+        if missing:
+            raise ScheduleError(f"the schedule uses events {missing} that events= does not give")
+        with DISPATCH_LOCK:
+            fences = Fences(dict(events), timeout)
+            self._relower(replace(self._effects, schedule=schedule, fences=fences))
+
+    def clear_boundary_schedule(self) -> None:
+        """Back to the stock path, bit-identical to it and with no added cost."""
+        with DISPATCH_LOCK:
+            self._relower(replace(self._effects, schedule=None, fences=None))
+
+    def set_window(
+        self, first: int, last: int, stash: MutableMapping[str, mx.array] | None = None, *, name: str = "window"
+    ) -> MutableMapping[str, mx.array]:
+        """Run only the segments that intersect equations ``[first, last]`` (ids) in every
+        later call, until :meth:`clear_window`: the window's entry values are read from
+        ``stash`` (value name -> array), its exit values written to it. A graph holding
+        neither endpoint runs in full; one holding one endpoint only raises
+        ``ScheduleError``. Outputs the window does not compute come back as None, and
+        state objects whose segments it leaves out are left as they were. Returns the
+        stash (a new dict if none was given)."""
+        stash = {} if stash is None else stash
+        with DISPATCH_LOCK:
+            self._relower(replace(self._effects, window=(first, last, name), stash=stash))
+        return stash
+
+    def clear_window(self) -> None:
+        """Every segment runs again, as without a window."""
+        with DISPATCH_LOCK:
+            self._relower(replace(self._effects, window=None, stash=None))
+
+    def record_timeline(self, timeline: list | None) -> None:
+        """Every later call appends ``(time, what, segment, detail)`` to ``timeline``: its
+        stash reads, waits (``wait``/``waited``), dispatches and stash writes; None stops."""
+        with DISPATCH_LOCK:
+            self._relower(replace(self._effects, timeline=timeline))
+
+    def _relower(self, effects: Effects) -> None:
+        """Lower every cached trace again with ``effects`` (no re-trace); on an error
+        (a window endpoint missing from one graph) nothing changes."""
+        fresh = OrderedDict(
+            (sig, c.lowered.traced.lower(effects=effects).compile(drain=self.drain)) for sig, c in self._cache.items()
+        )
+        self._effects = effects
+        self._cache = fresh

@@ -1,0 +1,176 @@
+"""Persistent boundary schedules and windows on a jitted mlx-lm model (docs/runtime.md):
+the seed's test plan. Expected values come from eager MLX and from the stock path."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import mlx.core as mx
+import pytest
+from conftest import bits
+
+pytest.importorskip("mlx_lm")
+
+import segc
+from segc.passes import Schedule
+from segc.passes.fences import CutNode, WaitNode
+from segc.runtime.events import Event, WaitTimeout
+
+
+class Recording(Event):
+    """An Event that notes when each value arrived."""
+
+    def __init__(self, log: list, name: str):
+        super().__init__(name=name)
+        self.log = log
+
+    def signal(self, value: int) -> None:
+        self.log.append((time.perf_counter(), self.name, value))
+        super().signal(value)
+
+
+@pytest.fixture(scope="module")
+def model() -> Any:
+    from segc.models import tiny_llama
+
+    return tiny_llama(num_hidden_layers=4)
+
+
+X = mx.array([[3, 1, 4, 1, 5, 9, 2, 6]])
+
+
+def layer_ends(step: Any) -> list[int]:
+    """The id of the last computing equation of each layer's segment (the markers)."""
+    g = step.trace(X).graph
+    ends, last = [], None
+    for e in g.eqns:
+        if e.prim == "segc.cut":
+            ends.append(last)
+        elif not e.is_pseudo:
+            last = e.id
+    return ends
+
+
+def first_ids(step: Any) -> list[int]:
+    """The id of the first computing equation after each layer's cut."""
+    g = step.trace(X).graph
+    out, after_cut = [], False
+    for e in g.eqns:
+        if e.prim == "segc.cut":
+            after_cut = True
+        elif not e.is_pseudo and after_cut:
+            out.append(e.id)
+            after_cut = False
+    return out
+
+
+def test_a_schedule_changes_no_bits_and_signals_in_order(model: Any) -> None:
+    want = bits(model(X))
+    step = segc.jit(model, boundaries="layers.*")
+    stock = bits(step(X))
+    ends = layer_ends(step)
+    log: list = []
+    done = Recording(log, "done")
+    sched = Schedule(tuple(CutNode(i, ("done", k + 1)) for k, i in enumerate(ends)))
+    step.set_boundary_schedule(sched, {"done": done})
+    for call in range(2):  # a signal value only grows: the second call continues at 5
+        base = done.value
+        if call:
+            sched = Schedule(tuple(CutNode(i, ("done", base + k + 1)) for k, i in enumerate(ends)))
+            step.set_boundary_schedule(sched, {"done": done})
+        assert bits(step(X)) == stock == want
+        done.wait(base + len(ends), timeout=10)
+    values = [v for _, name, v in log]
+    assert values == sorted(values) and values[-1] == 2 * len(ends), values
+    step.clear_boundary_schedule()
+    assert bits(step(X)) == want
+
+
+def test_an_admit_wait_fences_real_work(model: Any) -> None:
+    """Segment 2 (layer 2) waits for the host's "admit"; a pager thread signals it only
+    once layer 0's completion signal arrived. Layer 2 completes only after the admit,
+    while the segments before it were free to run."""
+    step = segc.jit(model, boundaries="layers.*")
+    want = bits(step(X))
+    ends, starts = layer_ends(step), first_ids(step)
+    log: list = []
+    done, admit = Recording(log, "done"), Recording(log, "admit")
+    sched = Schedule(
+        tuple(CutNode(i, ("done", k + 1)) for k, i in enumerate(ends)),
+        (WaitNode(starts[1], "admit", 1),),
+        ("admit",),
+    )
+    step.set_boundary_schedule(sched, {"done": done, "admit": admit})
+
+    def pager() -> None:
+        done.wait(1, timeout=20)  # layer 0 has completed
+        admit.signal(1)
+
+    t = threading.Thread(target=pager)
+    t.start()
+    out = bits(step(X))
+    t.join(timeout=30)
+    assert not t.is_alive()
+    assert out == want
+    order = [(name, v) for _, name, v in sorted(log)]
+    assert order.index(("done", 1)) < order.index(("admit", 1)) < order.index(("done", 3)), order
+
+
+def test_a_wait_nothing_signals_times_out_and_the_function_stays_usable(model: Any) -> None:
+    step = segc.jit(model, boundaries="layers.*")
+    want = bits(step(X))
+    starts = first_ids(step)
+    never = Event(name="never")
+    step.set_boundary_schedule(
+        Schedule((), (WaitNode(starts[2], "never", 1),), ("never",)), {"never": never}, timeout=0.2
+    )
+    with pytest.raises(WaitTimeout, match=r"never.*1.*segment 3"):
+        step(X)
+    step.clear_boundary_schedule()
+    assert bits(step(X)) == want
+
+
+def test_a_schedule_needs_its_events(model: Any) -> None:
+    step = segc.jit(model, boundaries="layers.*")
+    with pytest.raises(segc.ScheduleError, match="kv"):
+        step.set_boundary_schedule(Schedule((CutNode(layer_ends(step)[0], ("kv", 1)),)), {})
+
+
+def test_windows_chain_through_the_stash_to_the_full_result(model: Any) -> None:
+    """Three windows run one after the other (layer 0; layers 1-2; layer 3 and the head),
+    each from the stash the previous one filled, give the full run's logits bit for bit;
+    each runs only its own segments."""
+    step = segc.jit(model, boundaries="layers.*")
+    want = bits(step(X))
+    g = step.trace(X).graph
+    ids = [e.id for e in g.eqns if not e.is_pseudo]
+    ends, starts = layer_ends(step), first_ids(step)
+    timeline: list = []
+    step.record_timeline(timeline)
+    stash: dict = {}
+    ran = []
+    for first, last in [(ids[0], ends[0]), (starts[0], ends[2]), (starts[2], ids[-1])]:
+        step.set_window(first, last, stash, name="band")
+        timeline.clear()
+        out = step(X)
+        ran.append(sorted({k for _, what, k, _ in timeline if what == "dispatch"}))
+    assert ran == [[0], [1, 2], [3, 4]], ran
+    assert bits(out) == want
+    assert any(what == "stash_in" for _, what, _, _ in timeline)
+    step.clear_window()
+    step.record_timeline(None)
+    assert bits(step(X)) == want
+
+
+def test_windows_over_other_graphs_and_half_windows(model: Any) -> None:
+    step = segc.jit(model, boundaries="layers.*")
+    want = bits(step(X))
+    step.set_window(10**6, 10**6 + 1)  # neither endpoint in this graph: it runs in full
+    assert bits(step(X)) == want
+    step.clear_window()
+    ends = layer_ends(step)
+    with pytest.raises(segc.ScheduleError, match="endpoint"):
+        step.set_window(ends[0], 10**6)
+    assert bits(step(X)) == want  # a refused window changed nothing
