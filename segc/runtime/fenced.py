@@ -61,7 +61,8 @@ def run_effects(
     timeline: Timeline | None = None,
 ) -> list[mx.array | None]:
     """Dispatch ``ex``'s steps honouring effects; outputs a window did not compute are None.
-    ``timeline`` receives ``(time, what, segment, detail)`` for every stash read, wait
+    ``timeline`` receives ``(time, what, segment, detail)`` for the call (``call``, segment
+    -1), every stash read, wait
     (``wait`` before, ``waited`` after), dispatch, completion signal and stash write."""
     note = (
         (lambda what, k, detail="": timeline.append((time.perf_counter(), what, k, detail)))
@@ -77,6 +78,8 @@ def run_effects(
             raise ScheduleError(f"{ex.graph.name} has no window {window.name!r}; windows: {sorted(ex.windows)}")
         selected, entry, exit_ = spec
     first, last = (selected[0], selected[-1]) if len(selected) else (-1, -1)
+    if note:
+        note("call", -1, ex.graph.name if window is None else f"{ex.graph.name} window {window.name!r}")
     for k in selected:
         st = ex.steps[k]
         where = f"segment {k} {st.segment.name!r} of {ex.graph.name}"

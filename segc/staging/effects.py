@@ -6,16 +6,17 @@ setting or clearing one lowers the cached traces again, without re-tracing."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import replace
 from typing import Any
 
 import mlx.core as mx
 
 from ..errors import ScheduleError
+from ..ir import Graph
 from ..passes.fences import Schedule
 from ..runtime import DISPATCH_LOCK
-from ..runtime.fenced import Fences
+from ..runtime.fenced import Fences, WindowRun
 from .signature import Signature
 from .stages import Compiled, Effects
 
@@ -25,6 +26,7 @@ class EngineHooks:
     ``set_window`` / ``clear_window``."""
 
     _effects: Effects
+    _active: WindowRun | None
     _cache: OrderedDict[Signature, Compiled]
     drain: bool
 
@@ -65,15 +67,31 @@ class EngineHooks:
         ``ScheduleError``. Outputs the window does not compute come back as None, and
         state objects whose segments it leaves out are left as they were. Returns the
         stash (a new dict if none was given)."""
-        stash = {} if stash is None else stash
+        self.set_windows(lambda g: {name: (first, last)})
+        return self.use_window(name, stash)
+
+    def set_windows(self, windows: Callable[[Graph], Mapping[str, tuple[int, int]]]) -> None:
+        """Place windows in every graph: ``windows(graph)`` gives ``{name: (first id,
+        last id)}`` for that graph (ids differ between graphs of one function, so an
+        engine computes them per graph, e.g. from its layer markers). Placed windows run
+        only when chosen with :meth:`use_window`, which changes nothing else."""
         with DISPATCH_LOCK:
-            self._relower(replace(self._effects, window=(first, last, name), stash=stash))
+            self._relower(replace(self._effects, windows=windows))
+
+    def use_window(
+        self, name: str, stash: MutableMapping[str, mx.array] | None = None
+    ) -> MutableMapping[str, mx.array]:
+        """Run window ``name`` (placed by :meth:`set_windows`) from and to ``stash`` in the
+        following calls; no lowering, so an engine may switch per call. Returns the stash."""
+        stash = {} if stash is None else stash
+        self._active = WindowRun(name, stash)
         return stash
 
     def clear_window(self) -> None:
         """Every segment runs again, as without a window."""
         with DISPATCH_LOCK:
-            self._relower(replace(self._effects, window=None, stash=None))
+            self._active = None
+            self._relower(replace(self._effects, windows=None))
 
     def record_timeline(self, timeline: list | None) -> None:
         """Every later call appends ``(time, what, segment, detail)`` to ``timeline``: its

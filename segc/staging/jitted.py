@@ -22,6 +22,7 @@ from mlx.utils import tree_unflatten
 
 from ..errors import SegcWarning, StateError, TraceError
 from ..runtime import DISPATCH_LOCK
+from ..runtime.fenced import WindowRun
 from ..trace import auto_boundaries, matching_modules, module_boundaries, trace, tracing
 from ..trace import state as st
 from ..trace.clone import clone_modules
@@ -99,7 +100,8 @@ class Jitted(EngineHooks):
             raise TraceError(f"cache_size must be an int >= 1, got {cache_size!r}")
         self.cache_size = cache_size
         self._cache: OrderedDict[Signature, Compiled] = OrderedDict()  # least recently used first
-        self._effects = Effects()  # the engine's boundary schedule and window (set_boundary_schedule, set_window)
+        self._effects = Effects()  # the engine's boundary schedule, windows and timeline
+        self._active: WindowRun | None = None  # the window calls run, and its stash (use_window)
         self._warned = False
         self._last: Signature | None = None
         self.info = CacheInfo()
@@ -227,13 +229,13 @@ class Jitted(EngineHooks):
             else:
                 self.info.hits += 1
                 self._last = sig
-            return c.run(leaves, params)
+            return c.run(leaves, params, window=self._active)
         misses = self.info.misses
         _, c, leaves, params, slots = self._bind(args, kwargs, objs, cached=True)
         assert c is not None
         if self.validate and self.info.misses != misses and any(s.mode == "dynamic" for s in slots):
             return self._validated(c, args, kwargs, objs, leaves, params, slots)
-        return c.run(leaves, params, slots)
+        return c.run(leaves, params, slots, self._active)
 
     def _eager(self, args: tuple, kwargs: dict, objs: list[Any], why: str) -> Any:
         """Run the function as it is: a state object segc does not trace (a warning once)."""
@@ -259,7 +261,7 @@ class Jitted(EngineHooks):
         ``cache_info().aborted`` says why."""
         out, why = check_against_eager(
             lambda: self.fn(*st.restore(args, objs), **st.restore(kwargs, objs)),
-            lambda: c.run(leaves, params, slots),
+            lambda: c.run(leaves, params, slots, self._active),
             objs,
         )
         if why is None:
@@ -270,7 +272,7 @@ class Jitted(EngineHooks):
         self._exact_after.clear()
         _, c2, leaves, params, slots = self._bind(args, kwargs, objs, cached=True)
         assert c2 is not None
-        return c2.run(leaves, params, slots)
+        return c2.run(leaves, params, slots, self._active)
 
     def _bind(self, args: tuple, kwargs: dict, objs: list[Any], *, cached: bool) -> Bound:
         """Find (or trace) the graph for a call with state objects.

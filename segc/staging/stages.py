@@ -9,7 +9,7 @@ from, so that a :class:`Compiled` can check and flatten a call on its own.
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,12 +32,13 @@ from .signature import CallSpec, Signature
 @dataclass(frozen=True)
 class Effects:
     """An engine's persistent additions to every graph of a jitted function: a boundary
-    schedule with the events it uses, and a window ``(first, last, name)`` with its stash."""
+    schedule with the events it uses, windows (a function of each graph giving
+    ``{name: (first id, last id)}``: placed in every graph, run only when chosen) and a
+    call timeline."""
 
     schedule: Schedule | None = None
     fences: Fences | None = None
-    window: tuple[int, int, str] | None = None
-    stash: MutableMapping[str, mx.array] | None = None
+    windows: Callable[[Graph], Mapping[str, tuple[int, int]]] | None = None
     timeline: Timeline | None = None  # every call appends its waits, dispatches, signals and stash copies
 
 
@@ -73,9 +74,9 @@ class Traced:
         effects = effects or Effects()
         if effects.schedule is not None:
             g = run_pass("fences", g, schedule=effects.schedule)
-        if effects.window is not None:
-            first, last, name = effects.window
-            g = run_pass("window", g, first=first, last=last, name=name)
+        if effects.windows is not None:
+            for name, (first, last) in effects.windows(g).items():
+                g = run_pass("window", g, first=first, last=last, name=name)
         return Lowered(self, g, effects)
 
 
@@ -124,11 +125,8 @@ class Compiled:
         fenced = any(st.effects.signals or st.effects.waits for st in self.executor.steps)
         self._fences = eff.fences if fenced else None
         self._timeline = eff.timeline
-        self._window: WindowRun | None = None
-        if eff.window is not None and eff.stash is not None:
-            name = eff.window[2]
-            if any(e.prim == WINDOW and e.args[0] == name and e.args[3] == "range" for e in self.graph.eqns):
-                self._window = WindowRun(name, eff.stash)  # else neither endpoint is here: run in full
+        # windows that restrict this graph (neither endpoint here: the graph runs in full)
+        self._windows = {e.args[0] for e in self.graph.eqns if e.prim == WINDOW and e.args[3] == "range"}
 
     @property
     def segments(self) -> list[Segment]:
@@ -166,7 +164,13 @@ class Compiled:
         state outputs included and written nowhere."""
         return self.executor(list(inputs))
 
-    def run(self, leaves: list[mx.array], params: dict[str, mx.array], slots: Sequence[st.Slot] = ()) -> Any:
+    def run(
+        self,
+        leaves: list[mx.array],
+        params: dict[str, mx.array],
+        slots: Sequence[st.Slot] = (),
+        window: WindowRun | None = None,
+    ) -> Any:
         """Run on a call already bound to this signature; commit the state objects.
 
         Whatever ends the call, the caller's state objects end as they were before it or
@@ -177,18 +181,18 @@ class Compiled:
         completes the other commits. The exception is raised after.
         """
         slots = list(slots)
+        if window is not None and window.name not in self._windows:
+            window = None
         inputs = self._inputs(leaves, params, slots)
         starts = _input_starts(len(leaves), slots)
         # Once this signature has run, hand state buffers that the call rewrites to the
         # executor alone: MLX then updates them in place instead of copying every cache on
         # every decode step (the commit below puts the results back into the objects).
         # (not under fences or a window yet: a wait that times out must leave the caches whole)
-        plain = self._fences is None and self._window is None and self._timeline is None
+        plain = self._fences is None and window is None and self._timeline is None
         donated = self._ran and plain and st.donate(slots, self.commits)
         try:
-            outs = self.executor(
-                inputs, consume=donated, fences=self._fences, window=self._window, timeline=self._timeline
-            )
+            outs = self.executor(inputs, consume=donated, fences=self._fences, window=window, timeline=self._timeline)
         except Aborted as ab:
             if ab.outputs is not None:  # finished after the exception: commit, then re-raise
                 rng.advance(self._draws)

@@ -1,0 +1,116 @@
+"""Banded (layer-major) prefill: a long prompt run as tiles of (band of layers) x (chunk
+of tokens), band by band, through one jitted model.
+
+Each tile is a call of the jitted model with a window over its band's segments
+(``Jitted.set_windows`` / ``use_window``): the band's entry activations (the residual
+stream after the band before it, and what the first segment computed for every layer,
+such as the attention mask) come from the chunk's stash, its exit activations go back
+to it. So each band's weights are read once per chunk while they are hot, band after
+band, and every layer's KV cache is filled chunk by chunk exactly as an ordinary chunked
+prefill fills it: the final logits and caches are the same bits (on the CPU; a GPU
+within the bound docs/models.md states).
+
+The caches of the layers outside a tile's band are stood in for by proxies at the
+tile's offset (a proxy's buffer is one of the band's own, so it costs no memory): they
+keep the call's signature the same for every band of a chunk, so each chunk length is
+traced once, and the window leaves them untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from ..errors import ScheduleError
+from ..ir import Graph, segments
+from ..staging import Jitted, jit
+
+
+def _layer_list(model: nn.Module) -> Sequence[nn.Module]:
+    layers = getattr(model, "layers", None)
+    if not isinstance(layers, list | tuple) or not layers:
+        raise ScheduleError(
+            f"banded prefill needs a model whose layers are a plain list (model.layers); got {type(layers)}"
+        )
+    return layers
+
+
+def band_windows(n_layers: int, band: int):  # type: ignore[no-untyped-def]
+    """``windows(graph)`` for ``Jitted.set_windows``: ``band<k>`` over the segments of
+    layers ``[k * band, (k + 1) * band)``, the first band from the graph's first equation
+    (the embedding), the last to its last (the head)."""
+
+    def windows(g: Graph) -> dict[str, tuple[int, int]]:
+        segs = segments(g)
+        if len(segs) != n_layers + 1:  # a segment per layer, then the tail
+            raise ScheduleError(
+                f"{g.name}: {len(segs)} segments for {n_layers} layers; trace with one boundary per layer"
+            )
+        ids = [[e.id for e in s.eqns(g)] for s in segs]
+        out = {}
+        for k, lo in enumerate(range(0, n_layers, band)):
+            hi = min(lo + band, n_layers) - 1
+            last = ids[-1][-1] if hi == n_layers - 1 else ids[hi][-1]
+            out[f"band{k}"] = (ids[lo][0], last)
+        return out
+
+    return windows
+
+
+def _proxy(cache: Any, like: Any) -> Any:
+    """A stand-in for ``cache`` at ``like``'s offset and buffer shape (``like``'s own
+    buffers: their contents are never read, the tile's window does not run its layer)."""
+    p = object.__new__(type(cache))
+    p.__dict__.update(vars(like))
+    return p
+
+
+def banded_prefill(
+    model: nn.Module,
+    prompt: mx.array,
+    cache: list[Any],
+    *,
+    band: int = 4,
+    chunk: int = 256,
+    step: Jitted | None = None,
+) -> mx.array:
+    """Prefill ``cache`` (mlx-lm ``KVCache``s, one per layer) with ``prompt`` (``[1, L]``
+    tokens) band by band; return the logits of the last chunk, as
+    ``model(prompt[:, -last:], cache=cache)`` would after the earlier chunks.
+
+    ``step`` is a ``segc.jit`` of ``model`` with one boundary per layer and
+    ``validate=False`` (made if not given; pass one to reuse its traces)."""
+    layers = _layer_list(model)
+    n = len(layers)
+    if len(cache) != n:
+        raise ScheduleError(f"banded prefill: {len(cache)} caches for {n} layers")
+    kinds = sorted({type(c).__name__ for c in cache})
+    if len(kinds) != 1:
+        raise ScheduleError(
+            f"banded prefill needs one cache type for every layer (a proxy stands in for the layers outside a "
+            f"band); this model mixes {kinds}"
+        )
+    if band < 1 or chunk < 1:
+        raise ScheduleError(f"banded prefill: band and chunk must be >= 1, got {band} and {chunk}")
+    if step is None:
+        step = jit(model, boundaries="auto", validate=False)
+    step.set_windows(band_windows(n, band))
+    length = prompt.shape[1]
+    chunks = [prompt[:, s : s + chunk] for s in range(0, length, chunk)]
+    stashes: list[dict[str, mx.array]] = [{} for _ in chunks]
+    out = None
+    try:
+        for k, lo in enumerate(range(0, n, band)):
+            members = range(lo, min(lo + band, n))
+            for t, x in enumerate(chunks):
+                like = cache[members[0]]
+                tile = [cache[i] if i in members else _proxy(cache[i], like) for i in range(n)]
+                step.use_window(f"band{k}", stashes[t])
+                out = step(x, cache=tile)
+    finally:
+        step.clear_window()
+    assert out is not None
+    return out

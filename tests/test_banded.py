@@ -1,0 +1,86 @@
+"""Banded (layer-major) prefill equals an ordinary chunked prefill of the same prompt:
+the last chunk's logits and every layer's KV cache, bit for bit (docs/runtime.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import pytest
+from conftest import bits
+
+pytest.importorskip("mlx_lm")
+
+from mlx_lm.models.cache import make_prompt_cache
+
+import segc
+from segc.engine import banded_prefill
+from segc.models.zoo import ZOO, build
+
+
+def chunked(model: Any, prompt: mx.array, chunk: int) -> tuple[mx.array, list]:
+    """Eager mlx-lm: each chunk through every layer in turn."""
+    cache = make_prompt_cache(model)
+    for s in range(0, prompt.shape[1], chunk):
+        logits = model(prompt[:, s : s + chunk], cache=cache)
+    return logits, cache
+
+
+def assert_same_caches(got: list, want: list) -> None:
+    for k, (a, b) in enumerate(zip(got, want)):
+        assert a.offset == b.offset, f"layer {k}: offset {a.offset}, want {b.offset}"
+        n = b.offset
+        assert bits(a.keys[..., :n, :]) == bits(b.keys[..., :n, :]), f"layer {k}: keys differ"
+        assert bits(a.values[..., :n, :]) == bits(b.values[..., :n, :]), f"layer {k}: values differ"
+
+
+@pytest.mark.parametrize(
+    ("layers", "band", "chunk", "length"), [(4, 2, 16, 40), (4, 1, 8, 24), (5, 2, 7, 30), (4, 4, 64, 20)]
+)
+def test_banded_prefill_equals_chunked_prefill(layers: int, band: int, chunk: int, length: int) -> None:
+    from segc.models import tiny_llama
+
+    model = tiny_llama(num_hidden_layers=layers)
+    prompt = mx.array([[(7 * i + 3) % 128 for i in range(length)]])
+    want, cache_want = chunked(model, prompt, chunk)
+    cache = make_prompt_cache(model)
+    step = segc.jit(model, boundaries="auto", validate=False)
+    timeline: list = []
+    step.record_timeline(timeline)
+    got = banded_prefill(model, prompt, cache, band=band, chunk=chunk, step=step)
+    assert bits(got) == bits(want)
+    assert_same_caches(cache, cache_want)
+    # band-major: each call ran one band's segments; every band ran once per chunk
+    n_chunks = -(-length // chunk)
+    n_bands = -(-layers // band)
+    per_call: list[list[int]] = []
+    for _, what, k, _ in timeline:
+        if what == "call":
+            per_call.append([])
+        elif what == "dispatch":
+            per_call[-1].append(k)
+    assert len(per_call) == n_chunks * n_bands
+    for b in range(n_bands):
+        lo, hi = b * band, min((b + 1) * band, layers)
+        want_segs = list(range(lo, hi)) + ([layers] if hi == layers else [])
+        for t in range(n_chunks):
+            assert per_call[b * n_chunks + t] == want_segs, (b, t, per_call[b * n_chunks + t])
+    assert step.cache_info().traces <= 3  # the first chunk, the others, a shorter last one
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", [a for a in ZOO if a != "gemma3_text"])
+def test_banded_prefill_over_the_zoo(arch: str) -> None:
+    model = build(arch)
+    prompt = mx.array([[(5 * i + 1) % 100 for i in range(20)]])
+    want, cache_want = chunked(model, prompt, 8)
+    cache = make_prompt_cache(model)
+    assert bits(banded_prefill(model, prompt, cache, band=1, chunk=8)) == bits(want)
+    assert_same_caches(cache, cache_want)
+
+
+def test_mixed_cache_types_are_refused_by_name() -> None:
+    """gemma3_text mixes KVCache and RotatingKVCache layers: not supported yet."""
+    model = build("gemma3_text")
+    with pytest.raises(segc.ScheduleError, match="RotatingKVCache"):
+        banded_prefill(model, mx.array([[1, 2, 3]]), make_prompt_cache(model), band=1, chunk=2)
