@@ -67,7 +67,7 @@ def decode(a: argparse.Namespace, model: Any) -> None:
         tuple(WaitNode(i, "admit", 1) for i in starts),
         ("admit",),
     )
-    fenced.set_boundary_schedule(sched, {"done": done, "admit": admit})
+    fenced.set_boundary_schedule(sched, {"done": done, "admit": admit}, stride=len(ends))
     times: dict[str, list[float]] = {k: [] for k in variants}
     same = {k: True for k in variants}
     for r in range(a.warmup + a.tokens):

@@ -74,16 +74,13 @@ def test_a_schedule_changes_no_bits_and_signals_in_order(model: Any) -> None:
     log: list = []
     done = Recording(log, "done")
     sched = Schedule(tuple(CutNode(i, ("done", k + 1)) for k, i in enumerate(ends)))
-    step.set_boundary_schedule(sched, {"done": done})
-    for call in range(2):  # a signal value only grows: the second call continues at 5
-        base = done.value
-        if call:
-            sched = Schedule(tuple(CutNode(i, ("done", base + k + 1)) for k, i in enumerate(ends)))
-            step.set_boundary_schedule(sched, {"done": done})
+    # a signal value only grows: with stride, call k signals k * len(ends) + 1, + 2, ...
+    step.set_boundary_schedule(sched, {"done": done}, stride=len(ends))
+    for call in range(3):
         assert bits(step(X)) == stock == want
-        done.wait(base + len(ends), timeout=10)
+        done.wait((call + 1) * len(ends), timeout=10)
     values = [v for _, name, v in log]
-    assert values == sorted(values) and values[-1] == 2 * len(ends), values
+    assert values == list(range(1, 3 * len(ends) + 1)), values
     step.clear_boundary_schedule()
     assert bits(step(X)) == want
 
@@ -174,3 +171,17 @@ def test_windows_over_other_graphs_and_half_windows(model: Any) -> None:
     with pytest.raises(segc.ScheduleError, match="endpoint"):
         step.set_window(ends[0], 10**6)
     assert bits(step(X)) == want  # a refused window changed nothing
+
+
+def test_a_refused_signal_does_not_stop_later_ones(model: Any) -> None:
+    """An event already past a schedule's value refuses the signal; the completer keeps
+    the error and goes on signalling the others (no waiter is left hanging)."""
+    step = segc.jit(model, boundaries="layers.*")
+    want = bits(step(X))
+    ends = layer_ends(step)
+    ahead, fresh = Event(100, name="ahead"), Event(name="fresh")
+    sched = Schedule((CutNode(ends[0], ("ahead", 1)), CutNode(ends[1], ("fresh", 1))))
+    step.set_boundary_schedule(sched, {"ahead": ahead, "fresh": fresh})
+    assert bits(step(X)) == want
+    fresh.wait(1, timeout=10)
+    assert ahead.value == 100

@@ -56,7 +56,10 @@ class Completer:
                 self.errors.append(exc)
                 continue
             for event, value in signals:
-                event.signal(value)
+                try:
+                    event.signal(value)
+                except BaseException as exc:  # a refused value: kept, and the worker goes on
+                    self.errors.append(exc)
 
     def close(self) -> None:
         """Let the worker finish the jobs it has and stop."""

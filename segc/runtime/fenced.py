@@ -31,6 +31,8 @@ class Fences:
     events: Mapping[str, Any]
     timeout: float = 10.0
     completer: Completer = field(default_factory=Completer)
+    stride: int = 0  # call k signals and waits for value + k * stride
+    calls: int = 0  # calls run so far
 
     def event(self, name: str, where: str) -> Any:
         try:
@@ -80,6 +82,10 @@ def run_effects(
     first, last = (selected[0], selected[-1]) if len(selected) else (-1, -1)
     if note:
         note("call", -1, ex.graph.name if window is None else f"{ex.graph.name} window {window.name!r}")
+    base = 0
+    if fences is not None:
+        base = fences.calls * fences.stride
+        fences.calls += 1
     for k in selected:
         st = ex.steps[k]
         where = f"segment {k} {st.segment.name!r} of {ex.graph.name}"
@@ -93,10 +99,10 @@ def run_effects(
         if fences is not None:
             for ev, value in st.effects.waits:
                 if note:
-                    note("wait", k, f"{ev} >= {value}")
-                fences.event(ev, where).wait(value, fences.timeout, where=where)
+                    note("wait", k, f"{ev} >= {value + base}")
+                fences.event(ev, where).wait(value + base, fences.timeout, where=where)
                 if note:
-                    note("waited", k, f"{ev} >= {value}")
+                    note("waited", k, f"{ev} >= {value + base}")
         if note:
             note("dispatch", k, st.segment.name)
         res = st.fn(*(env[i] for i in st.reads))
@@ -106,7 +112,8 @@ def run_effects(
             env[i] = r
         sync(res)
         if fences is not None and st.effects.signals:
-            fences.completer.signal_when_done(res, [(fences.event(ev, where), v) for ev, v in st.effects.signals])
+            signals = [(fences.event(ev, where), v + base) for ev, v in st.effects.signals]
+            fences.completer.signal_when_done(res, signals)
         if k == last:
             for name in exit_:
                 if note:

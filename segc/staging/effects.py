@@ -31,7 +31,7 @@ class EngineHooks:
     drain: bool
 
     def set_boundary_schedule(
-        self, schedule: Schedule | str, events: Mapping[str, Any], *, timeout: float = 10.0
+        self, schedule: Schedule | str, events: Mapping[str, Any], *, timeout: float = 10.0, stride: int = 0
     ) -> None:
         """Apply a boundary schedule (a ``segc.passes.Schedule`` or its JSON) to every
         later call, until :meth:`clear_boundary_schedule`: cut nodes (with a signal that
@@ -39,7 +39,12 @@ class EngineHooks:
         dispatched before the event reaches the value) and host events, matched by
         equation id in every graph of the function, re-traced ones included. ``events``
         maps each event name the schedule uses to a ``segc.Event``; a wait that nothing
-        signals within ``timeout`` seconds raises ``segc.WaitTimeout``."""
+        signals within ``timeout`` seconds raises ``segc.WaitTimeout``. With ``stride``, the
+        k-th call from now signals and waits for each value plus ``k * stride``: an
+        event's value only grows, so a schedule that fences every call of a decode loop
+        moves its values on (the host's signals move with them)."""
+        if not isinstance(stride, int) or isinstance(stride, bool) or stride < 0:
+            raise ScheduleError(f"stride must be an int >= 0, got {stride!r}")
         if isinstance(schedule, str):
             schedule = Schedule.from_json(schedule)
         if not isinstance(schedule, Schedule):
@@ -49,7 +54,7 @@ class EngineHooks:
         if missing:
             raise ScheduleError(f"the schedule uses events {missing} that events= does not give")
         with DISPATCH_LOCK:
-            fences = Fences(dict(events), timeout)
+            fences = Fences(dict(events), timeout, stride=stride)
             self._relower(replace(self._effects, schedule=schedule, fences=fences))
 
     def clear_boundary_schedule(self) -> None:
