@@ -48,11 +48,13 @@ def decode(a: argparse.Namespace, model: Any) -> None:
 
     prompt = mx.array([[(7 * i + 3) % a.vocab for i in range(a.context)]])
     variants: dict[str, Callable[..., Any]] = {"eager mlx-lm": model}
-    stock = segc.jit(model, boundaries="auto")
+    # validate=False: off the CPU the dynamic cache's logits differ from eager's in the last
+    # bits (docs/models.md), and the check would switch to exact mode, a trace per token
+    stock = segc.jit(model, boundaries="auto", validate=False)
     variants["segc per layer"] = stock
-    fenced = segc.jit(model, boundaries="auto")
+    fenced = segc.jit(model, boundaries="auto", validate=False)
     variants["segc + signal/wait per layer"] = fenced
-    variants["segc host drain per layer"] = segc.jit(model, boundaries="auto", drain=True)
+    variants["segc host drain per layer"] = segc.jit(model, boundaries="auto", drain=True, validate=False)
     caches = {k: make_prompt_cache(model) for k in variants}
     toks = {}
     for k, f in variants.items():
@@ -70,6 +72,7 @@ def decode(a: argparse.Namespace, model: Any) -> None:
     fenced.set_boundary_schedule(sched, {"done": done, "admit": admit}, stride=len(ends))
     times: dict[str, list[float]] = {k: [] for k in variants}
     same = {k: True for k in variants}
+    diff = {k: 0.0 for k in variants}
     for r in range(a.warmup + a.tokens):
         logits = {}
         for k, f in variants.items():
@@ -82,15 +85,18 @@ def decode(a: argparse.Namespace, model: Any) -> None:
             logits[k] = out
         for k in variants:
             same[k] = same[k] and bool(mx.array_equal(logits[k], logits["eager mlx-lm"]).item())
+            d = mx.abs(logits[k].astype(mx.float32) - logits["eager mlx-lm"].astype(mx.float32)).max().item()
+            diff[k] = max(diff[k], float(d))
             toks[k] = mx.argmax(logits[k][:, -1:], axis=-1)
     base = statistics.median(times["eager mlx-lm"])
     stock_t = statistics.median(times["segc per layer"])
     print(f"## decode, context {a.context}, {a.tokens} tokens, {mx.default_device()}")
-    print("| variant | median per token | x eager | x segc stock | logits equal eager |")
-    print("| --- | ---: | ---: | ---: | --- |")
+    print("| variant | median per token | x eager | x segc stock | logits equal eager | max abs diff | traces |")
+    print("| --- | ---: | ---: | ---: | --- | ---: | ---: |")
     for k, ts in times.items():
         m = statistics.median(ts)
-        print(f"| {k} | {m * 1e3:.3f} ms | {m / base:.2f} | {m / stock_t:.2f} | {same[k]} |")
+        traces = variants[k].cache_info().traces if hasattr(variants[k], "cache_info") else "-"
+        print(f"| {k} | {m * 1e3:.3f} ms | {m / base:.2f} | {m / stock_t:.2f} | {same[k]} | {diff[k]:.3g} | {traces} |")
 
 
 def prefill(a: argparse.Namespace, model: Any) -> None:
@@ -108,8 +114,8 @@ def prefill(a: argparse.Namespace, model: Any) -> None:
             mx.eval(out, [c.state for c in cache])
         return out, cache
 
-    step = segc.jit(model, boundaries="auto")
     banded_step = segc.jit(model, boundaries="auto", validate=False)
+    step = segc.jit(model, boundaries="auto", validate=False)
 
     def banded(_: Any) -> tuple[Any, list]:
         cache = make_prompt_cache(model)

@@ -7,7 +7,7 @@ from typing import Any
 
 import mlx.core as mx
 import pytest
-from conftest import bits
+from conftest import bits, state_close
 
 pytest.importorskip("mlx_lm")
 
@@ -24,6 +24,17 @@ def chunked(model: Any, prompt: mx.array, chunk: int) -> tuple[mx.array, list]:
     for s in range(0, prompt.shape[1], chunk):
         logits = model(prompt[:, s : s + chunk], cache=cache)
     return logits, cache
+
+
+def assert_prefill_equal(got: mx.array, want: mx.array, cache: list, cache_want: list) -> None:
+    """Bit for bit on the CPU; off it within the bound docs/models.md gives, because the
+    dynamic KV cache's masked attention rounds differently from eager's on CUDA."""
+    if mx.default_device() == mx.cpu:
+        assert bits(got) == bits(want)
+        assert_same_caches(cache, cache_want)
+    else:
+        assert state_close(got, want)
+        assert all(a.offset == b.offset and state_close(a.state[0], b.state[0]) for a, b in zip(cache, cache_want))
 
 
 def assert_same_caches(got: list, want: list) -> None:
@@ -48,8 +59,7 @@ def test_banded_prefill_equals_chunked_prefill(layers: int, band: int, chunk: in
     timeline: list = []
     step.record_timeline(timeline)
     got = banded_prefill(model, prompt, cache, band=band, chunk=chunk, step=step)
-    assert bits(got) == bits(want)
-    assert_same_caches(cache, cache_want)
+    assert_prefill_equal(got, want, cache, cache_want)
     # band-major: each call ran one band's segments; every band ran once per chunk
     n_chunks = -(-length // chunk)
     n_bands = -(-layers // band)
@@ -75,8 +85,8 @@ def test_banded_prefill_over_the_zoo(arch: str) -> None:
     prompt = mx.array([[(5 * i + 1) % 100 for i in range(20)]])
     want, cache_want = chunked(model, prompt, 8)
     cache = make_prompt_cache(model)
-    assert bits(banded_prefill(model, prompt, cache, band=1, chunk=8)) == bits(want)
-    assert_same_caches(cache, cache_want)
+    got = banded_prefill(model, prompt, cache, band=1, chunk=8)
+    assert_prefill_equal(got, want, cache, cache_want)
 
 
 def test_mixed_cache_types_are_refused_by_name() -> None:

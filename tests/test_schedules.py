@@ -185,3 +185,25 @@ def test_a_refused_signal_does_not_stop_later_ones(model: Any) -> None:
     assert bits(step(X)) == want
     fresh.wait(1, timeout=10)
     assert ahead.value == 100
+
+
+@pytest.mark.parametrize("threaded", [True, False])
+def test_the_completer_signals_in_order_and_keeps_refusals(threaded: bool) -> None:
+    """Both ways of signalling on completion (a worker thread on the CPU; the dispatching
+    thread where MLX cannot evaluate another thread's arrays): in order, after the
+    outputs, a refused value kept and the rest signalled."""
+    from segc.runtime.completion import Completer
+
+    c = Completer(threaded=threaded)
+    log: list = []
+    ahead, ev = Recording(log, "ahead"), Recording(log, "ev")
+    ahead.signal(5)
+    for v in range(1, 4):
+        out = mx.ones((64, 64)) * v
+        mx.async_eval(out)  # dispatched first, as the executor does
+        c.signal_when_done([out], [(ahead, 1), (ev, v)])
+    ev.wait(3, timeout=10)
+    c.close()
+    assert [(n, v) for _, n, v in log] == [("ahead", 5)] + [x for v in range(1, 4) for x in (("ahead", 1), ("ev", v))]
+    assert len(c.errors) == 3 and all(isinstance(e, segc.ScheduleError) for e in c.errors)
+    assert ahead.value == 5 and ev.value == 3

@@ -19,6 +19,7 @@ traced once, and the window leaves them untouched.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -38,26 +39,28 @@ def _layer_list(model: nn.Module) -> Sequence[nn.Module]:
     return layers
 
 
-def band_windows(n_layers: int, band: int):  # type: ignore[no-untyped-def]
+@dataclass(frozen=True)
+class BandWindows:
     """``windows(graph)`` for ``Jitted.set_windows``: ``band<k>`` over the segments of
     layers ``[k * band, (k + 1) * band)``, the first band from the graph's first equation
-    (the embedding), the last to its last (the head)."""
+    (the embedding), the last to its last (the head). Equal for equal bands, so placing
+    them again lowers nothing again."""
 
-    def windows(g: Graph) -> dict[str, tuple[int, int]]:
+    n_layers: int
+    band: int
+
+    def __call__(self, g: Graph) -> dict[str, tuple[int, int]]:
+        n, band = self.n_layers, self.band
         segs = segments(g)
-        if len(segs) != n_layers + 1:  # a segment per layer, then the tail
-            raise ScheduleError(
-                f"{g.name}: {len(segs)} segments for {n_layers} layers; trace with one boundary per layer"
-            )
+        if len(segs) != n + 1:  # a segment per layer, then the tail
+            raise ScheduleError(f"{g.name}: {len(segs)} segments for {n} layers; trace with one boundary per layer")
         ids = [[e.id for e in s.eqns(g)] for s in segs]
         out = {}
-        for k, lo in enumerate(range(0, n_layers, band)):
-            hi = min(lo + band, n_layers) - 1
-            last = ids[-1][-1] if hi == n_layers - 1 else ids[hi][-1]
+        for k, lo in enumerate(range(0, n, band)):
+            hi = min(lo + band, n) - 1
+            last = ids[-1][-1] if hi == n - 1 else ids[hi][-1]
             out[f"band{k}"] = (ids[lo][0], last)
         return out
-
-    return windows
 
 
 def _proxy(cache: Any, like: Any) -> Any:
@@ -97,7 +100,7 @@ def banded_prefill(
         raise ScheduleError(f"banded prefill: band and chunk must be >= 1, got {band} and {chunk}")
     if step is None:
         step = jit(model, boundaries="auto", validate=False)
-    step.set_windows(band_windows(n, band))
+    step.set_windows(BandWindows(n, band))
     length = prompt.shape[1]
     chunks = [prompt[:, s : s + chunk] for s in range(0, length, chunk)]
     stashes: list[dict[str, mx.array]] = [{} for _ in chunks]
@@ -111,6 +114,6 @@ def banded_prefill(
                 step.use_window(f"band{k}", stashes[t])
                 out = step(x, cache=tile)
     finally:
-        step.clear_window()
+        step.use_window(None)  # the windows stay placed (a later prefill reuses them), none runs
     assert out is not None
     return out

@@ -23,7 +23,9 @@ Job = tuple[list[mx.array], list[tuple[Any, int]]]
 
 class Completer:
     """``signal_when_done(outputs, [(event, value), ...])`` signals each event with its
-    value once ``outputs`` exist; jobs complete in the order they were given."""
+    value once ``outputs`` exist; jobs complete in the order they were given. The caller
+    has dispatched ``outputs`` already (``mx.async_eval``, as the executor does): the
+    worker only waits for them. A value an event refuses is kept in ``errors``."""
 
     def __init__(self, *, threaded: bool | None = None):
         self.threaded = mx.default_device() == mx.cpu if threaded is None else threaded
@@ -35,8 +37,7 @@ class Completer:
     def signal_when_done(self, outputs: Sequence[mx.array], signals: list[tuple[Any, int]]) -> None:
         if not self.threaded:
             mx.eval(list(outputs))
-            for event, value in signals:
-                event.signal(value)
+            self._signal(signals)
             return
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
@@ -55,11 +56,14 @@ class Completer:
             except BaseException as exc:  # waiters time out, naming the event; the error is kept
                 self.errors.append(exc)
                 continue
-            for event, value in signals:
-                try:
-                    event.signal(value)
-                except BaseException as exc:  # a refused value: kept, and the worker goes on
-                    self.errors.append(exc)
+            self._signal(signals)
+
+    def _signal(self, signals: list[tuple[Any, int]]) -> None:
+        for event, value in signals:
+            try:
+                event.signal(value)
+            except Exception as exc:  # a refused value: kept, and the others still fire
+                self.errors.append(exc)
 
     def close(self) -> None:
         """Let the worker finish the jobs it has and stop."""

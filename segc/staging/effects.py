@@ -80,16 +80,19 @@ class EngineHooks:
         last id)}`` for that graph (ids differ between graphs of one function, so an
         engine computes them per graph, e.g. from its layer markers). Placed windows run
         only when chosen with :meth:`use_window`, which changes nothing else."""
+        if windows == self._effects.windows:
+            return  # placed already: nothing to lower again
         with DISPATCH_LOCK:
             self._relower(replace(self._effects, windows=windows))
 
     def use_window(
-        self, name: str, stash: MutableMapping[str, mx.array] | None = None
+        self, name: str | None, stash: MutableMapping[str, mx.array] | None = None
     ) -> MutableMapping[str, mx.array]:
         """Run window ``name`` (placed by :meth:`set_windows`) from and to ``stash`` in the
-        following calls; no lowering, so an engine may switch per call. Returns the stash."""
+        following calls; ``None``: run every segment again, the windows staying placed.
+        No lowering, so an engine may switch per call. Returns the stash."""
         stash = {} if stash is None else stash
-        self._active = WindowRun(name, stash)
+        self._active = None if name is None else WindowRun(name, stash)
         return stash
 
     def clear_window(self) -> None:
