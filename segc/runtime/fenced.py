@@ -64,8 +64,8 @@ def run_effects(
 ) -> list[mx.array | None]:
     """Dispatch ``ex``'s steps honouring effects; outputs a window did not compute are None.
     ``timeline`` receives ``(time, what, segment, detail)`` for the call (``call``, segment
-    -1), every stash read, wait
-    (``wait`` before, ``waited`` after), dispatch, completion signal and stash write."""
+    -1), every wait (``wait`` before, ``waited`` after), stash read, dispatch and stash
+    write."""
     note = (
         (lambda what, k, detail="": timeline.append((time.perf_counter(), what, k, detail)))
         if timeline is not None
@@ -89,6 +89,13 @@ def run_effects(
     for k in selected:
         st = ex.steps[k]
         where = f"segment {k} {st.segment.name!r} of {ex.graph.name}"
+        if fences is not None:  # the waits first: the stash copy is the segment's first work
+            for ev, value in st.effects.waits:
+                if note:
+                    note("wait", k, f"{ev} >= {value + base}")
+                fences.event(ev, where).wait(value + base, fences.timeout, where=where)
+                if note:
+                    note("waited", k, f"{ev} >= {value + base}")
         if k == first:
             for name in entry:
                 if note:
@@ -96,13 +103,6 @@ def run_effects(
                 if name not in window.stash:  # type: ignore[union-attr]
                     raise ScheduleError(f"{where}: the stash holds no %{name}, an entry value of its window")
                 env[ex.cell[name]] = window.stash[name]  # type: ignore[union-attr]
-        if fences is not None:
-            for ev, value in st.effects.waits:
-                if note:
-                    note("wait", k, f"{ev} >= {value + base}")
-                fences.event(ev, where).wait(value + base, fences.timeout, where=where)
-                if note:
-                    note("waited", k, f"{ev} >= {value + base}")
         if note:
             note("dispatch", k, st.segment.name)
         res = st.fn(*(env[i] for i in st.reads))
