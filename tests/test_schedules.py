@@ -207,3 +207,25 @@ def test_the_completer_signals_in_order_and_keeps_refusals(threaded: bool) -> No
     assert [(n, v) for _, n, v in log] == [("ahead", 5)] + [x for v in range(1, 4) for x in (("ahead", 1), ("ev", v))]
     assert len(c.errors) == 3 and all(isinstance(e, segc.ScheduleError) for e in c.errors)
     assert ahead.value == 5 and ev.value == 3
+
+
+def test_the_timeline_records_waits_dispatches_and_completions(model: Any) -> None:
+    step = segc.jit(model, boundaries="layers.*")
+    want = bits(step(X))
+    ends, starts = layer_ends(step), first_ids(step)
+    done, admit = Event(name="done"), Event(1, name="admit")
+    sched = Schedule((CutNode(ends[0], ("done", 1)),), (WaitNode(starts[1], "admit", 1),), ("admit",))
+    step.set_boundary_schedule(sched, {"done": done, "admit": admit})
+    timeline: list = []
+    step.record_timeline(timeline)
+    assert bits(step(X)) == want
+    done.wait(1, timeout=10)
+    step.record_timeline(None)
+    kinds = [(what, k) for _, what, k, _ in timeline]
+    assert kinds[0] == ("call", -1)
+    assert ("wait", 2) in kinds and kinds.index(("wait", 2)) < kinds.index(("waited", 2)) < kinds.index(("dispatch", 2))
+    complete = [(t, detail) for t, what, k, detail in timeline if what == "complete"]
+    assert [d for _, d in complete] == ["done = 1"]
+    t_dispatch0 = next(t for t, what, k, _ in timeline if (what, k) == ("dispatch", 0))
+    assert complete[0][0] >= t_dispatch0  # completion is noted after its dispatch
+    assert sum(1 for what, _ in kinds if what == "dispatch") == len(step.entries()[0].segments)

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlx.core as mx
 
-Job = tuple[list[mx.array], list[tuple[Any, int]]]
+Job = tuple[list[mx.array], list[tuple[Any, int]], Callable[[], None] | None]
 
 
 class Completer:
@@ -34,28 +34,35 @@ class Completer:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def signal_when_done(self, outputs: Sequence[mx.array], signals: list[tuple[Any, int]]) -> None:
+    def signal_when_done(
+        self, outputs: Sequence[mx.array], signals: list[tuple[Any, int]], done: Callable[[], None] | None = None
+    ) -> None:
+        """``done`` (if given) is called once the outputs exist, before the signals."""
         if not self.threaded:
             mx.eval(list(outputs))
+            if done is not None:
+                done()
             self._signal(signals)
             return
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._work, name="segc-completer", daemon=True)
                 self._thread.start()
-        self._jobs.put((list(outputs), signals))
+        self._jobs.put((list(outputs), signals, done))
 
     def _work(self) -> None:
         while True:
             job = self._jobs.get()
             if job is None:
                 return
-            outputs, signals = job
+            outputs, signals, done = job
             try:
                 mx.eval(outputs)
             except BaseException as exc:  # waiters time out, naming the event; the error is kept
                 self.errors.append(exc)
                 continue
+            if done is not None:
+                done()
             self._signal(signals)
 
     def _signal(self, signals: list[tuple[Any, int]]) -> None:

@@ -65,7 +65,8 @@ def run_effects(
     """Dispatch ``ex``'s steps honouring effects; outputs a window did not compute are None.
     ``timeline`` receives ``(time, what, segment, detail)`` for the call (``call``, segment
     -1), every wait (``wait`` before, ``waited`` after), stash read, dispatch and stash
-    write."""
+    write, and, for a segment that signals, ``complete`` when its outputs exist (from the
+    completer, so it may come after later entries)."""
     note = (
         (lambda what, k, detail="": timeline.append((time.perf_counter(), what, k, detail)))
         if timeline is not None
@@ -113,7 +114,14 @@ def run_effects(
         sync(res)
         if fences is not None and st.effects.signals:
             signals = [(fences.event(ev, where), v + base) for ev, v in st.effects.signals]
-            fences.completer.signal_when_done(res, signals)
+            done = None
+            if note is not None:
+                detail = ", ".join(f"{ev} = {v + base}" for ev, v in st.effects.signals)
+
+                def done(k: int = k, detail: str = detail) -> None:  # runs once the outputs exist
+                    note("complete", k, detail)
+
+            fences.completer.signal_when_done(res, signals, done)
         if k == last:
             for name in exit_:
                 if note:
