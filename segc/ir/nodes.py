@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from .. import dtypes
 
@@ -98,3 +99,21 @@ class Eqn:
     @property
     def is_pseudo(self) -> bool:
         return self.prim in PSEUDO
+
+
+class GraphLike(Protocol):
+    """What the segment, printer and verifier code reads of a graph (``graph.Graph`` has
+    it): typed this way so that those modules need not import ``graph.py``, which
+    imports the printer."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def inputs(self) -> Sequence[Input]: ...
+    @property
+    def consts(self) -> Sequence[Const]: ...
+    @property
+    def eqns(self) -> Sequence[Eqn]: ...
+    @property
+    def outputs(self) -> Sequence[str]: ...
+    def vars(self) -> dict[str, Var]: ...

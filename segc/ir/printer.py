@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import dtypes
 from ..units import fmt_bytes
-from .nodes import HOST_EVENT, SIGNAL, WAIT, WINDOW, Const, DTypeArg, Eqn
+from .nodes import HOST_EVENT, SIGNAL, WAIT, WINDOW, Const, DTypeArg, Eqn, GraphLike
 from .segments import Segment, segments
-
-if TYPE_CHECKING:
-    from .graph import Graph
 
 Annotate = Callable[[Segment], str]
 
@@ -81,7 +78,7 @@ def effect_text(e: Eqn) -> str:
     return ""
 
 
-def segment_header(g: Graph, s: Segment, annotate: Annotate | None = None) -> str:
+def segment_header(g: GraphLike, s: Segment, annotate: Annotate | None = None) -> str:
     """``-- segment 0 'l0': 12 eqns, in 3 (1.5 KiB), out 1 (512 B)[annotation][; effects]``."""
     vs = g.vars()
     n = sum(1 for e in g.eqns[s.start : s.stop] if not e.is_pseudo)
@@ -98,7 +95,7 @@ def segment_header(g: Graph, s: Segment, annotate: Annotate | None = None) -> st
     return head + (f"; {'; '.join(effects)}" if effects else "")
 
 
-def to_text(g: Graph, headers: bool = True, annotate: Annotate | None = None) -> str:
+def to_text(g: GraphLike, headers: bool = True, annotate: Annotate | None = None) -> str:
     """Print the graph; ``parse(to_text(g)) == g``. Header lines start with ``--``."""
     ins = ", ".join(f"%{i.var.name}: {i.var.type_str()} {i.kind}={json.dumps(i.path)}" for i in g.inputs)
     lines = [f"graph {g.name}({ins}) {{"]

@@ -10,13 +10,9 @@ entry/exit values of a window (:func:`window_args`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ..errors import ScheduleError
-from .nodes import CUT, HOST_EVENT, SIGNAL, WAIT, WINDOW, Eqn
-
-if TYPE_CHECKING:
-    from .graph import Graph
+from .nodes import CUT, HOST_EVENT, SIGNAL, WAIT, WINDOW, Eqn, GraphLike
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,12 +30,12 @@ class Segment:
     inputs: tuple[str, ...]  # values defined before the segment (or graph inputs) used in it
     outputs: tuple[str, ...]  # values defined in it and used later or returned
 
-    def eqns(self, g: Graph) -> tuple[Eqn, ...]:
+    def eqns(self, g: GraphLike) -> tuple[Eqn, ...]:
         """The segment's computing equations (what the runtime replays)."""
         return tuple(e for e in g.eqns[self.start : self.stop] if not e.is_pseudo)
 
 
-def segments(g: Graph) -> list[Segment]:
+def segments(g: GraphLike) -> list[Segment]:
     """Cut the equation list at every ``segc.cut``; derive each segment's boundary values.
 
     An empty segment (two cuts in a row, or a cut first or last) is dropped.
@@ -81,7 +77,7 @@ def segments(g: Graph) -> list[Segment]:
     return result
 
 
-def segment_of(g: Graph, segs: list[Segment] | None = None) -> list[int]:
+def segment_of(g: GraphLike, segs: list[Segment] | None = None) -> list[int]:
     """For each equation position, the index of the (non-empty) segment it belongs to; a
     pseudo-equation between segments belongs to the next one (the last, past the end)."""
     segs = segments(g) if segs is None else segs
@@ -106,7 +102,7 @@ class SegmentEffects:
         return bool(self.signals or self.waits or self.windows)
 
 
-def segment_effects(g: Graph, segs: list[Segment] | None = None) -> list[SegmentEffects]:
+def segment_effects(g: GraphLike, segs: list[Segment] | None = None) -> list[SegmentEffects]:
     """One :class:`SegmentEffects` per segment of ``g``, in order."""
     segs = segments(g) if segs is None else segs
     where = segment_of(g, segs)
@@ -126,7 +122,7 @@ def segment_effects(g: Graph, segs: list[Segment] | None = None) -> list[Segment
     return [SegmentEffects(tuple(s), tuple(w), tuple(n)) for s, w, n in zip(signals, waits, windows)]
 
 
-def host_events(g: Graph) -> tuple[str, ...]:
+def host_events(g: GraphLike) -> tuple[str, ...]:
     """The events the host (not the graph) signals."""
     return tuple(e.args[0] for e in g.eqns if e.prim == HOST_EVENT)
 
@@ -134,7 +130,7 @@ def host_events(g: Graph) -> tuple[str, ...]:
 # --------------------------------------------------------------------------- windows
 
 
-def window_args(g: Graph, name: str, first: int, last: int) -> tuple:
+def window_args(g: GraphLike, name: str, first: int, last: int) -> tuple:
     """The ``segc.window`` arguments ``(name, first, last, mode, entry, exit)`` for the
     window over equations ``[first, last]`` (ids) of ``g``, derived from its cuts.
 
@@ -168,7 +164,7 @@ def window_args(g: Graph, name: str, first: int, last: int) -> tuple:
     return (name, first, last, "range", tuple(entry), tuple(exit_))
 
 
-def window_segments(g: Graph, e: Eqn, segs: list[Segment] | None = None) -> list[int]:
+def window_segments(g: GraphLike, e: Eqn, segs: list[Segment] | None = None) -> list[int]:
     """Indices of the segments a ``segc.window`` equation selects."""
     segs = segments(g) if segs is None else segs
     if e.args[3] == "all":

@@ -15,18 +15,17 @@ also rejects, with an :class:`~segc.IRError` naming the equation:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TypeVar
 
 from .. import dtypes
 from ..errors import IRError, ScheduleError
-from .nodes import EFFECTS, HOST_EVENT, SIGNAL, WAIT, WINDOW, Var
+from .nodes import EFFECTS, HOST_EVENT, SIGNAL, WAIT, WINDOW, GraphLike, Var
 from .segments import segment_of, window_args
 
-if TYPE_CHECKING:
-    from .graph import Graph
+G = TypeVar("G", bound=GraphLike)
 
 
-def verify(g: Graph) -> Graph:
+def verify(g: G) -> G:
     """Check the IR's invariants; raise :class:`IRError` naming the first violation."""
     defined: set[str] = set()
 
@@ -66,7 +65,7 @@ def verify(g: Graph) -> Graph:
     return g
 
 
-def verify_effects(g: Graph) -> None:
+def verify_effects(g: GraphLike) -> None:
     seg = segment_of(g)
     host: set[str] = set()
     signals: dict[str, list[tuple[int, int, int]]] = {}  # event -> (value, segment, id)
@@ -112,7 +111,7 @@ def verify_effects(g: Graph) -> None:
     _verify_windows(g)
 
 
-def _verify_windows(g: Graph) -> None:
+def _verify_windows(g: GraphLike) -> None:
     names: set[str] = set()
     for e in g.eqns:
         if e.prim != WINDOW:

@@ -11,15 +11,23 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import mlx.core as mx
 
 from ..errors import ScheduleError
+from ..ir import Graph
 from .completion import Completer
 
-if TYPE_CHECKING:
-    from .executor import Executor
+
+class _Steps(Protocol):
+    """What the loop reads of an ``Executor`` (typed so, as ``executor.py`` imports this)."""
+
+    graph: Graph
+    steps: tuple[Any, ...]
+    windows: dict[str, tuple[tuple[int, ...], tuple[str, ...], tuple[str, ...]]]
+    cell: dict[str, int]
+    output_cells: tuple[int, ...]
 
 
 @dataclass
@@ -55,7 +63,7 @@ Timeline = list[tuple[float, str, int, str]]  # (time.perf_counter(), what, segm
 
 
 def run_effects(
-    ex: Executor,
+    ex: _Steps,
     env: list,
     sync: Callable[[Any], Any],
     fences: Fences | None,

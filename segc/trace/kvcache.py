@@ -15,6 +15,7 @@ in exact mode.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import mlx.core as mx
@@ -34,12 +35,21 @@ from .state import (
 )
 
 
-def _is_mlx_lm_cache(x: Any) -> bool:
+@functools.cache
+def _mlx_lm_cache_types() -> dict[str, type]:
+    """mlx-lm's cache classes by name, looked up once (none without mlx-lm): these
+    checks run for every state object of every call."""
     try:
-        from mlx_lm.models.cache import _BaseCache
+        from mlx_lm.models import cache
     except ImportError:  # pragma: no cover - mlx-lm is an extra
-        return False
-    return isinstance(x, _BaseCache)
+        return {}
+    names = ("_BaseCache", "KVCache", "RotatingKVCache", "QuantizedKVCache")
+    return {n: getattr(cache, n) for n in names if hasattr(cache, n)}
+
+
+def _is_mlx_lm_cache(x: Any) -> bool:
+    base = _mlx_lm_cache_types().get("_BaseCache")
+    return base is not None and isinstance(x, base)
 
 
 def _is_exactly(obj: Any, cls: type) -> bool:
@@ -47,11 +57,8 @@ def _is_exactly(obj: Any, cls: type) -> bool:
 
 
 def _kv_classes() -> tuple[type | None, type | None]:
-    try:
-        from mlx_lm.models.cache import KVCache, RotatingKVCache
-    except ImportError:  # pragma: no cover
-        return None, None
-    return KVCache, RotatingKVCache
+    types = _mlx_lm_cache_types()
+    return types.get("KVCache"), types.get("RotatingKVCache")
 
 
 def _kv_slot(index: int, obj: Any, grown: dict[str, Any] | None) -> Slot | None:
@@ -299,11 +306,7 @@ def _donate(slot: Slot, plan: Commit) -> bool:
 
 
 def _quantized(obj: Any) -> str | None:
-    try:
-        from mlx_lm.models.cache import QuantizedKVCache
-    except ImportError:  # pragma: no cover - mlx-lm is an extra
-        return None
-    if type(obj) is not QuantizedKVCache:
+    if type(obj) is not _mlx_lm_cache_types().get("QuantizedKVCache"):
         return None
     return "a QuantizedKVCache has no dynamic stand-in yet, and exact mode keys on its offset (a trace per token)"
 
