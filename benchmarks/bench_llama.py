@@ -9,7 +9,14 @@ One run times, interleaved round by round so that drift hits every variant alike
 * ``drain``    -- the same segments with a host ``mx.eval`` after each (``drain=True``):
   the host-draining baseline of the seed;
 * ``whole``    -- (optional) ``segc.jit(model)`` with no boundaries: one segment, the
-  stock path, to separate the cost of cutting from the cost of segc's call path.
+  stock path, to separate the cost of cutting from the cost of segc's call path;
+* ``each`` / ``fences`` -- (optional) ``segc`` with the commit policy fixed to
+  ``"segment"`` (``mx.async_eval`` after every segment) or ``"fences"`` (one commit, the
+  caller's); ``segc`` itself uses the backend's default (``"auto"``).
+
+``--isolate`` runs every variant in a process of its own (MLX's kernel and CUDA-graph
+caches are per process, so one variant's commits cannot slow another down); the
+outputs are then compared byte for byte across the processes.
 
 on two workloads: a decode step (one token; with a KV cache at ``--context`` when
 ``segc.jit`` accepts one, else a plain 1-token forward, and the output says which) and a
@@ -33,13 +40,17 @@ import json
 import math
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
 import segc
 from segc.models import tiny_llama
@@ -79,7 +90,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     ),
 }
 
-VARIANTS = ("eager", "compile", "segc", "drain", "whole")
+VARIANTS = ("eager", "compile", "segc", "drain", "whole", "each", "fences")
+COMMIT = {"each": "segment", "fences": "fences"}
 DEFAULT_VARIANTS = ("eager", "compile", "segc", "drain")
 
 # H200 figures used for the floors printed beside GPU timings (DESIGN.md)
@@ -90,12 +102,26 @@ BF16_FLOP_PER_S = 790e12
 # --------------------------------------------------------------------------- models
 
 
-def make_model(preset: str, layers: int | None = None, seed: int = 0) -> nn.Module:
+def make_model(
+    preset: str, layers: int | None = None, seed: int = 0, arch: str = "llama", bits: int | None = None
+) -> nn.Module:
+    """The preset's sizes for mlx-lm's ``arch`` (``mixtral``: 8 experts, 2 per token),
+    random weights, quantized to ``bits`` (group size 64, as mlx-lm) if given."""
     cfg = dict(PRESETS[preset])
     dtype = getattr(mx, cfg.pop("dtype"))
     if layers is not None:
         cfg["num_hidden_layers"] = layers
-    return tiny_llama(dtype=dtype, seed=seed, **cfg)
+    if arch == "llama":
+        model = tiny_llama(dtype=dtype, seed=seed, **cfg)
+        if bits:
+            nn.quantize(model, group_size=64, bits=bits)
+            mx.eval(model.parameters())
+        return model
+    from segc.models.zoo import build
+
+    if arch in ("mixtral", "qwen3_moe"):
+        cfg.update(num_local_experts=8, num_experts=8, num_experts_per_tok=2)
+    return build(arch, seed=seed, dtype=dtype, bits=bits, group_size=64, **cfg)
 
 
 def _params(model: nn.Module) -> dict[str, mx.array]:
@@ -146,7 +172,7 @@ class FixedContext:
         dtype = model.parameters()["model"]["embed_tokens"]["weight"].dtype
         args = model.args
         kvh = args.num_key_value_heads
-        hd = args.head_dim or args.hidden_size // args.num_attention_heads
+        hd = getattr(args, "head_dim", None) or args.hidden_size // args.num_attention_heads
         mx.random.seed(1)
         for c in self.cache:
             # one position more than the context, so the buffers already have room for
@@ -227,8 +253,10 @@ def workload(
     warmup: int,
     repeats: int,
     variants: tuple[str, ...],
+    outputs: Path | None = None,
 ) -> dict[str, Any]:
-    """Time every variant on one input; check each against eager for bit-identity."""
+    """Time every variant on one input; check each against eager for bit-identity.
+    ``outputs``: also write each variant's output bytes there (``--isolate``)."""
     mx.random.seed(2)
     x = mx.random.randint(0, model.args.vocab_size, (1, tokens))
     fc = FixedContext(model, context) if context else None
@@ -244,7 +272,12 @@ def workload(
             elif v == "compile":
                 fns[v] = _compile_cached(model, fc, x) if fc else _compile_plain(model, x)
             else:
-                step = segc.jit(model, boundaries=None if v == "whole" else "layers.*", drain=(v == "drain"))
+                step = segc.jit(
+                    model,
+                    boundaries=None if v == "whole" else "layers.*",
+                    drain=(v == "drain"),
+                    commit=COMMIT.get(v, "auto"),
+                )
                 jitted[v] = step
                 fns[v] = _bind_segc(step, x, fc)
             sync[v] = fc.arrays if fc else nothing
@@ -255,6 +288,9 @@ def workload(
     # bit-identity against eager (same input, same cache state)
     outs = {k: f() for k, f in fns.items()}
     mx.eval(outs)
+    if outputs is not None:
+        for k, y in outs.items():
+            (outputs / f"{tokens}_{k}.bin").write_bytes(raw_bytes(y))
     identical: dict[str, bool | None] = {}
     for k, y in outs.items():
         identical[k] = None if "eager" not in outs else bool(mx.array_equal(y, outs["eager"]).item())
@@ -281,6 +317,81 @@ def workload(
     if "segc" in jitted and "segc" in fns:
         res["segc_host"] = host_split(jitted["segc"], fns["segc"], sync["segc"], max(repeats, 10))
     return res
+
+
+def raw_bytes(y: mx.array) -> bytes:
+    """The bytes of ``y`` as stored (-0.0 and NaN payloads included)."""
+    return bytes(np.array(mx.contiguous(y).reshape(-1).view(mx.uint8)))
+
+
+def isolated(argv: list[str], variants: tuple[str, ...], out_json: str | None) -> int:
+    """Run each variant in a process of its own (the same arguments, ``--variants v``),
+    then merge the results and compare the outputs byte for byte with eager's."""
+    r: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        for i, v in enumerate(variants):
+            rest = [a for a in argv if a != "--isolate"]
+            cmd = [
+                sys.executable,
+                __file__,
+                *rest,
+                "--variants",
+                v,
+                "--outputs-dir",
+                tmp,
+                "--json",
+                str(d / f"{v}.json"),
+            ]
+            if i:  # the first-call and dispatch parts run once, in the first process
+                cmd += ["--first-call-layers", "0", "--no-dispatch"]
+            print(f"[isolate] {v}: {' '.join(cmd[1:])}", flush=True)
+            subprocess.run(cmd, check=False)
+            child = json.loads((d / f"{v}.json").read_text()) if (d / f"{v}.json").exists() else None
+            if child is None:
+                r.setdefault("errors", {})[v] = "the process wrote no results"
+                continue
+            for part, e in child.get("errors", {}).items():
+                r.setdefault("errors", {})[f"{v}: {part}"] = e
+            if "workloads" not in r:
+                child["errors"] = r.get("errors", {})
+                r = child
+                continue
+            for name, w in child["workloads"].items():
+                mine = r["workloads"].setdefault(name, w)
+                if mine is not w:
+                    for key in ("timings", "errors", "segments", "retraces"):
+                        mine.setdefault(key, {}).update(w.get(key, {}))
+                    if "segc_host" in w:
+                        mine["segc_host"] = w["segc_host"]
+        for w in r.get("workloads", {}).values():
+            base = d / f"{w['tokens']}_eager.bin"
+            w["bit_identical_to_eager"] = {
+                v: (d / f"{w['tokens']}_{v}.bin").read_bytes() == base.read_bytes()
+                for v in variants
+                if (d / f"{w['tokens']}_{v}.bin").exists() and base.exists()
+            }
+    r["isolated"] = True
+    print("\n=== isolated: each variant in its own process ===")
+    for name, w in r.get("workloads", {}).items():
+        print_workload(r, name, w)
+    for k, e in r.get("errors", {}).items():
+        print(f"{k} FAILED: {e}")
+    ok = (
+        bool(r.get("workloads"))
+        and not r.get("errors")
+        and all(
+            w["bit_identical_to_eager"].get(v) is not False
+            for w in r["workloads"].values()
+            for v in ("segc", "drain", "whole", "each", "fences")
+            if v in variants
+        )
+    )
+    r["segc_bit_identical"] = ok
+    if out_json:
+        Path(out_json).write_text(json.dumps(r, indent=1))
+    print(f"\nsegc outputs bit-identical to eager mlx-lm in every workload: {ok}")
+    return 0 if ok else 1
 
 
 def host_split(step: Any, f: Callable[[], Any], sync: Callable[[], Any], calls: int) -> dict[str, float]:
@@ -329,10 +440,10 @@ def _bind_segc(step: Any, x: mx.array, fc: FixedContext | None) -> Callable[[], 
 # --------------------------------------------------------------------------- first call
 
 
-def first_call(preset: str, layers: int, tokens: int) -> dict[str, Any]:
+def first_call(preset: str, layers: int, tokens: int, arch: str = "llama", bits: int | None = None) -> dict[str, Any]:
     """Trace, passes (verify + segmentation), lower (executor build), segc replay (the
     lowering rules rebuilding the MLX graph, uncompiled), MLX compile + first run."""
-    model = make_model(preset, layers=layers)
+    model = make_model(preset, layers=layers, arch=arch, bits=bits)
     x = mx.random.randint(0, model.args.vocab_size, (1, tokens))
     step = segc.jit(model, boundaries="layers.*")
     t: dict[str, float] = {}
@@ -347,7 +458,7 @@ def first_call(preset: str, layers: int, tokens: int) -> dict[str, Any]:
     t["trace"], t["passes"], t["lower"] = t1 - t0, t2 - t1, t3 - t2
     inputs = compiled.flat_inputs(x)
     # segc replay: the same lowering rules, uncompiled and not evaluated
-    plain = Executor(lowered.graph, compile=False)
+    plain = Executor(lowered.graph, compile=False, commit="fences")  # built, not committed
     t4 = time.perf_counter()
     lazy = plain(inputs)
     t["replay"] = time.perf_counter() - t4
@@ -567,6 +678,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
     ap.add_argument("--layers", type=int, default=None, help="override the preset's layer count")
+    ap.add_argument("--arch", default="llama", help="an mlx-lm architecture with the preset's sizes (e.g. mixtral)")
+    ap.add_argument("--bits", type=int, default=None, help="quantize the weights (e.g. 4)")
     ap.add_argument("--repeats", type=int, default=20, help="timed calls of each variant per workload")
     ap.add_argument("--warmup", type=int, default=3, help="untimed calls of each variant first")
     ap.add_argument("--prefill", type=int, default=512, help="prefill tokens (0: skip)")
@@ -581,19 +694,33 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated subset of " + ",".join(VARIANTS) + " (whole: segc with no boundaries, one segment)",
     )
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON, after every part")
+    ap.add_argument("--isolate", action="store_true", help="each variant in a process of its own")
+    ap.add_argument("--outputs-dir", type=Path, help=argparse.SUPPRESS)  # --isolate's children
     a = ap.parse_args(argv)
     variants = tuple(v for v in a.variants.split(",") if v)
     bad = [v for v in variants if v not in VARIANTS]
     if bad:
         ap.error(f"unknown variants {bad}")
+    if a.isolate:
+        args = list(sys.argv[1:] if argv is None else argv)
+        for i, x in enumerate(args):  # the children get one variant each
+            if x == "--variants":
+                del args[i : i + 2]
+                break
+            if x.startswith("--variants="):
+                del args[i]
+                break
+        return isolated(args, variants, a.json)
 
-    model = make_model(a.preset, layers=a.layers)
+    model = make_model(a.preset, layers=a.layers, arch=a.arch, bits=a.bits)
     cfg = dict(PRESETS[a.preset])
     if a.layers:
         cfg["num_hidden_layers"] = a.layers
     dev = mx.default_device()
     r: dict[str, Any] = {
         "preset": a.preset,
+        "arch": a.arch,
+        "bits": a.bits,
         "config": cfg,
         "device": str(dev),
         "device_kind": "gpu" if dev.type == mx.DeviceType.gpu else "cpu",
@@ -623,13 +750,19 @@ def main(argv: list[str] | None = None) -> int:
         save()
 
     def do_first_call() -> None:
-        r["first_call"] = first_call(a.preset, a.first_call_layers, 1)
+        r["first_call"] = first_call(a.preset, a.first_call_layers, 1, arch=a.arch, bits=a.bits)
         print_first_call(r["first_call"])
 
     def do_decode() -> None:
         cached = segc_takes_cache()
         w = workload(
-            model, 1, context=a.context if cached else None, warmup=a.warmup, repeats=a.repeats, variants=variants
+            model,
+            1,
+            context=a.context if cached else None,
+            warmup=a.warmup,
+            repeats=a.repeats,
+            variants=variants,
+            outputs=a.outputs_dir,
         )
         if not cached:
             w["note"] = "segc.jit does not take a KV cache yet: a plain 1-token forward"
@@ -639,7 +772,15 @@ def main(argv: list[str] | None = None) -> int:
         print_workload(r, "decode", w)
 
     def do_prefill() -> None:
-        w = workload(model, a.prefill, context=None, warmup=a.warmup, repeats=a.repeats, variants=variants)
+        w = workload(
+            model,
+            a.prefill,
+            context=None,
+            warmup=a.warmup,
+            repeats=a.repeats,
+            variants=variants,
+            outputs=a.outputs_dir,
+        )
         w["floor_s"] = linear_flops(model, a.prefill) / BF16_FLOP_PER_S
         w["floor_what"] = "linear FLOPs / 790 TFLOP/s"
         r["workloads"]["prefill"] = w
@@ -661,7 +802,7 @@ def main(argv: list[str] | None = None) -> int:
     ok = not r["errors"] and all(
         w["bit_identical_to_eager"].get(v) is not False and v not in w["errors"]
         for w in r["workloads"].values()
-        for v in ("segc", "drain", "whole")
+        for v in ("segc", "drain", "whole", "each", "fences")
         if v in variants
     )
     r["segc_bit_identical"] = ok

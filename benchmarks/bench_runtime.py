@@ -52,25 +52,33 @@ def decode(a: argparse.Namespace, model: Any) -> None:
     # bits (docs/models.md), and the check would switch to exact mode, a trace per token
     stock = segc.jit(model, boundaries="auto", validate=False)
     variants["segc per layer"] = stock
-    fenced = segc.jit(model, boundaries="auto", validate=False)
-    variants["segc + signal/wait per layer"] = fenced
+    if mx.default_device() != mx.cpu:  # the GPU's default commits once; the CPU's per segment
+        variants["segc, a commit per segment"] = segc.jit(model, boundaries="auto", validate=False, commit="segment")
+    fenced = {
+        mode: segc.jit(model, boundaries="auto", validate=False)
+        for mode in (["eval"] if mx.default_device() == mx.cpu else []) + ["synchronize", "inline"]
+    }
+    for mode, f in fenced.items():
+        variants[f"segc + signal/wait per layer ({mode})"] = f
     variants["segc host drain per layer"] = segc.jit(model, boundaries="auto", drain=True, validate=False)
     caches = {k: make_prompt_cache(model) for k in variants}
     toks = {}
     for k, f in variants.items():
         toks[k] = mx.argmax(f(prompt, cache=caches[k])[:, -1:], axis=-1)
-    g = fenced.trace(toks["eager mlx-lm"], cache=make_prompt_cache(model)).graph
+    g = stock.trace(toks["eager mlx-lm"], cache=make_prompt_cache(model)).graph
     cuts = [k for k, e in enumerate(g.eqns) if e.prim == "segc.cut"]
     ends = [g.eqns[k - 1].id for k in cuts]
     starts = [g.eqns[k + 1].id for k in cuts]
-    done, admit = segc.Event(name="done"), segc.Event(2**40, name="admit")
     sched = Schedule(
         tuple(CutNode(i, ("done", n + 1)) for n, i in enumerate(ends)),
         tuple(WaitNode(i, "admit", 1) for i in starts),
         ("admit",),
     )
-    fenced.set_boundary_schedule(sched, {"done": done, "admit": admit}, stride=len(ends))
+    for mode, f in fenced.items():
+        done, admit = segc.Event(name="done"), segc.Event(2**40, name="admit")
+        f.set_boundary_schedule(sched, {"done": done, "admit": admit}, stride=len(ends), completion=mode)
     times: dict[str, list[float]] = {k: [] for k in variants}
+    host: dict[str, list[float]] = {k: [] for k in variants}
     same = {k: True for k in variants}
     diff = {k: 0.0 for k in variants}
     for r in range(a.warmup + a.tokens):
@@ -79,9 +87,11 @@ def decode(a: argparse.Namespace, model: Any) -> None:
             mx.synchronize()
             t0 = time.perf_counter()
             out = f(toks[k], cache=caches[k])
+            t1 = time.perf_counter()
             mx.eval(out, [c.state for c in caches[k]])
             if r >= a.warmup:
                 times[k].append(time.perf_counter() - t0)
+                host[k].append(t1 - t0)
             logits[k] = out
         for k in variants:
             same[k] = same[k] and bool(mx.array_equal(logits[k], logits["eager mlx-lm"]).item())
@@ -91,12 +101,18 @@ def decode(a: argparse.Namespace, model: Any) -> None:
     base = statistics.median(times["eager mlx-lm"])
     stock_t = statistics.median(times["segc per layer"])
     print(f"## decode, context {a.context}, {a.tokens} tokens, {mx.default_device()}")
-    print("| variant | median per token | x eager | x segc stock | logits equal eager | max abs diff | traces |")
-    print("| --- | ---: | ---: | ---: | --- | ---: | ---: |")
+    print(
+        "| variant | median per token | host per token | x eager | x segc stock "
+        "| logits equal eager | max abs diff | traces |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: |")
     for k, ts in times.items():
-        m = statistics.median(ts)
+        m, h = statistics.median(ts), statistics.median(host[k])
         traces = variants[k].cache_info().traces if hasattr(variants[k], "cache_info") else "-"
-        print(f"| {k} | {m * 1e3:.3f} ms | {m / base:.2f} | {m / stock_t:.2f} | {same[k]} | {diff[k]:.3g} | {traces} |")
+        print(
+            f"| {k} | {m * 1e3:.3f} ms | {h * 1e3:.3f} ms | {m / base:.2f} | {m / stock_t:.2f} "
+            f"| {same[k]} | {diff[k]:.3g} | {traces} |"
+        )
 
 
 def prefill(a: argparse.Namespace, model: Any) -> None:

@@ -66,7 +66,8 @@ def first_ids(step: Any) -> list[int]:
     return out
 
 
-def test_a_schedule_changes_no_bits_and_signals_in_order(model: Any) -> None:
+@pytest.mark.parametrize("completion", ["eval", "synchronize", "inline"])
+def test_a_schedule_changes_no_bits_and_signals_in_order(model: Any, completion: str) -> None:
     want = bits(model(X))
     step = segc.jit(model, boundaries="layers.*")
     stock = bits(step(X))
@@ -75,7 +76,7 @@ def test_a_schedule_changes_no_bits_and_signals_in_order(model: Any) -> None:
     done = Recording(log, "done")
     sched = Schedule(tuple(CutNode(i, ("done", k + 1)) for k, i in enumerate(ends)))
     # a signal value only grows: with stride, call k signals k * len(ends) + 1, + 2, ...
-    step.set_boundary_schedule(sched, {"done": done}, stride=len(ends))
+    step.set_boundary_schedule(sched, {"done": done}, stride=len(ends), completion=completion)
     for call in range(3):
         assert bits(step(X)) == stock == want
         done.wait((call + 1) * len(ends), timeout=10)
@@ -187,14 +188,14 @@ def test_a_refused_signal_does_not_stop_later_ones(model: Any) -> None:
     assert ahead.value == 100
 
 
-@pytest.mark.parametrize("threaded", [True, False])
-def test_the_completer_signals_in_order_and_keeps_refusals(threaded: bool) -> None:
-    """Both ways of signalling on completion (a worker thread on the CPU; the dispatching
-    thread where MLX cannot evaluate another thread's arrays): in order, after the
-    outputs, a refused value kept and the rest signalled."""
+@pytest.mark.parametrize("mode", ["eval", "synchronize", "inline"])
+def test_the_completer_signals_in_order_and_keeps_refusals(mode: str) -> None:
+    """Every way of signalling on completion (a worker evaluating the outputs; a worker
+    synchronizing the dispatching thread's stream; the dispatching thread itself): in
+    order, after the outputs, a refused value kept and the rest signalled."""
     from segc.runtime.completion import Completer
 
-    c = Completer(threaded=threaded)
+    c = Completer(mode=mode)
     log: list = []
     ahead, ev = Recording(log, "ahead"), Recording(log, "ev")
     ahead.signal(5)

@@ -1,12 +1,19 @@
 """Signalling an event once a segment's work has completed, in dispatch order.
 
 A segment's signal must fire when its outputs exist, never at dispatch: that is what
-lets a reclaim thread free what the segment read. On the CPU build a worker thread waits
-for the outputs (``mx.eval`` of arrays another thread dispatched is safe there) and
-signals, so the dispatching thread never waits. MLX 0.32.4's CUDA build segfaults when a
-helper thread evaluates arrays the main thread dispatched, so off the CPU the
-dispatching thread waits for the segment itself before signalling: a host wait at the
-segments that signal, and only there (docs/runtime.md).
+lets a reclaim thread free what the segment read. How the completer learns that is its
+``mode`` (docs/runtime.md, "Completion"):
+
+* ``"eval"``: a worker thread ``mx.eval``s the outputs (arrays another thread dispatched
+  and committed; safe on the CPU build) and signals, so the dispatching thread never
+  waits. The default on the CPU.
+* ``"synchronize"``: a worker thread ``mx.synchronize``s the dispatching thread's stream
+  (captured at dispatch), which returns once everything committed there so far, the
+  segment's outputs included, has run; it evaluates no foreign array. MLX 0.32.4's CUDA
+  build segfaults when a helper thread evaluates arrays the main thread dispatched,
+  while a helper thread's ``mx.synchronize`` is sound there.
+* ``"inline"``: the dispatching thread waits for the outputs itself before signalling:
+  a host wait at the segments that signal, and only there.
 """
 
 from __future__ import annotations
@@ -18,17 +25,33 @@ from typing import Any
 
 import mlx.core as mx
 
+from ..errors import ScheduleError
+
+MODES = ("eval", "synchronize", "inline")
+
+
+def default_mode() -> str:
+    """``"eval"`` on the CPU; ``"synchronize"`` elsewhere (docs/runtime.md, "Completion")."""
+    return "eval" if mx.default_device() == mx.cpu else "synchronize"
+
+
 Job = tuple[list[mx.array], list[tuple[Any, int]], Callable[[], None] | None]
 
 
 class Completer:
     """``signal_when_done(outputs, [(event, value), ...])`` signals each event with its
     value once ``outputs`` exist; jobs complete in the order they were given. The caller
-    has dispatched ``outputs`` already (``mx.async_eval``, as the executor does): the
-    worker only waits for them. A value an event refuses is kept in ``errors``."""
+    has dispatched and committed ``outputs`` already (``mx.async_eval``, as the executor
+    does): the worker only waits for them. A value an event refuses is kept in
+    ``errors``. ``threaded=False`` is ``mode="inline"``."""
 
-    def __init__(self, *, threaded: bool | None = None):
-        self.threaded = mx.default_device() == mx.cpu if threaded is None else threaded
+    def __init__(self, *, threaded: bool | None = None, mode: str | None = None):
+        if mode is None:
+            mode = "inline" if threaded is False else default_mode()
+        if mode not in MODES:
+            raise ScheduleError(f"completer mode must be one of {MODES}, not {mode!r}")
+        self.mode = mode
+        self.threaded = mode != "inline"
         self.errors: list[BaseException] = []  # what a worker could not evaluate
         self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -44,6 +67,8 @@ class Completer:
                 done()
             self._signal(signals)
             return
+        if self.mode == "synchronize":  # the worker waits for the stream, not the arrays
+            outputs = [mx.default_stream(mx.default_device())]  # type: ignore[list-item]
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._work, name="segc-completer", daemon=True)
@@ -57,7 +82,10 @@ class Completer:
                 return
             outputs, signals, done = job
             try:
-                mx.eval(outputs)
+                if self.mode == "synchronize":
+                    mx.synchronize(outputs[0])  # type: ignore[arg-type]
+                else:
+                    mx.eval(outputs)
             except BaseException as exc:  # waiters time out, naming the event; the error is kept
                 self.errors.append(exc)
                 continue

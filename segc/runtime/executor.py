@@ -1,9 +1,23 @@
 """Run a segmented graph: one ``mx.compile``d function per segment, dispatched in order.
 
-After each segment its outputs are ``mx.async_eval``ed, which commits that segment's
-command buffer without waiting for it; the host never drains between segments. With
-``drain=True`` the executor instead ``mx.eval``s after each segment: the host-draining
-baseline that segc exists to beat.
+When a segment's work is committed to the device is the executor's ``commit`` policy,
+kept apart from where segments are cut (docs/runtime.md, "Commits"):
+
+* ``"segment"``: ``mx.async_eval`` after every segment, which commits that segment's
+  command buffer without waiting for it (the seed's Metal engine does this);
+* ``"fences"``: a commit only where something must observe a boundary: after a segment
+  that signals, before a segment that waits (so that the work before it runs while the
+  host blocks), and at the end (the caller's ``mx.eval``). On MLX's CUDA build a commit
+  builds and launches a CUDA graph (~100-160 us of host time), so this is the default
+  there;
+* ``"auto"``: ``"segment"`` on the CPU; on a GPU, ``"fences"`` plus a commit after
+  every segment whose work (the cost model's FLOPs) is at least ``COMMIT_FLOPS``: a
+  commit pays for itself when it starts that much work early (prefill), and not for a
+  decode layer's few hundred MFLOP (docs/performance.md, "Commits on the GPU").
+
+Either way the host never drains between segments. With ``drain=True`` the executor
+instead ``mx.eval``s after each segment: the host-draining baseline that segc exists to
+beat.
 
 Values live in a flat list of cells; every step's input and output cells are resolved once
 here so the per-call loop does no name lookups.
@@ -21,9 +35,10 @@ from typing import Any
 
 import mlx.core as mx
 
-from ..errors import SignatureError
+from ..errors import ScheduleError, SignatureError
 from ..ir import WINDOW, Graph, Segment, SegmentEffects, Var, segment_effects, segments, window_segments
 from ..lower import check_supported, check_types, compile_loses, segment_fn
+from ..passes.analysis import eqn_flops
 from .fenced import Fences, Timeline, WindowRun, run_effects
 
 
@@ -65,6 +80,28 @@ def _getter(cells: tuple[int, ...]) -> Callable[[list], tuple]:
     return operator.itemgetter(*cells)
 
 
+COMMITS = ("auto", "segment", "fences")
+COMMIT_FLOPS = 1e9  # "auto" on a GPU: a segment with this much work is committed at once
+
+
+def resolve_commit(commit: str) -> str:
+    """The commit policy ``commit`` names, with ``"auto"`` decided by the default device
+    (``"auto"`` stays ``"auto"`` on a GPU, where it depends on each segment's work)."""
+    if commit not in COMMITS:
+        raise ScheduleError(f"commit must be one of {COMMITS}, not {commit!r}")
+    if commit == "auto" and mx.default_device() == mx.cpu:
+        return "segment"
+    return commit
+
+
+def _commits_after(g: Graph, segs: Sequence[Segment], policy: str) -> tuple[bool, ...]:
+    """Per segment: whether the stock loop commits its outputs right after it."""
+    if policy != "auto":
+        return tuple(policy == "segment" for _ in segs)
+    vs = g.vars()
+    return tuple(sum(eqn_flops(e, vs) for e in s.eqns(g)) >= COMMIT_FLOPS for s in segs)
+
+
 def _touches_empty(g: Graph, s: Segment, vs: dict[str, Var]) -> bool:
     """Whether a value the segment reads or makes has no elements. MLX 0.32.4's CUDA
     build dies with SIGFPE evaluating an ``mx.compile``d function over an empty array
@@ -84,7 +121,9 @@ class Executor:
     no longer than its last segment).
     """
 
-    def __init__(self, g: Graph, *, compile: bool = True, drain: bool = False, check: bool = True):
+    def __init__(
+        self, g: Graph, *, compile: bool = True, drain: bool = False, check: bool = True, commit: str = "auto"
+    ):
         # a graph from elsewhere (parsed text) is type-checked against the rules; the
         # jit's own traced graphs are right by construction and skip it (check=False)
         if check:
@@ -93,6 +132,7 @@ class Executor:
             check_supported(g)
         self.graph = g
         self.drain = drain
+        self.commit = resolve_commit(commit)
         self.segments = segments(g)
         effects = segment_effects(g, self.segments)
         cell: dict[str, int] = {}
@@ -117,6 +157,7 @@ class Executor:
                 cell[o] = len(cell)
             fns.append(fn)
         self.n_cells = len(cell)
+        self.first_output = self.n_inputs + len(g.consts)
         self.output_cells = tuple(cell[v] for v in g.outputs)
         # the last step reading each value (graph outputs and constants are never released);
         # graph inputs too: a state buffer (a KV cache) that nothing else holds when its
@@ -145,7 +186,11 @@ class Executor:
         )
         # env = inputs + _tail: constants in their cells, then room for segment outputs
         self._tail: list = [c.value for c in g.consts] + [None] * (self.n_cells - self.n_inputs - len(g.consts))
-        self._plan = tuple((st.fn, _getter(st.reads), st.writes, st.dead) for st in self.steps)
+        # per step: commit its outputs right after it (the draining baseline: always)
+        self.commit_after = (True,) * len(self.steps) if drain else _commits_after(g, self.segments, self.commit)
+        self._plan = tuple(
+            (st.fn, _getter(st.reads), st.writes, st.dead, c) for st, c in zip(self.steps, self.commit_after)
+        )
         self._outs = _getter(self.output_cells)
         self._times: DispatchTimes | None = None
         self.cell = cell  # value name -> its cell in env
@@ -206,7 +251,7 @@ class Executor:
                 return run_effects(self, env, sync, fences, window, timeline)  # type: ignore[return-value]
         with DISPATCH_LOCK:
             try:
-                for k, (fn, take, outs, dead) in enumerate(self._plan):
+                for k, (fn, take, outs, dead, commit) in enumerate(self._plan):
                     t0 = clock() if times is not None else 0.0
                     res = fn(*take(env))
                     done = k
@@ -214,7 +259,8 @@ class Executor:
                         env[i] = None
                     for i, r in zip(outs, res):
                         env[i] = r
-                    sync(res)
+                    if commit:
+                        sync(res)
                     if times is not None:
                         steps.append(clock() - t0)
             except BaseException as exc:
@@ -233,13 +279,13 @@ class Executor:
         interrupt ends the call, not its state); if that fails too, report what is left
         of the inputs and which outputs exist."""
         if res is not None:
-            _, _, outs, dead = self._plan[start - 1]
+            _, _, outs, dead, _ = self._plan[start - 1]
             for i in dead:
                 env[i] = None
             for i, r in zip(outs, res):
                 env[i] = r
         try:
-            for fn, take, outs, dead in self._plan[start:]:
+            for fn, take, outs, dead, _ in self._plan[start:]:
                 out = fn(*take(env))
                 for i in dead:
                     env[i] = None

@@ -27,6 +27,8 @@ class _Steps(Protocol):
     steps: tuple[Any, ...]
     windows: dict[str, tuple[tuple[int, ...], tuple[str, ...], tuple[str, ...]]]
     cell: dict[str, int]
+    first_output: int  # env's first cell that holds a segment output
+    commit_after: tuple[bool, ...]  # per step: commit its outputs right after it
     output_cells: tuple[int, ...]
 
 
@@ -74,7 +76,13 @@ def run_effects(
     ``timeline`` receives ``(time, what, segment, detail)`` for the call (``call``, segment
     -1), every wait (``wait`` before, ``waited`` after), stash read, dispatch and stash
     write, and, for a segment that signals, ``complete`` when its outputs exist (from the
-    completer, so it may come after later entries)."""
+    completer, so it may come after later entries).
+
+    ``sync`` commits a segment's outputs after it (``mx.async_eval``, or ``mx.eval`` for
+    the draining baseline) where ``ex.commit_after`` says so. Whatever the policy,
+    outputs are committed where the schedule observes them: before a wait (everything
+    dispatched since the last commit, so that it runs while the host blocks) and after a
+    segment that signals (its completion is what the signal reports)."""
     note = (
         (lambda what, k, detail="": timeline.append((time.perf_counter(), what, k, detail)))
         if timeline is not None
@@ -95,9 +103,18 @@ def run_effects(
     if fences is not None:
         base = fences.calls * fences.stride
         fences.calls += 1
+    pending = False  # whether outputs were dispatched and not committed (``sync is None``)
+
+    def commit(extra: Sequence[mx.array] = ()) -> None:
+        # every value dispatched so far is a live segment output or an ancestor of one
+        mx.async_eval([v for v in env[ex.first_output :] if v is not None] + list(extra))
+
     for k in selected:
         st = ex.steps[k]
         where = f"segment {k} {st.segment.name!r} of {ex.graph.name}"
+        if fences is not None and st.effects.waits and pending:
+            commit()
+            pending = False
         if fences is not None:  # the waits first: the stash copy is the segment's first work
             for ev, value in st.effects.waits:
                 if note:
@@ -119,7 +136,14 @@ def run_effects(
             env[i] = None
         for i, r in zip(st.writes, res):
             env[i] = r
-        sync(res)
+        if ex.commit_after[k]:
+            sync(res)
+            pending = False
+        elif fences is not None and st.effects.signals:
+            commit(res)  # ``res`` too: an output nothing reads later may be released already
+            pending = False
+        else:
+            pending = True
         if fences is not None and st.effects.signals:
             signals = [(fences.event(ev, where), v + base) for ev, v in st.effects.signals]
             done = None

@@ -16,6 +16,7 @@ from ..errors import ScheduleError
 from ..ir import Graph
 from ..passes.fences import Schedule
 from ..runtime import DISPATCH_LOCK
+from ..runtime.completion import Completer
 from ..runtime.fenced import Fences, WindowRun
 from .signature import Signature
 from .stages import Compiled, Effects
@@ -29,9 +30,16 @@ class EngineHooks:
     _active: WindowRun | None
     _cache: OrderedDict[Signature, Compiled]
     drain: bool
+    commit: str
 
     def set_boundary_schedule(
-        self, schedule: Schedule | str, events: Mapping[str, Any], *, timeout: float = 10.0, stride: int = 0
+        self,
+        schedule: Schedule | str,
+        events: Mapping[str, Any],
+        *,
+        timeout: float = 10.0,
+        stride: int = 0,
+        completion: str | None = None,
     ) -> None:
         """Apply a boundary schedule (a ``segc.passes.Schedule`` or its JSON) to every
         later call, until :meth:`clear_boundary_schedule`: cut nodes (with a signal that
@@ -42,7 +50,9 @@ class EngineHooks:
         signals within ``timeout`` seconds raises ``segc.WaitTimeout``. With ``stride``, the
         k-th call from now signals and waits for each value plus ``k * stride``: an
         event's value only grows, so a schedule that fences every call of a decode loop
-        moves its values on (the host's signals move with them)."""
+        moves its values on (the host's signals move with them). ``completion`` is how a
+        signal learns that its segment's work has completed (``"eval"``, ``"synchronize"``,
+        ``"inline"``; default: the backend's, see :mod:`segc.runtime.completion`)."""
         if not isinstance(stride, int) or isinstance(stride, bool) or stride < 0:
             raise ScheduleError(f"stride must be an int >= 0, got {stride!r}")
         if isinstance(schedule, str):
@@ -53,8 +63,9 @@ class EngineHooks:
         missing = sorted(used - set(events))
         if missing:
             raise ScheduleError(f"the schedule uses events {missing} that events= does not give")
+        completer = Completer(mode=completion)
         with DISPATCH_LOCK:
-            fences = Fences(dict(events), timeout, stride=stride)
+            fences = Fences(dict(events), timeout, completer, stride=stride)
             self._relower(replace(self._effects, schedule=schedule, fences=fences))
 
     def clear_boundary_schedule(self) -> None:
@@ -111,7 +122,8 @@ class EngineHooks:
         """Lower every cached trace again with ``effects`` (no re-trace); on an error
         (a window endpoint missing from one graph) nothing changes."""
         fresh = OrderedDict(
-            (sig, c.lowered.traced.lower(effects=effects).compile(drain=self.drain)) for sig, c in self._cache.items()
+            (sig, c.lowered.traced.lower(effects=effects).compile(drain=self.drain, commit=self.commit))
+            for sig, c in self._cache.items()
         )
         self._effects = effects
         self._cache = fresh

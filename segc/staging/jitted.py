@@ -21,7 +21,7 @@ import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
 from ..errors import SegcWarning, StateError, TraceError
-from ..runtime import DISPATCH_LOCK
+from ..runtime import DISPATCH_LOCK, resolve_commit
 from ..runtime.fenced import WindowRun
 from ..trace import auto_boundaries, matching_modules, module_boundaries, trace, tracing
 from ..trace import state as st
@@ -57,6 +57,7 @@ class Jitted(EngineHooks):
         static_argnums: int | Sequence[int] = (),
         static_argnames: str | Sequence[str] = (),
         drain: bool = False,
+        commit: str = "auto",
         name: str | None = None,
         state: Sequence[Any] | Callable[[], Sequence[Any]] | None = None,
         state_mode: str = "auto",
@@ -84,6 +85,8 @@ class Jitted(EngineHooks):
         if self.module is not None and self.boundaries and not matching_modules(self.module, self.boundaries):
             raise TraceError(f"boundaries {self.boundaries} match no submodule of {type(self.module).__name__}")
         self.drain = drain
+        resolve_commit(commit)  # a bad policy is refused here, not at the first call
+        self.commit = commit
         self.validate = validate  # check each new dynamic-cache graph against eager once
         self.strategy = strategy  # cut placement (segc.passes): None keeps the markers' cuts
         self.name = name or getattr(fn, "__qualname__", None) or type(fn).__name__
@@ -196,7 +199,7 @@ class Jitted(EngineHooks):
 
     def _compile(self, t: Traced) -> Compiled:
         """The miss path: lower and compile a fresh trace, and file it in the cache."""
-        c = t.lower(effects=self._effects).compile(drain=self.drain)
+        c = t.lower(effects=self._effects).compile(drain=self.drain, commit=self.commit)
         self.info.misses += 1
         self.info.retraces.append(t.signature.explain_change(self._last))
         self._cache[t.signature] = c
@@ -336,7 +339,9 @@ def jit(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
     Options: ``boundaries`` (globs over submodule paths, e.g. ``"layers.*"``: a boundary
     after each matching submodule; ``"auto"``: after each block of the model's
     ``layers`` list), ``static_argnums``, ``static_argnames``,
-    ``drain`` (host ``mx.eval`` after every segment: a baseline for benchmarks), ``name``,
+    ``drain`` (host ``mx.eval`` after every segment: a baseline for benchmarks),
+    ``commit`` (when segments are committed to the device: ``"auto"``, ``"segment"``,
+    ``"fences"``; see :mod:`segc.runtime.executor`), ``name``,
     ``state`` (objects ``fn`` captures and mutates, e.g. KV caches; caches passed as
     arguments are found automatically), ``state_mode`` (``"auto"``: dynamic KV caches
     that do not retrace per token; ``"exact"``: every state object functionalized as

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Issue 13's GPU decode figures in one call (docs/performance.md, "GPU decode"): the
+# reference llama, its 4-bit version and a mixtral of the same sizes, every variant in a
+# process of its own (--isolate), then the runtime's signal/wait costs. Run on the device
+# after MLX's CUDA build is staged (docs/gpu.md):
+#
+#   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_decode.sh [PARTS]
+#
+# PARTS: any of  dense quant moe runtime  (default: dense runtime). Logs go to $OUT.
+# VARIANTS (default eager,compile,segc,each,whole,drain), REPEATS (40), BENCH_LIMIT (400 s).
+set -u
+OUT="${OUT:-/tmp/segc-gpu-out}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+PY="${PY:-python3}"
+parts="${*:-dense runtime}"
+bench() {  # name, extra arguments
+  local name=$1
+  shift
+  timeout "${BENCH_LIMIT:-400}" $PY benchmarks/bench_llama.py --preset reference --repeats "${REPEATS:-40}" --warmup 5 \
+    --variants "${VARIANTS:-eager,compile,segc,each,whole,drain}" --isolate --json "$OUT/$name.json" "$@" >"$OUT/$name.txt" 2>&1
+  echo "$name: rc=$?"
+}
+for p in $parts; do
+  case "$p" in
+  dense) bench dense ;;
+  quant) bench quant --bits 4 --first-call-layers 0 --no-dispatch ;;
+  moe) bench moe --arch mixtral --first-call-layers 0 --no-dispatch ;;
+  runtime)
+    timeout 300 $PY benchmarks/bench_runtime.py --layers 16 --hidden 2048 --intermediate 8192 --heads 32 \
+      --kv-heads 8 --vocab 32000 --dtype bfloat16 --context 1024 --tokens 30 --only decode >"$OUT/runtime.txt" 2>&1
+    echo "runtime: rc=$?"
+    ;;
+  *) echo "unknown part $p" ;;
+  esac
+done

@@ -1,0 +1,195 @@
+"""The executor's commit policy (docs/runtime.md, "Commits"): where segments are committed
+to the device changes no bits, and ``"fences"`` commits only where a schedule observes a
+boundary. Expected values come from eager mlx-lm; the commits are counted by wrapping
+``mx.async_eval``."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import mlx.core as mx
+import pytest
+from conftest import bits, same_bits
+
+pytest.importorskip("mlx_lm")
+
+import segc
+from segc.passes import Schedule
+from segc.passes.fences import CutNode, WaitNode
+from segc.runtime import Executor, resolve_commit
+from segc.runtime.events import Event
+
+X = mx.array([[3, 1, 4, 1, 5, 9, 2, 6]])
+
+
+@pytest.fixture(scope="module")
+def model() -> Any:
+    from segc.models import tiny_llama
+
+    return tiny_llama(num_hidden_layers=4)
+
+
+class Commits:
+    """Wraps ``mx.async_eval``: notes each commit (as ``("commit", n arrays)``) in ``log``."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, log: list) -> None:
+        real = mx.async_eval
+        self.log = log
+
+        def counting(*args: Any) -> None:
+            log.append(("commit", threading.current_thread().name))
+            real(*args)
+
+        monkeypatch.setattr(mx, "async_eval", counting)
+
+    @property
+    def count(self) -> int:
+        return sum(1 for what, _ in self.log if what == "commit")
+
+
+def _cut_ids(step: Any) -> tuple[list[int], list[int]]:
+    """(last computing equation of each layer, first computing equation after each cut)."""
+    g = step.trace(X).graph
+    ends, starts, last, after = [], [], None, False
+    for e in g.eqns:
+        if e.prim == "segc.cut":
+            ends.append(last)
+            after = True
+        elif not e.is_pseudo:
+            last = e.id
+            if after:
+                starts.append(e.id)
+                after = False
+    return ends, starts
+
+
+@pytest.mark.parametrize("commit", ["segment", "fences"])
+def test_every_policy_gives_eager_bits_in_a_cached_decode(model: Any, commit: str) -> None:
+    from mlx_lm.models.cache import make_prompt_cache
+
+    ref_cache, cache = make_prompt_cache(model), make_prompt_cache(model)
+    step = segc.jit(model, boundaries="layers.*", commit=commit)
+    assert same_bits(step(X, cache=cache), model(X, cache=ref_cache))
+    for t in range(4):
+        x = mx.array([[t + 7]])
+        y = step(x, cache=cache)
+        assert same_bits(y, model(x, cache=ref_cache))
+        for c, e in zip(cache, ref_cache):
+            assert c.offset == e.offset
+            assert same_bits(c.keys[..., : c.offset, :], e.keys[..., : e.offset, :])
+
+
+def test_the_stock_loop_commits_per_segment_or_not_at_all(model: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    want = bits(model(X))
+    per_segment = segc.jit(model, boundaries="layers.*", commit="segment")
+    at_end = segc.jit(model, boundaries="layers.*", commit="fences")
+    n = len(per_segment.lower(X).compile().executor.steps)
+    assert n == 5  # four layers and the head
+    for step in (per_segment, at_end):
+        step(X)  # traced and compiled before counting
+    log: list = []
+    commits = Commits(monkeypatch, log)
+    assert bits(per_segment(X)) == want
+    assert commits.count == n
+    log.clear()
+    assert bits(at_end(X)) == want  # bits() evaluates: the caller's eval commits
+    assert commits.count == 0
+
+
+def test_fences_commit_after_signals_and_before_waits(model: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Layer 1 signals, layer 3 waits: the ``"fences"`` policy commits once after layer 1
+    (what its signal reports must be running) and once before layer 3's wait (layer 2,
+    dispatched since, runs while the host blocks), and nowhere else."""
+    want = bits(model(X))
+    step = segc.jit(model, boundaries="layers.*", commit="fences")
+    ends, starts = _cut_ids(step)
+    log: list = []
+
+    class Noting(Event):
+        def wait(self, value: int, timeout: float = 10.0, *, where: str | None = None) -> None:
+            log.append(("wait", self.name))
+            super().wait(value, timeout, where=where)
+
+    done, admit = Noting(name="done"), Noting(name="admit")
+    admit.signal(1)
+    sched = Schedule((CutNode(ends[1], ("done", 1)),), (WaitNode(starts[2], "admit", 1),), ("admit",))
+    step.set_boundary_schedule(sched, {"done": done, "admit": admit})
+    step(X)  # compiled before counting; the values are reached already, so nothing blocks
+    log.clear()
+    Commits(monkeypatch, log)
+    assert bits(step(X)) == want
+    assert [what for what, _ in log] == ["commit", "commit", "wait"], log
+    done.wait(1, timeout=10)
+
+
+def test_an_admit_wait_under_fences_commits_the_work_before_it(model: Any) -> None:
+    """The pager signals "admit" only once layer 0's completion arrived: with the
+    ``"fences"`` policy that needs layer 0 committed before the dispatch loop blocks."""
+    step = segc.jit(model, boundaries="layers.*", commit="fences")
+    want = bits(model(X))
+    ends, starts = _cut_ids(step)
+    done, admit = Event(name="done"), Event(name="admit")
+    sched = Schedule((CutNode(ends[0], ("done", 1)),), (WaitNode(starts[1], "admit", 1),), ("admit",))
+    step.set_boundary_schedule(sched, {"done": done, "admit": admit})
+
+    def pager() -> None:
+        done.wait(1, timeout=20)
+        admit.signal(1)
+
+    t = threading.Thread(target=pager)
+    t.start()
+    out = bits(step(X))
+    t.join(timeout=30)
+    assert not t.is_alive()
+    assert out == want
+
+
+def test_a_consumed_buffer_is_updated_in_place_without_per_segment_commits() -> None:
+    """Donation does not depend on a commit per segment: with ``"fences"`` the executor
+    still releases a buffer after its last reader, and MLX reuses it at the caller's eval."""
+    if mx.default_device() != mx.cpu:
+        pytest.skip("the slice update is not done in place on MLX 0.32.4's CUDA build (docs/gpu.md)")
+
+    def write_first(buf: mx.array, x: mx.array) -> mx.array:
+        buf[:1] = x
+        return buf
+
+    n = 1 << 20
+    x = mx.ones((1,))
+    ex = Executor(segc.jit(write_first).lower(mx.zeros((n,)), x).graph, commit="fences")
+    buf = mx.zeros((n,))
+    mx.eval(buf, x)
+    ins = [buf, x]
+    del buf
+    mx.reset_peak_memory()
+    base = mx.get_active_memory()
+    out = ex(ins, consume=True)
+    mx.eval(out)
+    assert mx.get_peak_memory() - base < 4 * n // 2
+    assert same_bits(out[0][:2], mx.array([1.0, 0.0]))
+
+
+def test_a_bad_policy_is_refused_where_it_is_given() -> None:
+    with pytest.raises(segc.ScheduleError, match=r"commit must be one of .*'segment'.*not 'every'"):
+        segc.jit(lambda x: x + 1, commit="every")
+    assert resolve_commit("auto") == ("segment" if mx.default_device() == mx.cpu else "fences")
+
+
+def test_auto_on_a_gpu_commits_after_segments_with_enough_work() -> None:
+    """The GPU's ``"auto"``: a commit right after a segment of at least ``COMMIT_FLOPS``
+    (here a 1024^3 matmul: 2 * 1024^3 FLOPs, counted by hand), none after a few adds."""
+    from segc.runtime.executor import COMMIT_FLOPS, _commits_after
+
+    def f(a: mx.array, b: mx.array) -> mx.array:
+        c = segc.boundary(a @ b)
+        return c + 1 + b
+
+    a = mx.ones((1024, 1024))
+    g = segc.jit(f).lower(a, a).graph
+    segs = segc.segments(g)
+    assert len(segs) == 2
+    assert 2 * 1024**3 >= COMMIT_FLOPS > 2 * 1024**2
+    assert _commits_after(g, segs, "auto") == (True, False)
+    assert _commits_after(g, segs, "segment") == (True, True)
+    assert _commits_after(g, segs, "fences") == (False, False)
