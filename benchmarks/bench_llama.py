@@ -324,57 +324,66 @@ def raw_bytes(y: mx.array) -> bytes:
     return bytes(np.array(mx.contiguous(y).reshape(-1).view(mx.uint8)))
 
 
-def isolated(argv: list[str], variants: tuple[str, ...], out_json: str | None) -> int:
+def isolated(argv: list[str], variants: tuple[str, ...], out_json: str | None, rounds: int = 1) -> int:
     """Run each variant in a process of its own (the same arguments, ``--variants v``),
-    then merge the results and compare the outputs byte for byte with eager's."""
+    ``rounds`` times round-robin (one process's timings drift with the GPU's state, so
+    each figure is the median over rounds), then merge the results and compare the
+    outputs byte for byte with eager's."""
     r: dict[str, Any] = {}
+    per_round: dict[tuple[str, str], list[dict[str, Any]]] = {}  # (workload, variant) -> timings
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
-        for i, v in enumerate(variants):
-            rest = [a for a in argv if a != "--isolate"]
-            cmd = [
-                sys.executable,
-                __file__,
-                *rest,
-                "--variants",
-                v,
-                "--outputs-dir",
-                tmp,
-                "--json",
-                str(d / f"{v}.json"),
-            ]
-            if i:  # the first-call and dispatch parts run once, in the first process
-                cmd += ["--first-call-layers", "0", "--no-dispatch"]
-            print(f"[isolate] {v}: {' '.join(cmd[1:])}", flush=True)
-            subprocess.run(cmd, check=False)
-            child = json.loads((d / f"{v}.json").read_text()) if (d / f"{v}.json").exists() else None
-            if child is None:
-                r.setdefault("errors", {})[v] = "the process wrote no results"
-                continue
-            for part, e in child.get("errors", {}).items():
-                r.setdefault("errors", {})[f"{v}: {part}"] = e
-            if "workloads" not in r:
-                child["errors"] = r.get("errors", {})
-                r = child
-                continue
-            for name, w in child["workloads"].items():
-                mine = r["workloads"].setdefault(name, w)
-                if mine is not w:
-                    for key in ("timings", "errors", "segments", "retraces"):
-                        mine.setdefault(key, {}).update(w.get(key, {}))
-                    if "segc_host" in w:
-                        mine["segc_host"] = w["segc_host"]
+        for rnd in range(rounds):
+            for i, v in enumerate(variants):
+                rest = [a for a in argv if a != "--isolate"]
+                out = d / f"{v}.{rnd}.json"
+                cmd = [sys.executable, __file__, *rest, "--variants", v, "--outputs-dir", tmp, "--json", str(out)]
+                if i or rnd:  # the first-call and dispatch parts run once, in the first process
+                    cmd += ["--first-call-layers", "0", "--no-dispatch"]
+                print(f"[isolate] round {rnd + 1}/{rounds} {v}: {' '.join(cmd[1:])}", flush=True)
+                subprocess.run(cmd, check=False)
+                child = json.loads(out.read_text()) if out.exists() else None
+                if child is None:
+                    r.setdefault("errors", {})[v] = "the process wrote no results"
+                    continue
+                for part, e in child.get("errors", {}).items():
+                    r.setdefault("errors", {})[f"{v}: {part}"] = e
+                for name, w in child["workloads"].items():
+                    for vv, tv in w["timings"].items():
+                        per_round.setdefault((name, vv), []).append(tv)
+                if "workloads" not in r:
+                    child["errors"] = r.get("errors", {})
+                    r = child
+                    continue
+                for name, w in child["workloads"].items():
+                    mine = r["workloads"].setdefault(name, w)
+                    if mine is not w:
+                        for key in ("errors", "segments", "retraces"):
+                            mine.setdefault(key, {}).update(w.get(key, {}))
+                        if "segc_host" in w:
+                            mine["segc_host"] = w["segc_host"]
+        for (name, v), ts in per_round.items():
+            merged = {
+                part: {k: statistics.median(t[part][k] for t in ts) for k in ts[0][part]} for part in ("wall", "host")
+            }
+            merged["round_medians"] = [t["wall"]["median"] for t in ts]
+            r["workloads"][name].setdefault("timings", {})[v] = merged
         for w in r.get("workloads", {}).values():
+            w["timings"] = {v: w["timings"][v] for v in variants if v in w["timings"]}
             base = d / f"{w['tokens']}_eager.bin"
             w["bit_identical_to_eager"] = {
                 v: (d / f"{w['tokens']}_{v}.bin").read_bytes() == base.read_bytes()
                 for v in variants
                 if (d / f"{w['tokens']}_{v}.bin").exists() and base.exists()
             }
+    r["rounds"] = rounds
     r["isolated"] = True
-    print("\n=== isolated: each variant in its own process ===")
+    print(f"\n=== isolated: each variant in its own process, median over {rounds} round(s) ===")
     for name, w in r.get("workloads", {}).items():
         print_workload(r, name, w)
+        if rounds > 1:
+            for v, tv in w["timings"].items():
+                print(f"  {v:<8} per round: " + ", ".join(fmt_t(x).strip() for x in tv["round_medians"]))
     for k, e in r.get("errors", {}).items():
         print(f"{k} FAILED: {e}")
     ok = (
@@ -695,6 +704,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON, after every part")
     ap.add_argument("--isolate", action="store_true", help="each variant in a process of its own")
+    ap.add_argument("--rounds", type=int, default=1, help="with --isolate: processes per variant, round-robin")
     ap.add_argument("--outputs-dir", type=Path, help=argparse.SUPPRESS)  # --isolate's children
     a = ap.parse_args(argv)
     variants = tuple(v for v in a.variants.split(",") if v)
@@ -710,7 +720,8 @@ def main(argv: list[str] | None = None) -> int:
             if x.startswith("--variants="):
                 del args[i]
                 break
-        return isolated(args, variants, a.json)
+        args = [x for i, x in enumerate(args) if x != "--rounds" and (i == 0 or args[i - 1] != "--rounds")]
+        return isolated(args, variants, a.json, a.rounds)
 
     model = make_model(a.preset, layers=a.layers, arch=a.arch, bits=a.bits)
     cfg = dict(PRESETS[a.preset])
