@@ -56,7 +56,7 @@ def decode(a: argparse.Namespace, model: Any) -> None:
         variants["segc, a commit per segment"] = segc.jit(model, boundaries="auto", validate=False, commit="segment")
     fenced = {
         mode: segc.jit(model, boundaries="auto", validate=False)
-        for mode in (["eval"] if mx.default_device() == mx.cpu else []) + ["synchronize", "inline"]
+        for mode in (["eval"] if mx.default_device() == mx.cpu else []) + ["inline"]
     }
     for mode, f in fenced.items():
         variants[f"segc + signal/wait per layer ({mode})"] = f

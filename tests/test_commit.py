@@ -176,7 +176,7 @@ def test_a_consumed_buffer_is_updated_in_place_without_per_segment_commits() -> 
 def test_a_bad_policy_is_refused_where_it_is_given() -> None:
     with pytest.raises(segc.ScheduleError, match=r"commit must be one of .*'segment'.*not 'every'"):
         segc.jit(lambda x: x + 1, commit="every")
-    assert resolve_commit("auto") == ("segment" if mx.default_device() == mx.cpu else "fences")
+    assert resolve_commit("auto") == ("segment" if mx.default_device() == mx.cpu else "auto")
 
 
 def test_auto_on_a_gpu_commits_after_segments_with_enough_work() -> None:

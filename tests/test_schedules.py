@@ -39,6 +39,10 @@ def model() -> Any:
 
 
 X = mx.array([[3, 1, 4, 1, 5, 9, 2, 6]])
+CPU_ONLY = pytest.mark.skipif(
+    mx.default_device() != mx.cpu,
+    reason="a helper thread's mx.eval of another thread's arrays segfaults on MLX 0.32.4's CUDA build",
+)
 
 
 def layer_ends(step: Any) -> list[int]:
@@ -66,7 +70,16 @@ def first_ids(step: Any) -> list[int]:
     return out
 
 
-@pytest.mark.parametrize("completion", ["eval", "synchronize", "inline"])
+@pytest.mark.parametrize(
+    "completion",
+    [
+        pytest.param(
+            "eval",
+            marks=CPU_ONLY,
+        ),
+        "inline",
+    ],
+)
 def test_a_schedule_changes_no_bits_and_signals_in_order(model: Any, completion: str) -> None:
     want = bits(model(X))
     step = segc.jit(model, boundaries="layers.*")
@@ -188,10 +201,10 @@ def test_a_refused_signal_does_not_stop_later_ones(model: Any) -> None:
     assert ahead.value == 100
 
 
-@pytest.mark.parametrize("mode", ["eval", "synchronize", "inline"])
+@pytest.mark.parametrize("mode", [pytest.param("eval", marks=CPU_ONLY), "inline"])
 def test_the_completer_signals_in_order_and_keeps_refusals(mode: str) -> None:
-    """Every way of signalling on completion (a worker evaluating the outputs; a worker
-    synchronizing the dispatching thread's stream; the dispatching thread itself): in
+    """Both ways of signalling on completion (a worker evaluating the outputs, on the CPU;
+    the dispatching thread itself, where MLX cannot evaluate another thread's arrays): in
     order, after the outputs, a refused value kept and the rest signalled."""
     from segc.runtime.completion import Completer
 

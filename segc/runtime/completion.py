@@ -7,13 +7,13 @@ lets a reclaim thread free what the segment read. How the completer learns that 
 * ``"eval"``: a worker thread ``mx.eval``s the outputs (arrays another thread dispatched
   and committed; safe on the CPU build) and signals, so the dispatching thread never
   waits. The default on the CPU.
-* ``"synchronize"``: a worker thread ``mx.synchronize``s the dispatching thread's stream
-  (captured at dispatch), which returns once everything committed there so far, the
-  segment's outputs included, has run; it evaluates no foreign array. MLX 0.32.4's CUDA
-  build segfaults when a helper thread evaluates arrays the main thread dispatched,
-  while a helper thread's ``mx.synchronize`` is sound there.
 * ``"inline"``: the dispatching thread waits for the outputs itself before signalling:
-  a host wait at the segments that signal, and only there.
+  a host wait at the segments that signal, and only there. The default off the CPU:
+  MLX 0.32.4's CUDA build segfaults when a helper thread evaluates arrays the main
+  thread dispatched, a helper thread's ``mx.synchronize`` of the dispatching thread's
+  stream never returned in our tests (the signals timed out), and ``mlx::core::Event``
+  is not exported from ``libmlx.so``, so no extension can enqueue a device-side signal
+  (docs/runtime.md, "Completion").
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ import mlx.core as mx
 
 from ..errors import ScheduleError
 
-MODES = ("eval", "synchronize", "inline")
+MODES = ("eval", "inline")
 
 
 def default_mode() -> str:
-    """``"eval"`` on the CPU; ``"synchronize"`` elsewhere (docs/runtime.md, "Completion")."""
-    return "eval" if mx.default_device() == mx.cpu else "synchronize"
+    """``"eval"`` on the CPU; ``"inline"`` elsewhere (docs/runtime.md, "Completion")."""
+    return "eval" if mx.default_device() == mx.cpu else "inline"
 
 
 Job = tuple[list[mx.array], list[tuple[Any, int]], Callable[[], None] | None]
@@ -67,8 +67,6 @@ class Completer:
                 done()
             self._signal(signals)
             return
-        if self.mode == "synchronize":  # the worker waits for the stream, not the arrays
-            outputs = [mx.default_stream(mx.default_device())]  # type: ignore[list-item]
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._work, name="segc-completer", daemon=True)
@@ -82,10 +80,7 @@ class Completer:
                 return
             outputs, signals, done = job
             try:
-                if self.mode == "synchronize":
-                    mx.synchronize(outputs[0])  # type: ignore[arg-type]
-                else:
-                    mx.eval(outputs)
+                mx.eval(outputs)
             except BaseException as exc:  # waiters time out, naming the event; the error is kept
                 self.errors.append(exc)
                 continue

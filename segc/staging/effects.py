@@ -51,8 +51,7 @@ class EngineHooks:
         k-th call from now signals and waits for each value plus ``k * stride``: an
         event's value only grows, so a schedule that fences every call of a decode loop
         moves its values on (the host's signals move with them). ``completion`` is how a
-        signal learns that its segment's work has completed (``"eval"``, ``"synchronize"``,
-        ``"inline"``; default: the backend's, see :mod:`segc.runtime.completion`)."""
+        signal learns that its segment's work has completed (``"eval"``, ``"inline"``; default: the backend's, see :mod:`segc.runtime.completion`)."""
         if not isinstance(stride, int) or isinstance(stride, bool) or stride < 0:
             raise ScheduleError(f"stride must be an int >= 0, got {stride!r}")
         if isinstance(schedule, str):
