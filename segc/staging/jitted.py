@@ -28,7 +28,7 @@ from ..trace import state as st
 from ..trace.clone import clone_modules
 from ..trace.params import ParamGatherer
 from ..trace.pytree import flatten, unflatten
-from . import rng
+from . import fastpath, rng
 from .effects import EngineHooks
 from .signature import ROOTS, CacheInfo, CallSpec, Signature
 from .stages import Compiled, Effects, Lowered, Traced
@@ -107,6 +107,7 @@ class Jitted(EngineHooks):
         self._active: WindowRun | None = None  # the window calls run, and its stash (use_window)
         self._warned = False
         self._last: Signature | None = None
+        self._fast: fastpath.Pattern | None = None  # the last hit's call pattern
         self.info = CacheInfo()
         functools.update_wrapper(self, fn if not isinstance(fn, nn.Module) else type(fn).__call__, updated=())  # type: ignore[arg-type]
 
@@ -218,6 +219,18 @@ class Jitted(EngineHooks):
             return self._call(args, kwargs)
 
     def _call(self, args: tuple, kwargs: dict) -> Any:
+        if self._fast is not None:  # a decode loop's repeated call (fastpath.py)
+            bound = fastpath.match(self._fast, self.spec, args, kwargs)
+            c = self._cache.get(self._fast.sig) if bound is not None else None
+            if c is not None and bound is not None:
+                leaves, params, slots = bound
+                if not any(st.needs_growth(s, p) for s, p in zip(slots, c.commits)):
+                    self._cache.move_to_end(self._fast.sig)
+                    self.info.hits += 1
+                    self._last = self._fast.sig
+                    return c.run(leaves, params, slots, self._active)
+        self._fast = None
+        given = args, kwargs
         args, kwargs, objs = self.spec.extract(args, kwargs)
         why = next((r for o in objs if (r := st.eager_reason(o)) is not None), None)
         if why is not None:
@@ -238,7 +251,10 @@ class Jitted(EngineHooks):
         assert c is not None
         if self.validate and self.info.misses != misses and any(s.mode == "dynamic" for s in slots):
             return self._validated(c, args, kwargs, objs, leaves, params, slots)
-        return c.run(leaves, params, slots, self._active)
+        out = c.run(leaves, params, slots, self._active)
+        if self.info.misses == misses:  # a hit: the next call like it may take the fast path
+            self._fast = fastpath.learn(self.spec, *given, objs, slots, leaves, c.signature)
+        return out
 
     def _eager(self, args: tuple, kwargs: dict, objs: list[Any], why: str) -> Any:
         """Run the function as it is: a state object segc does not trace (a warning once)."""
@@ -329,6 +345,7 @@ class Jitted(EngineHooks):
         self._cache.clear()
         self._exact_after.clear()
         self._last = None
+        self._fast = None
         gc.collect()
         mx.clear_cache()
 
