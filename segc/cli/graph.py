@@ -23,6 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=("dot", "svg", "html"), default="dot", help="dot, svg or html (default dot)")
     p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
     p.add_argument("--no-drawing", action="store_true", help="html: leave out the Graphviz drawing")
+    p.add_argument("--screenshot", metavar="PNG", help="html: also render the page in headless Chromium and save a PNG")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,6 +31,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.format == "svg" and shutil.which("dot") is None:
         to_svg("")  # the clear error, before tracing anything
+    if args.screenshot and (args.format != "html" or not args.output):
+        from ..errors import UsageError
+
+        raise UsageError("--screenshot goes with --format html -o FILE")
     if args.output:
         open(args.output, "a").close()
     target = load(args)
@@ -50,6 +55,11 @@ def run(args: argparse.Namespace) -> int:
         with open(args.output, "w") as f:
             f.write(text)
         print(f"{args.format}: {target.label} -> {args.output}", file=sys.stderr)
+        if args.screenshot:
+            from .browser import screenshot
+
+            n = screenshot(args.output, args.screenshot)
+            print(f"screenshot: {n} segments rendered -> {args.screenshot}", file=sys.stderr)
     else:
         sys.stdout.write(text)
     return 0

@@ -139,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     legalize = not args.no_legalize
     specs = [strategy_spec(s) for s in args.strategy] if args.strategy else None
     if args.compare:
-        return _compare(args, target, g, specs or default_specs(g), legalize)
+        return _compare(args, target, g, specs or default_specs(g), legalize, chosen=specs is not None)
     schedule = Schedule.from_json(read_text(args.schedule)) if args.schedule else None
     plan = Plan.load(args.plan_in) if args.plan_in else make_plan(g, (specs or ["markers"])[0], legalize=legalize)
     if args.plan_out:
@@ -205,7 +205,8 @@ def _pipeline(args: argparse.Namespace, g: Any, steps: list[Any], wanted: set[st
     return out
 
 
-def _compare(args: argparse.Namespace, target: Target, g: Any, specs: list[Any], legalize: bool) -> int:
+def _compare(args: argparse.Namespace, target: Target, g: Any, specs: list[Any], legalize: bool, chosen: bool) -> int:
+    from ..errors import ScheduleError
     from ..passes import make_plan
     from ..passes.analysis import H200, analyze
     from ..passes.plan import apply_plan, plan_key
@@ -233,7 +234,13 @@ def _compare(args: argparse.Namespace, target: Target, g: Any, specs: list[Any],
     rows = []
     with progress(len(specs), "strategies") as bar:
         for spec in specs:
-            plan = make_plan(g, spec, legalize=legalize)
+            try:
+                plan = make_plan(g, spec, legalize=legalize)
+            except ScheduleError as exc:
+                if chosen:
+                    raise
+                print(f"segc passes: skipped {getattr(spec, '__name__', spec)}: {exc}", file=sys.stderr)
+                continue
             st = analyze(apply_plan(g, plan))
             bits = _same_bits(g, plan, target) if args.check_bits else None
             rows.append(

@@ -26,7 +26,7 @@ COLUMNS = [
     ("bytes_in", "bytes in>"),
     ("bytes_out", "bytes out>"),
     ("peak", "peak live>"),
-    ("cost", "cost (model)>"),
+    ("cost", "cost (h200 est.)>"),
     ("fences", "fences"),
     ("window", "window"),
 ]

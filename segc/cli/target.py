@@ -150,7 +150,7 @@ def _random(shape: tuple[int, ...], dtype: str, key: Any) -> Any:
 
     from .. import dtypes
 
-    dt = dtypes.to_mx(dtype)
+    dt = dtypes.to_mx(dtype) if dtypes.is_dtype_name(dtype) else getattr(mx, dtype)
     if dt == mx.bool_:
         return mx.random.bernoulli(0.5, shape, key=key)
     if mx.issubdtype(dt, mx.integer):

@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 
-from .common import positive_int
+from .common import positive_int, read_text
 from .target import add_strategy_argument, add_target_arguments, cut, load, strategy_spec
 
 
@@ -23,6 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_strategy_argument(p)
     p.add_argument("--timeline", metavar="FILE", help="write the Chrome/Perfetto trace JSON here")
     p.add_argument("--calls", type=positive_int(), default=2, help="calls recorded (default 2; the first compiles)")
+    p.add_argument("--schedule", metavar="FILE", help="a fence schedule (JSON): its signals and waits run too")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -36,12 +37,21 @@ def run(args: argparse.Namespace) -> int:
         open(args.timeline, "a").close()
     target = load(args)
     timeline: list = []
-    if target.kind == "ir":
+    if target.kind == "ir" or args.schedule:
         g, _ = cut(target.traced_graph(), args.strategy, legalize=not args.no_legalize)
+        fences = None
+        if args.schedule:
+            from ..passes import Schedule, run_pass
+            from ..runtime.events import Event
+            from ..runtime.fenced import Fences
+
+            g = run_pass("fences", g, schedule=Schedule.from_json(read_text(args.schedule)))
+            names = {str(e.args[0]) for e in g.eqns if e.prim in ("segc.signal", "segc.wait", "segc.host_event")}
+            fences = Fences({n: Event(name=n) for n in sorted(names)}, timeout=10.0)
         ex = Executor(g)
         inputs = target.flat_inputs()
         for _ in range(args.calls):
-            mx.eval(ex(list(inputs), timeline=timeline))
+            mx.eval(ex(list(inputs), fences=fences, timeline=timeline))
         fallbacks: list[str] = []
     else:
         step = target.jitted(strategy=strategy_spec(args.strategy)) if args.strategy != "markers" else target.jitted()

@@ -113,7 +113,12 @@ class Jitted(EngineHooks):
         module = self.__dict__.get("module")
         if module is None or name.startswith("__"):
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        return getattr(module, name)
+        try:
+            return getattr(module, name)
+        except AttributeError:
+            raise AttributeError(
+                f"'Jitted' object has no attribute {name!r}, nor has its module ({type(module).__name__})"
+            ) from None
 
     @property
     def static_argnums(self) -> tuple[int, ...]:
