@@ -83,7 +83,7 @@ def test_graph_dot_golden_and_svg() -> None:
     dot = segc("graph", NET, "--format", "dot").stdout
     golden("net.dot", dot)
     assert dot.count("subgraph cluster_") == 4  # the inputs and three segments
-    assert "penwidth=2.2" in dot  # a boundary value
+    assert "from segment 0" in dot and "penwidth=2.2" in dot  # a boundary value, and its edge
     svg = segc("graph", NET, "--format", "svg").stdout if _has_dot() else None
     if svg is not None:
         assert svg.lstrip().startswith("<?xml") and "cluster_2" in svg

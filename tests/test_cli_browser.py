@@ -16,8 +16,8 @@ import pytest
 
 pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install 'segc[test]')")
 
-from segc.cli.browser import page  # noqa: E402
-from segc.errors import UsageError  # noqa: E402
+from segc.cli.browser import page
+from segc.errors import UsageError
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -129,17 +129,17 @@ def emit(
         for r in rows:
             w.writerow([r.get(k, "") for k, _ in columns])
         return
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
-    t = Table()
+    t = Table(box=box.SIMPLE_HEAD)
     for _, head in columns:
         t.add_column(head.rstrip(">"), justify="right" if head.endswith(">") else "left", no_wrap=True)
     for r in rows:
         t.add_row(*(cell(k, r.get(k)) for k, _ in columns))
-    width = int(os.environ.get("COLUMNS", "0") or 0) or 200
-    buf = io.StringIO()
-    Console(file=buf, width=width, no_color=True, highlight=False, soft_wrap=False, emoji=False).print(t)
+    buf = io.StringIO()  # never narrower than the table: a cut column would lose figures
+    Console(file=buf, width=1000, no_color=True, highlight=False, soft_wrap=False, emoji=False).print(t)
     lines = [line.rstrip() for line in buf.getvalue().splitlines()]
     out.write("\n".join(([title] if title else []) + lines + ([caption] if caption else [])) + "\n")
 

@@ -5,6 +5,7 @@ edges (labelled with their type and bytes), fences as red hexagons."""
 from __future__ import annotations
 
 import html
+import itertools
 import json
 import shutil
 import subprocess
@@ -12,6 +13,7 @@ from typing import Any
 
 from ..errors import UsageError
 
+BOUNDARY_STYLE = 'shape=box, style=filled, fillcolor="#dbe7ff", color="#1f5fd6", penwidth=1.6, fontcolor="#1f5fd6"'
 COLORS = ("#eef4ff", "#fff4e6", "#effaf0", "#fbeefa", "#f4f4f4", "#fffbe0")
 
 
@@ -27,7 +29,6 @@ def to_dot(g: Any) -> str:
     vs = g.vars()
     segs = segments(g)
     producer: dict[str, str] = {}
-    seg_of_node: dict[str, int] = {}
     lines = [
         f"digraph {_q(g.name)} {{",
         "  rankdir=TB; compound=true; newrank=true;",
@@ -40,9 +41,14 @@ def to_dot(g: Any) -> str:
             continue
         node = f"in_{i.var.name}"
         producer[i.var.name] = node
-        seg_of_node[node] = -1
         lines.append(f"    {node} [shape=ellipse, label={_q(f'%{i.var.name} {i.kind} {i.path}: {i.var.type_str()}')}];")
     lines.append("  }")
+    seg_of: dict[str, int] = {}  # value -> the segment that computes it
+    for s in segs:
+        for e in s.eqns(g):
+            for o in e.outs:
+                seg_of[o.name] = s.index
+    edges: list[str] = []
     for s in segs:
         color = COLORS[s.index % len(COLORS)]
         n = sum(1 for e in g.eqns[s.start : s.stop] if not e.is_pseudo)
@@ -50,9 +56,18 @@ def to_dot(g: Any) -> str:
         title += f"out {fmt_bytes(sum(vs[v].nbytes for v in s.outputs))}"
         lines.append(f"  subgraph cluster_{s.index} {{")
         lines.append(f'    label={_q(title)}; style=filled; fillcolor="{color}"; fontname="sans-serif"; fontsize=11;')
+        local: dict[str, str] = {}
+        for v in s.inputs:  # a boundary value: a blue node at the top of the segment that reads it
+            if v not in seg_of:
+                continue
+            node = f"b{s.index}_{v}"
+            local[v] = node
+            text = f"%{v} {vs[v].type_str()} {fmt_bytes(vs[v].nbytes)}  from segment {seg_of[v]}"
+            lines.append(f"    {node} [{BOUNDARY_STYLE}, label={_q(text)}];")
+            if seg_of[v] == s.index - 1:  # from the segment just before: drawn, thick and blue
+                edges.append(f'  {producer[v]} -> {node} [color="#1f5fd6", penwidth=2.2];')
         for e in g.eqns[s.start : s.stop]:
             node = f"e{e.id}"
-            seg_of_node[node] = s.index
             if e.is_pseudo:
                 text = effect_text(e) or e.prim
                 if text and e.prim != "segc.cut":
@@ -60,22 +75,18 @@ def to_dot(g: Any) -> str:
                 continue
             outs = ", ".join(o.type_str() for o in e.outs)
             lines.append(f"    {node} [label={_q(f'#{e.id} {e.prim}  {outs}')}];")
+            for v in dict.fromkeys(e.ins):
+                src = local.get(v) or producer.get(v)
+                if src is not None:  # not a parameter or a constant
+                    edges.append(f"  {src} -> {node};")
             for o in e.outs:
                 producer[o.name] = node
         lines.append("  }")
-    for s in segs:
-        for e in g.eqns[s.start : s.stop]:
-            if e.is_pseudo:
-                continue
-            for v in dict.fromkeys(e.ins):
-                src = producer.get(v)
-                if src is None:  # a parameter or a constant
-                    continue
-                if seg_of_node.get(src, -1) not in (-1, s.index):
-                    label = f"%{v} {vs[v].type_str()} ({fmt_bytes(vs[v].nbytes)})"
-                    lines.append(f'  {src} -> e{e.id} [color="#1f5fd6", penwidth=2.2, label={_q(label)}, fontsize=8];')
-                else:
-                    lines.append(f"  {src} -> e{e.id};")
+    lines += edges
+    ends = [[f"e{e.id}" for e in s.eqns(g)] for s in segs]
+    for a, b in itertools.pairwise(ends):  # segment k above segment k + 1
+        if a and b:
+            lines.append(f"  {a[-1]} -> {b[0]} [style=invis, weight=10];")
     lines.append('  out [shape=ellipse, label="return"];')
     for v in g.outputs:
         if v in producer:

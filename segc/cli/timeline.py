@@ -46,8 +46,8 @@ def run(args: argparse.Namespace) -> int:
             from ..runtime.fenced import Fences
 
             g = run_pass("fences", g, schedule=Schedule.from_json(read_text(args.schedule)))
-            names = {str(e.args[0]) for e in g.eqns if e.prim in ("segc.signal", "segc.wait", "segc.host_event")}
-            fences = Fences({n: Event(name=n) for n in sorted(names)}, timeout=10.0)
+            used = {str(e.args[0]) for e in g.eqns if e.prim in ("segc.signal", "segc.wait", "segc.host_event")}
+            fences = Fences({n: Event(name=n) for n in sorted(used)}, timeout=10.0)
         ex = Executor(g)
         inputs = target.flat_inputs()
         for _ in range(args.calls):
