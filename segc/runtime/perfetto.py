@@ -69,12 +69,12 @@ def to_chrome_trace(timeline: Sequence[Entry], names: Sequence[str] = (), *, pro
             open_waits[(k, detail)] = t
         elif what == "waited":
             start = open_waits.pop((k, detail), t)
-            events.append(_slice(us(start), us(t) - us(start), f"wait {detail}", HOST, args))
+            events.append(_slice(us(start), round(us(t) - us(start), 3), f"wait {detail}", HOST, args))
         elif what == "dispatch":
             name = detail or seg_name.get(k, f"segment {k}")
             seg_name.setdefault(k, name)
             dispatched[(call, k)] = t
-            events.append(_slice(us(t), max(us(nxt) - us(t), 0.0), f"dispatch {name}", HOST, args))
+            events.append(_slice(us(t), max(round(us(nxt) - us(t), 3), 0.0), f"dispatch {name}", HOST, args))
             events.append(_instant(us(t), f"dispatch {k}", HOST, {**args, "name": name}))
         elif what in ("stash_in", "stash_out"):
             events.append(_instant(us(t), f"{what} %{detail}", HOST, args))
