@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -92,6 +93,9 @@ def run(args: argparse.Namespace) -> int:
                 "calls": len(ts),
             }
         )
+    if target.kind != "ir":
+        for why in target.jitted().cache_info().aborted:  # automatic fallbacks, reported
+            print(f"segc bench: fallback: {why}", file=sys.stderr)
     dev = str(mx.default_device())
     meta = {"target": target.label, "device": dev, "repeats": args.repeats, "warmup": args.warmup}
     emit(rows, COLUMNS, args.format, title=f"{target.label} on {dev} (measured, seconds per call)", meta=meta)
