@@ -39,7 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_format(p)
 
 
-def candidates(target: Any, strategy: str) -> dict[str, Callable[[], Any]]:
+def candidates(target: Any, strategy: str) -> tuple[dict[str, Callable[[], Any]], Any]:
+    """The three ways to run ``target``, and its ``Jitted`` (None for an IR file)."""
     import mlx.core as mx
 
     if target.kind == "ir":
@@ -51,22 +52,23 @@ def candidates(target: Any, strategy: str) -> dict[str, Callable[[], Any]]:
         whole = run_pass("strip_cuts", g)
         inputs = target.flat_inputs()
         eager, compiled, seg = Executor(whole, compile=False), Executor(whole), Executor(cut(g, strategy)[0])
-        return {
+        fns = {
             "eager (op by op)": lambda: eager(list(inputs)),
             "mx.compile": lambda: compiled(list(inputs)),
             "segc": lambda: seg(list(inputs)),
         }
+        return fns, None
     fn, xs = target.fn, target.args
     comp = mx.compile(fn)
     step = target.jitted(strategy=strategy_spec(strategy)) if strategy != "markers" else target.jitted()
-    return {"eager": lambda: fn(*xs), "mx.compile": lambda: comp(*xs), "segc": lambda: step(*xs)}
+    return {"eager": lambda: fn(*xs), "mx.compile": lambda: comp(*xs), "segc": lambda: step(*xs)}, step
 
 
 def run(args: argparse.Namespace) -> int:
     import mlx.core as mx
 
     target = load(args)
-    fns = candidates(target, args.strategy)
+    fns, step = candidates(target, args.strategy)
     times: dict[str, list[float]] = {k: [] for k in fns}
     with progress(len(fns) * (args.repeats + args.warmup), "timing") as bar:
         for name, fn in fns.items():
@@ -93,8 +95,8 @@ def run(args: argparse.Namespace) -> int:
                 "calls": len(ts),
             }
         )
-    if target.kind != "ir":
-        for why in target.jitted().cache_info().aborted:  # automatic fallbacks, reported
+    if step is not None:
+        for why in step.cache_info().aborted:  # automatic fallbacks, reported
             print(f"segc bench: fallback: {why}", file=sys.stderr)
     dev = str(mx.default_device())
     meta = {"target": target.label, "device": dev, "repeats": args.repeats, "warmup": args.warmup}
