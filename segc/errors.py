@@ -41,6 +41,11 @@ class ScheduleError(SegcError):
     """An invalid cut plan, fence or window."""
 
 
+class UsageError(SegcError):
+    """A mistake on the ``segc`` command line: a missing file, a malformed value, an
+    unknown name (the message lists the valid choices)."""
+
+
 class WaitTimeout(SegcError):
     """A wait whose event did not reach its value in time. ``event``, ``value``,
     ``reached`` (the event's value when the wait gave up), ``timeout`` (seconds) and

@@ -104,9 +104,18 @@ def test_cache_hits_and_readable_retrace_reasons() -> None:
     info = f.cache_info()
     assert (info.hits, info.misses) == (1, 4)
     assert info.retraces[0] == "first call"
-    assert "array argument 0: f32[2,3] -> f32[4,3]" in info.retraces[1]
+    assert "args[0]: f32[2,3] -> f32[4,3]" in info.retraces[1]
     assert "f16[2,3]" in info.retraces[2]
     assert "argument structure changed" in info.retraces[3]
+
+
+def test_retrace_reason_names_the_path_against_the_nearest_cached_entry() -> None:
+    f = segc.jit(lambda d: d["x"] * d["y"][1])
+    x, y = mx.ones((2, 3)), mx.ones((2, 3))
+    f({"x": x, "y": [x, y]})
+    f({"x": x[:1], "y": [x[:1], y[:1]]})  # a second entry, now the latest call
+    f({"x": x, "y": [x, y.astype(mx.float16)]})  # nearest: the first entry, not the previous call
+    assert f.cache_info().retraces[2] == "args[0]['y'][1]: f32[2,3] -> f16[2,3]"
 
 
 def test_static_arguments_are_part_of_the_key() -> None:

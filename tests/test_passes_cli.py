@@ -14,19 +14,23 @@ SMALL += ["--vocab", "128", "--tokens", "8"]
 
 @pytest.mark.slow
 def test_compare_prints_a_table_of_every_strategy(capsys):
-    assert main(["passes", "--compare", "--check-bits", *SMALL]) == 0
+    assert main(["passes", "--compare", "--check-bits", "--format", "markdown", *SMALL]) == 0
     out = capsys.readouterr().out
     rows = [ln for ln in out.splitlines() if ln.startswith("| `")]
     names = [r.split("`")[1] for r in rows]
     assert names[:3] == ["none", "markers", "every(2)"]
     assert any(n.startswith("balanced(") for n in names) and any(n.startswith("memory(") for n in names)
     assert "min_boundary_bytes" in names and "after_each_softmax" in names
-    assert all(r.endswith("bit-identical |") for r in rows)
+    assert all(r.endswith("| yes |") for r in rows)
+    head = next(ln for ln in out.splitlines() if ln.startswith("| strategy"))
+    assert "largest segment cost (h200 model)" in head and head.endswith(
+        "| moved cuts | bit-identical to unsegmented |"
+    )
 
 
 @pytest.mark.slow
 def test_compare_with_measured_costs(capsys):
-    assert main(["passes", "--compare", "--measure", *SMALL]) == 0
+    assert main(["passes", "--compare", "--measure", "--format", "markdown", *SMALL]) == 0
     assert "| `balanced(3, measured)` | " in capsys.readouterr().out
 
 
@@ -54,7 +58,7 @@ def test_plans_save_diff_and_apply(capsys, tmp_path):
     assert main(["passes", *SMALL, "--strategy", "balanced:2", "--plan-out", str(a)]) == 0
     assert main(["passes", *SMALL, "--strategy", "markers", "--plan-out", str(b)]) == 0
     capsys.readouterr()
-    assert main(["passes", "--diff", str(a), str(b)]) == 0
+    assert main(["passes", "--plan-diff", str(a), str(b)]) == 0
     assert "+ cut after #" in capsys.readouterr().out
     assert main(["passes", *SMALL, "--plan-in", str(a)]) == 0
     text = capsys.readouterr().out

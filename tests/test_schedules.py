@@ -17,6 +17,7 @@ import segc
 from segc.passes import Schedule
 from segc.passes.fences import CutNode, WaitNode
 from segc.runtime.events import Event, WaitTimeout
+from segc.runtime.perfetto import wait_complete
 
 
 class Recording(Event):
@@ -234,12 +235,15 @@ def test_the_timeline_records_waits_dispatches_and_completions(model: Any) -> No
     step.record_timeline(timeline)
     assert bits(step(X)) == want
     done.wait(1, timeout=10)
+    wait_complete(timeline, timeout=10)  # every segment's completion, noted from the completer
     step.record_timeline(None)
     kinds = [(what, k) for _, what, k, _ in timeline]
     assert kinds[0] == ("call", -1)
     assert ("wait", 2) in kinds and kinds.index(("wait", 2)) < kinds.index(("waited", 2)) < kinds.index(("dispatch", 2))
-    complete = [(t, detail) for t, what, k, detail in timeline if what == "complete"]
-    assert [d for _, d in complete] == ["done = 1"]
-    t_dispatch0 = next(t for t, what, k, _ in timeline if (what, k) == ("dispatch", 0))
-    assert complete[0][0] >= t_dispatch0  # completion is noted after its dispatch
+    complete = {k: (t, detail) for t, what, k, detail in timeline if what == "complete"}
+    assert sorted(complete) == list(range(len(step.entries()[0].segments)))
+    signalling = [k for k, (_, d) in complete.items() if d == "done = 1"]
+    assert len(signalling) == 1  # the segment that signals names its values
+    t_dispatch = {k: t for t, what, k, _ in timeline if what == "dispatch"}
+    assert all(t >= t_dispatch[k] for k, (t, _) in complete.items())  # completion is noted after its dispatch
     assert sum(1 for what, _ in kinds if what == "dispatch") == len(step.entries()[0].segments)

@@ -4,22 +4,28 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
 
-import mlx.core as mx
+from .common import positive_int
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--layers", type=int, default=4, help="number of decoder layers (default 4)")
-    p.add_argument("--hidden", type=int, default=128, help="hidden size (default 128)")
-    p.add_argument("--tokens", type=int, default=32, help="prompt length (default 32)")
-    p.add_argument("--repeats", type=int, default=20, help="timed calls of each (default 20)")
+    p.add_argument("--layers", type=positive_int(), default=4, help="number of decoder layers (default 4)")
+    p.add_argument("--hidden", type=positive_int(), default=128, help="hidden size (default 128)")
+    p.add_argument("--tokens", type=positive_int(), default=32, help="prompt length (default 32)")
+    p.add_argument("--repeats", type=positive_int(), default=20, help="timed calls of each (default 20)")
     p.add_argument(
-        "--decode", type=int, default=16, help="greedy decode steps with a KV cache (default 16, at least 2)"
+        "--decode",
+        type=positive_int(2),
+        default=16,
+        help="greedy decode steps with a KV cache (default 16, at least 2)",
     )
     p.add_argument("--ir", action="store_true", help="print the whole segmented IR")
 
 
-def _time(fn, x, repeats: int) -> float:
+def _time(fn: Any, x: Any, repeats: int) -> float:
+    import mlx.core as mx
+
     mx.eval(fn(x))
     t0 = time.perf_counter()
     for _ in range(repeats):
@@ -28,6 +34,8 @@ def _time(fn, x, repeats: int) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
+    import mlx.core as mx
+
     import segc
     from segc.ir import segment_header
     from segc.models import tiny_llama
@@ -60,12 +68,13 @@ def run(args: argparse.Namespace) -> int:
     print(f"prefill: segc         : {t_segc * 1e3:8.3f} ms/call  (time ratio segc/eager {t_segc / t_eager:.2f})")
     info = step.cache_info()
     print(f"trace cache: {info.hits} hits, {info.misses} traces ({'; '.join(info.retraces)})")
-    same_decode = _decode(model, x, max(args.decode, 2))
+    same_decode = _decode(model, x, args.decode)
     return 0 if same and same_decode else 1
 
 
-def _decode(model, prompt: mx.array, steps: int) -> bool:
+def _decode(model: Any, prompt: Any, steps: int) -> bool:
     """Greedy decode with mlx-lm KV caches, eagerly and through segc, side by side."""
+    import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
     import segc

@@ -10,13 +10,19 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .common import positive_int
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", metavar="DIR", help="local mlx-lm model directory (config.json + *.safetensors)")
-    p.add_argument("--arch", default="llama", help="tiny random architecture when no --model (default llama)")
+    p.add_argument(
+        "--arch",
+        default="llama",
+        help="tiny random mlx-lm architecture when no --model (default llama; see segc trace --help)",
+    )
     p.add_argument("--prompt", default=None, help="prompt text (needs the model's tokenizer)")
     p.add_argument("--prompt-tokens", default=None, help="prompt as comma-separated token ids (default 1..8)")
-    p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (default 64)")
+    p.add_argument("--max-tokens", type=positive_int(), default=64, help="tokens to generate (default 64)")
     p.add_argument("--boundaries", default="auto", help="segment globs, 'auto' (one per layer) or 'none'")
     p.add_argument("--eager", action="store_true", help="run eager mlx-lm instead of segc")
     p.add_argument("--compare", action="store_true", help="also run eager mlx-lm and compare the tokens")
@@ -25,7 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from segc.engine import GenerationStats, generate_tokens, load_local_model
-    from segc.errors import SegcError
+    from segc.errors import SegcError, UsageError
+
+    from .target import check_arch
 
     tokenizer = None
     try:
@@ -35,14 +43,19 @@ def run(args: argparse.Namespace) -> int:
         else:
             from segc.models.zoo import build
 
-            model = build(args.arch)
+            model = build(check_arch(args.arch))
             what = f"tiny random {args.arch}"
         if args.prompt is not None:
             if tokenizer is None:
                 raise SegcError("--prompt needs a model directory with a tokenizer; use --prompt-tokens")
             prompt = list(tokenizer.encode(args.prompt))
         elif args.prompt_tokens:
-            prompt = [int(t) for t in args.prompt_tokens.split(",") if t.strip()]
+            try:
+                prompt = [int(t) for t in args.prompt_tokens.split(",") if t.strip()]
+            except ValueError:
+                raise UsageError(
+                    f"--prompt-tokens takes comma-separated token ids, got {args.prompt_tokens!r}"
+                ) from None
         else:
             prompt = list(range(1, 9))
         boundaries = None if args.boundaries in ("none", "") else args.boundaries
@@ -75,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
         if stats.jitted is not None:
             info = stats.jitted.cache_info()
             line += f", {info.traces} traces ({info.trace_seconds * 1e3:.1f} ms tracing)"
+            for why in info.aborted:  # automatic fallbacks (exact state, growth) are reported
+                print(f"segc generate: fallback: {why}", file=sys.stderr)
         print(line)
         if args.compare:
             ref = list(generate_tokens(model, prompt, args.max_tokens, use_segc=args.eager, eos=eos))

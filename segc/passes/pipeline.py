@@ -8,7 +8,8 @@ may only add to it. Checks are on when ``checks=True`` or when the environment s
 ``SEGC_CHECKS=1`` (the test suite sets it).
 
 Dumping: ``dump=`` (or the environment's ``SEGC_DUMP_IR``) is a directory (each pass's
-result written there as ``NN-<pass>.segc``), a comma-separated list of pass names (or
+result written there as ``<graph>-<fingerprint>-NN-<pass>.segc``, the fingerprint the
+input graph's: one file per graph, signature and pass), a comma-separated list of pass names (or
 ``all``) printed to stderr, or a callable ``dump(pass_name, graph)``. ``input`` names the
 graph before any pass.
 
@@ -21,6 +22,7 @@ engine adds ``fences`` (a schedule) and ``window`` after it, in that order::
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -58,9 +60,12 @@ def _dumper(dump: Dump) -> Callable[[int, str, Graph], None] | None:
     path = Path(text)
     if os.sep in text or path.is_dir():
         path.mkdir(parents=True, exist_ok=True)
+        prefix = [""]
 
         def to_dir(i: int, name: str, g: Graph) -> None:
-            (path / f"{i:02d}-{name}.segc").write_text(to_text(g))
+            if i == 0:  # one file per graph, signature (the input's fingerprint) and pass
+                prefix[0] = f"{re.sub(r'[^A-Za-z0-9_.]+', '_', g.name)}-{g.fingerprint()[:8]}-"
+            (path / f"{prefix[0]}{i:02d}-{name}.segc").write_text(to_text(g))
 
         return to_dir
     wanted = {w.strip() for w in text.split(",") if w.strip()}

@@ -75,8 +75,9 @@ def run_effects(
     """Dispatch ``ex``'s steps honouring effects; outputs a window did not compute are None.
     ``timeline`` receives ``(time, what, segment, detail)`` for the call (``call``, segment
     -1), every wait (``wait`` before, ``waited`` after), stash read, dispatch and stash
-    write, and, for a segment that signals, ``complete`` when its outputs exist (from the
-    completer, so it may come after later entries).
+    write, and, for every segment, ``complete`` when its outputs exist (from a completer
+    thread, so it may come after later entries; off the CPU, a segment that does not
+    signal is noted complete at the call's end, after one synchronize).
 
     ``sync`` commits a segment's outputs after it (``mx.async_eval``, or ``mx.eval`` for
     the draining baseline) where ``ex.commit_after`` says so. Whatever the policy,
@@ -97,6 +98,8 @@ def run_effects(
             raise ScheduleError(f"{ex.graph.name} has no window {window.name!r}; windows: {sorted(ex.windows)}")
         selected, entry, exit_ = spec
     first, last = (selected[0], selected[-1]) if len(selected) else (-1, -1)
+    to_note: list[tuple[int, list]] = []  # recording: segments whose completion the call's end notes
+    completer = (fences.completer if fences is not None else timeline_completer()) if note else None
     if note:
         note("call", -1, ex.graph.name if window is None else f"{ex.graph.name} window {window.name!r}")
     base = 0
@@ -154,9 +157,41 @@ def run_effects(
                     note("complete", k, detail)
 
             fences.completer.signal_when_done(res, signals, done)
+        elif completer is not None:  # recording: every segment's completion
+            if pending and completer.threaded:  # a worker may wait only for committed work
+                commit(res)
+                pending = False
+            _note_completion(completer, note, k, res, to_note)  # type: ignore[arg-type]
         if k == last:
             for name in exit_:
                 if note:
                     note("stash_out", k, name)
                 window.stash[name] = env[ex.cell[name]]  # type: ignore[union-attr]
+    if to_note:  # no completer thread (off the CPU): one synchronize at the call's end
+        mx.eval([x for _, res in to_note for x in res])
+        for k, _ in to_note:
+            note("complete", k, "synchronized at the end of the call")  # type: ignore[misc]
     return [env[c] for c in ex.output_cells]
+
+
+_TIMELINE_COMPLETER: list[Completer] = []
+
+
+def timeline_completer() -> Completer:
+    """The completer that notes segment completions for a timeline recorded without
+    fences (made on first use: a call that records nothing never starts its thread)."""
+    if not _TIMELINE_COMPLETER:
+        _TIMELINE_COMPLETER.append(Completer())
+    return _TIMELINE_COMPLETER[0]
+
+
+def _note_completion(
+    completer: Completer, note: Callable[..., None], k: int, res: list, pending: list[tuple[int, list]]
+) -> None:
+    """Note ``complete`` for segment ``k`` once its outputs exist: from the completer's
+    thread where it has one (the CPU), else at the call's end (``pending``), so that
+    recording adds no host wait between segments."""
+    if completer.threaded:
+        completer.signal_when_done(res, [], lambda: note("complete", k, ""))
+    else:
+        pending.append((k, res))

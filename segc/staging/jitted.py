@@ -111,6 +111,19 @@ class Jitted(EngineHooks):
         self.info = CacheInfo()
         functools.update_wrapper(self, fn if not isinstance(fn, nn.Module) else type(fn).__call__, updated=())  # type: ignore[arg-type]
 
+    def __getattr__(self, name: str) -> Any:
+        """Attributes a ``Jitted`` lacks are the module's (``layers``, ``make_cache``,
+        ``args``), so that it stands in for the model in mlx-lm's own loops."""
+        module = self.__dict__.get("module")
+        if module is None or name.startswith("__"):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        try:
+            return getattr(module, name)
+        except AttributeError:
+            raise AttributeError(
+                f"'Jitted' object has no attribute {name!r}, nor has its module ({type(module).__name__})"
+            ) from None
+
     @property
     def static_argnums(self) -> tuple[int, ...]:
         return self.spec.static_argnums
@@ -202,7 +215,9 @@ class Jitted(EngineHooks):
         """The miss path: lower and compile a fresh trace, and file it in the cache."""
         c = t.lower(effects=self._effects).compile(drain=self.drain, commit=self.commit)
         self.info.misses += 1
-        self.info.retraces.append(t.signature.explain_change(self._last))
+        # against the entry this call was expected to hit (the nearest cached signature)
+        expected = t.signature.closest(list(self._cache)) if self._cache else self._last
+        self.info.retraces.append(t.signature.explain_change(expected))
         self._cache[t.signature] = c
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)

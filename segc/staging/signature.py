@@ -50,6 +50,19 @@ class Signature:
     leaves: tuple[tuple[tuple[int, ...], str], ...]
     params: tuple[tuple[str, tuple[int, ...], str], ...]
     state: tuple[tuple, ...] = ()
+    paths: tuple[str, ...] = field(default=(), compare=False)  # each array leaf's path, for messages
+
+    def closest(self, cached: Sequence[Signature]) -> Signature | None:
+        """The cached signature this one was expected to hit: the same argument
+        structure first, then the most equal leaves, parameters and state objects (the
+        latest in ``cached`` on a tie)."""
+        best, score = None, -1
+        for s in cached:
+            sc = (s.tree == self.tree) * (1 << 30) + sum(a == b for a, b in zip(s.leaves, self.leaves))
+            sc += (s.params == self.params) + sum(a == b for a, b in zip(s.state, self.state))
+            if sc >= score:
+                best, score = s, sc
+        return best
 
     def explain_change(self, old: Signature | None) -> str:
         if old is None:
@@ -58,7 +71,8 @@ class Signature:
             return f"argument structure changed: {old.tree} -> {self.tree}"
         for k, (a, b) in enumerate(zip(old.leaves, self.leaves)):
             if a != b:
-                return f"array argument {k}: {_aval(*a)} -> {_aval(*b)}"
+                where = self.paths[k] if k < len(self.paths) else f"array argument {k}"
+                return f"{where}: {_aval(*a)} -> {_aval(*b)}"
         if old.params != self.params:
             for p, q in zip(old.params, self.params):
                 if p != q:
@@ -159,10 +173,10 @@ class CallSpec:
     ) -> tuple[Signature, list[mx.array], dict[str, mx.array]]:
         """The call's signature, its array leaves and the module's parameters."""
         dyn_args, dyn_kw, static = self.split(args, kwargs)
-        leaves, _, td = flatten((dyn_args, dyn_kw, static), what="argument", names=ROOTS)
+        leaves, paths, td = flatten((dyn_args, dyn_kw, static), what="argument", names=ROOTS)
         params, psig = self.params.gather() if self.params is not None else ({}, ParamSig())
         state = tuple(s.key for s in slots)
-        sig = Signature(td, tuple((tuple(x.shape), short(x.dtype)) for x in leaves), psig, state)
+        sig = Signature(td, tuple((tuple(x.shape), short(x.dtype)) for x in leaves), psig, state, tuple(paths))
         return sig, leaves, params
 
     def check_call(self, args: tuple, kwargs: dict) -> None:

@@ -9,8 +9,10 @@ A ``Depends`` on a boundary tag (``markers.py``) becomes a ``segc.cut`` equation
 
 from __future__ import annotations
 
+import os
 import re
 import threading
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -105,6 +107,8 @@ def trace(
     except (TraceError, UnsupportedPrimitive):
         raise
     except ValueError as exc:
+        if "Attempting to eval an array" in str(exc):
+            raise TraceError(_eval_message(name, exc)) from None
         m = _STATE_ERR.search(str(exc))
         if m:
             prim = m.group(1)
@@ -114,6 +118,34 @@ def trace(
         _LOCAL.depth -= 1
     g = _build(records, arg_paths, names, name, kinds)
     return Capture(verify(g), out_tree[0])
+
+
+_OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the segc package
+
+
+def _eval_message(name: str, exc: BaseException) -> str:
+    """An evaluation inside the traced function, naming the user's line with a hint."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not os.path.abspath(f.filename).startswith(_OWN)]
+    where = ""
+    code = ""
+    if frames:
+        f = frames[-1]
+        code = (f.line or "").strip()
+        where = f" at {f.filename}:{f.lineno}" + (f" (`{code}`)" if code else "")
+    if ".item()" in code or "float(" in code or "int(" in code or ".tolist()" in code:
+        hint = "move .item() out of the traced function, or pass the value as a static argument (static_argnames=)"
+    elif re.search(r"\b(if|while|and|or|not|assert)\b", code):
+        hint = (
+            "use mx.where(cond, a, b) for a data-dependent choice, or make the deciding value static (static_argnames=)"
+        )
+    elif "np." in code or "numpy" in code:
+        hint = "keep the computation in mlx.core inside the function; convert to NumPy after the call"
+    else:
+        hint = (
+            "a traced function cannot read array values: use mx.where instead of Python branches, move .item() "
+            "out of it, or make the value a static argument (static_argnames=)"
+        )
+    return f"{name} evaluates an array while being traced{where}: values do not exist during tracing; {hint}"
 
 
 def _build(

@@ -130,7 +130,7 @@ def _kv_standin(slot: Slot, arrays: list[mx.array], rec: Record) -> tuple[type, 
         d["keys"], d["values"] = next(it), next(it)
     d["offset"] = next(it)
     d["_segc"] = (slot, rec)
-    return _DynKV, d
+    return _make_dyn_kv(), d
 
 
 def _dyn_mask(offset: mx.array, n: int, cap: int, window_size: int | None) -> mx.array:
@@ -168,6 +168,7 @@ class _StandIn:
         return False
 
 
+@functools.cache  # made on first use: importing segc does not import mlx-lm
 def _make_dyn_kv() -> type:
     KV, _ = _kv_classes()
     base: type = KV if KV is not None else object
@@ -215,6 +216,7 @@ def _make_dyn_kv() -> type:
     return DynKV
 
 
+@functools.cache
 def _make_dyn_rot() -> type:
     _, Rot = _kv_classes()
     base: type = Rot if Rot is not None else object
@@ -245,15 +247,11 @@ def _make_dyn_rot() -> type:
     return DynRot
 
 
-_DynKV = _make_dyn_kv()
-_DynRot = _make_dyn_rot()
-
-
 def _rot_standin(slot: Slot, arrays: list[mx.array], rec: Record) -> tuple[type, dict]:
     d = dict(vars(slot.obj))
     d["keys"], d["values"], d["offset"], d["_segc_idx"] = arrays
     d["_segc"] = (slot, rec)
-    return _DynRot, d
+    return _make_dyn_rot(), d
 
 
 def _needs_growth(slot: Slot, plan: Commit) -> bool:

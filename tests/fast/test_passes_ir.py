@@ -250,8 +250,10 @@ def test_pipeline_reads_top_to_bottom_and_dumps(g, tmp_path):
     assert seen == ["input", "cut", "fences", "window"]
     assert len(segments(out)) == 3
     run(g, ["strip_cuts", ("cut", {"strategy": "every:2"})], dump=str(tmp_path / "ir"))
-    assert sorted(p.name for p in (tmp_path / "ir").iterdir()) == ["00-input.segc", "01-strip_cuts.segc", "02-cut.segc"]
-    assert parse((tmp_path / "ir" / "02-cut.segc").read_text()) == run_pass("cut", g, strategy="every:2")
+    pre = f"{g.name}-{g.fingerprint()[:8]}-"
+    names = sorted(p.name for p in (tmp_path / "ir").iterdir())
+    assert names == [f"{pre}00-input.segc", f"{pre}01-strip_cuts.segc", f"{pre}02-cut.segc"]
+    assert parse((tmp_path / "ir" / f"{pre}02-cut.segc").read_text()) == run_pass("cut", g, strategy="every:2")
 
 
 def test_pipeline_dump_env_by_pass_name(g, monkeypatch, capsys):
@@ -291,4 +293,6 @@ def test_jit_hook_dumps_from_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("SEGC_DUMP_IR", str(tmp_path / "d"))
     assert place(g, None) == g  # no strategy: unchanged, dumped as the input
     assert place(g, "every:2") == run_pass("cut", g, strategy="every:2")
-    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["00-input.segc", "01-cut.segc"]
+    pre = f"{g.name}-{g.fingerprint()[:8]}-"
+    # one file per graph, signature and pass: the first place() dumped its input too
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == [f"{pre}00-input.segc", f"{pre}01-cut.segc"]
