@@ -4,9 +4,9 @@ A segment's signal must fire when its outputs exist, never at dispatch: that is 
 lets a reclaim thread free what the segment read. How the completer learns that is its
 ``mode`` (docs/runtime.md, "Completion"):
 
-* ``"eval"``: a worker thread ``mx.eval``s the outputs (arrays another thread dispatched
-  and committed; safe on the CPU build) and signals, so the dispatching thread never
-  waits. The default on the CPU.
+* ``"eval"``: a worker thread ``mx.eval``s one-element views of the outputs, made and
+  committed by the dispatching thread and held by the worker alone (safe on the CPU
+  build), and signals, so the dispatching thread never waits. The default on the CPU.
 * ``"inline"``: the dispatching thread waits for the outputs itself before signalling:
   a host wait at the segments that signal, and only there. The default off the CPU:
   MLX 0.32.4's CUDA build segfaults when a helper thread evaluates arrays the main
@@ -71,7 +71,13 @@ class Completer:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._work, name="segc-completer", daemon=True)
                 self._thread.start()
-        self._jobs.put((list(outputs), signals, done))
+        # The worker waits on views of the outputs made here, which only it holds: an
+        # array's wait writes to the array (its event and status), so the worker must not
+        # wait on arrays the dispatching thread goes on using (a segfault, seen on the CPU
+        # build with a completion per segment).
+        probes = [mx.reshape(o, (-1,))[:1] for o in outputs]
+        mx.async_eval(probes)
+        self._jobs.put((probes, signals, done))
 
     def _work(self) -> None:
         while True:
