@@ -4,9 +4,9 @@ A segment's signal must fire when its outputs exist, never at dispatch: that is 
 lets a reclaim thread free what the segment read. How the completer learns that is its
 ``mode`` (docs/runtime.md, "Completion"):
 
-* ``"eval"``: a worker thread ``mx.eval``s one-element views of the outputs, made and
-  committed by the dispatching thread and held by the worker alone (safe on the CPU
-  build), and signals, so the dispatching thread never waits. The default on the CPU.
+* ``"eval"``: a worker thread ``mx.eval``s one-element arrays computed from the outputs,
+  made and committed by the dispatching thread and held by the worker alone (safe on the
+  CPU build), and signals, so the dispatching thread never waits. The default on the CPU.
 * ``"inline"``: the dispatching thread waits for the outputs itself before signalling:
   a host wait at the segments that signal, and only there. The default off the CPU:
   MLX 0.32.4's CUDA build segfaults when a helper thread evaluates arrays the main
@@ -71,11 +71,15 @@ class Completer:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._work, name="segc-completer", daemon=True)
                 self._thread.start()
-        # The worker waits on views of the outputs made here, which only it holds: an
+        # The worker waits on arrays made here from the outputs, which only it holds: an
         # array's wait writes to the array (its event and status), so the worker must not
         # wait on arrays the dispatching thread goes on using (a segfault, seen on the CPU
-        # build with a completion per segment).
-        probes = [mx.reshape(o, (-1,))[:1] for o in outputs]
+        # build with a completion per segment). One probe, a new one-element buffer from the
+        # smallest output: a segment's outputs come from one compiled call (or, op by op,
+        # in order on one stream), so they complete together, and the probe does not keep
+        # a large output (a KV cache that the next call should update in place) alive.
+        small = min(reversed(outputs), key=lambda o: o.size) if outputs else None
+        probes = [] if small is None else [mx.sum(mx.reshape(small, (-1,))[:1])]
         mx.async_eval(probes)
         self._jobs.put((probes, signals, done))
 

@@ -39,6 +39,7 @@ from ..errors import ScheduleError, SignatureError
 from ..ir import WINDOW, Graph, Segment, SegmentEffects, Var, segment_effects, segments, window_segments
 from ..lower import check_supported, check_types, compile_loses, segment_fn
 from ..passes.analysis import eqn_flops
+from .aborted import Aborted
 from .fenced import Fences, Timeline, WindowRun, run_effects
 
 
@@ -248,7 +249,7 @@ class Executor:
         k, done, res = 0, -1, None
         if fences is not None or window is not None or timeline is not None:
             with DISPATCH_LOCK:
-                return run_effects(self, env, sync, fences, window, timeline)  # type: ignore[return-value]
+                return run_effects(self, env, sync, fences, window, timeline, consume)  # type: ignore[return-value]
         with DISPATCH_LOCK:
             try:
                 for k, (fn, take, outs, dead, commit) in enumerate(self._plan):
@@ -298,25 +299,3 @@ class Executor:
         alive = {i: env[i] for i in range(self.n_inputs) if env[i] is not None}
         made = {j: env[c] for j, c in enumerate(self.output_cells) if env[c] is not None}
         return Aborted(exc, inputs=alive, partial=made)
-
-
-class Aborted(BaseException):
-    """An exception that interrupted a consuming executor call (see ``Executor.__call__``),
-    with what a caller needs to leave its state whole: ``outputs``, the graph's outputs when
-    the executor could finish the call after the exception; otherwise ``inputs``
-    (input index -> the inputs still unread) and ``partial`` (output index -> the outputs
-    already computed)."""
-
-    def __init__(
-        self,
-        cause: BaseException,
-        *,
-        outputs: list[mx.array] | None = None,
-        inputs: dict[int, mx.array] | None = None,
-        partial: dict[int, mx.array] | None = None,
-    ):
-        super().__init__(cause)
-        self.cause = cause
-        self.outputs = outputs
-        self.inputs = inputs or {}
-        self.partial = partial or {}

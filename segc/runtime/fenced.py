@@ -17,6 +17,7 @@ import mlx.core as mx
 
 from ..errors import ScheduleError
 from ..ir import Graph
+from .aborted import Aborted
 from .completion import Completer
 
 
@@ -27,6 +28,7 @@ class _Steps(Protocol):
     steps: tuple[Any, ...]
     windows: dict[str, tuple[tuple[int, ...], tuple[str, ...], tuple[str, ...]]]
     cell: dict[str, int]
+    n_inputs: int
     first_output: int  # env's first cell that holds a segment output
     commit_after: tuple[bool, ...]  # per step: commit its outputs right after it
     output_cells: tuple[int, ...]
@@ -71,6 +73,7 @@ def run_effects(
     fences: Fences | None,
     window: WindowRun | None,
     timeline: Timeline | None = None,
+    consume: bool = False,
 ) -> list[mx.array | None]:
     """Dispatch ``ex``'s steps honouring effects; outputs a window did not compute are None.
     ``timeline`` receives ``(time, what, segment, detail)`` for the call (``call``, segment
@@ -83,7 +86,31 @@ def run_effects(
     the draining baseline) where ``ex.commit_after`` says so. Whatever the policy,
     outputs are committed where the schedule observes them: before a wait (everything
     dispatched since the last commit, so that it runs while the host blocks) and after a
-    segment that signals (its completion is what the signal reports)."""
+    segment that signals (its completion is what the signal reports).
+
+    ``consume``: ``env``'s inputs are the only references to the caller's donated
+    buffers (``Executor.__call__``); an exception then arrives as :class:`Aborted`, with
+    the inputs no segment read and the outputs already made, and the segments after it
+    are not run (unlike the stock loop, which finishes the call: a wait that timed out
+    must not be passed over)."""
+    try:
+        return _run(ex, env, sync, fences, window, timeline)
+    except BaseException as exc:
+        if not consume:
+            raise
+        alive = {i: env[i] for i in range(ex.n_inputs) if env[i] is not None}
+        made = {j: env[c] for j, c in enumerate(ex.output_cells) if env[c] is not None}
+        raise Aborted(exc, inputs=alive, partial=made) from None
+
+
+def _run(
+    ex: _Steps,
+    env: list,
+    sync: Callable[[Any], Any],
+    fences: Fences | None,
+    window: WindowRun | None,
+    timeline: Timeline | None,
+) -> list[mx.array | None]:
     note = (
         (lambda what, k, detail="": timeline.append((time.perf_counter(), what, k, detail)))
         if timeline is not None

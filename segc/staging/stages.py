@@ -188,9 +188,8 @@ class Compiled:
         # Once this signature has run, hand state buffers that the call rewrites to the
         # executor alone: MLX then updates them in place instead of copying every cache on
         # every decode step (the commit below puts the results back into the objects).
-        # (not under fences or a window yet: a wait that times out must leave the caches whole)
-        plain = self._fences is None and window is None and self._timeline is None
-        donated = self._ran and plain and st.donate(slots, self.commits)
+        # (not under a window: an object whose segments it leaves out keeps its buffers)
+        donated = self._ran and window is None and st.donate(slots, self.commits)
         try:
             outs = self.executor(inputs, consume=donated, fences=self._fences, window=window, timeline=self._timeline)
         except Aborted as ab:
