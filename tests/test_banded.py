@@ -79,18 +79,28 @@ def test_banded_prefill_equals_chunked_prefill(layers: int, band: int, chunk: in
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", [a for a in ZOO if a != "gemma3_text"])
+@pytest.mark.parametrize("arch", ZOO)
 def test_banded_prefill_over_the_zoo(arch: str) -> None:
     model = build(arch)
     prompt = mx.array([[(5 * i + 1) % 100 for i in range(20)]])
     want, cache_want = chunked(model, prompt, 8)
     cache = make_prompt_cache(model)
-    got = banded_prefill(model, prompt, cache, band=1, chunk=8)
+    band = 2 if arch == "gemma3_text" else 1  # one full and one sliding-window layer a band
+    got = banded_prefill(model, prompt, cache, band=band, chunk=8)
     assert_prefill_equal(got, want, cache, cache_want)
 
 
-def test_mixed_cache_types_are_refused_by_name() -> None:
-    """gemma3_text mixes KVCache and RotatingKVCache layers: not supported yet."""
+def test_mixed_cache_types_fill_like_a_chunked_prefill() -> None:
+    """gemma3_text mixes KVCache (global) and RotatingKVCache (sliding-window) layers:
+    bands of 2 hold one of each, and a 24-token prompt passes the 16-token window; a band
+    of 1 is refused, naming the band sizes that work."""
     model = build("gemma3_text")
-    with pytest.raises(segc.ScheduleError, match="RotatingKVCache"):
-        banded_prefill(model, mx.array([[1, 2, 3]]), make_prompt_cache(model), band=1, chunk=2)
+    kinds = {type(c).__name__ for c in make_prompt_cache(model)}
+    assert kinds == {"KVCache", "RotatingKVCache"}, kinds
+    prompt = mx.array([[(7 * i + 2) % 100 for i in range(24)]])
+    want, cache_want = chunked(model, prompt, 8)
+    cache = make_prompt_cache(model)
+    got = banded_prefill(model, prompt, cache, band=2, chunk=8)
+    assert_prefill_equal(got, want, cache, cache_want)
+    with pytest.raises(segc.ScheduleError, match=r"layers 0\.\.0 has no \['KVCache'\].*band sizes that work: \[2\]"):
+        banded_prefill(model, prompt, make_prompt_cache(model), band=1, chunk=8)

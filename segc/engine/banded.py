@@ -11,9 +11,11 @@ prefill fills it: the final logits and caches are the same bits (on the CPU; a G
 within the bound docs/models.md states).
 
 The caches of the layers outside a tile's band are stood in for by proxies at the
-tile's offset (a proxy's buffer is one of the band's own, so it costs no memory): they
-keep the call's signature the same for every band of a chunk, so each chunk length is
-traced once, and the window leaves them untouched.
+tile's offset (a proxy's buffers are those of the band's first cache of its type, so it
+costs no memory): they keep the call's signature the same for every band of a chunk, so
+each chunk length is traced once, and the window leaves them untouched. A model that
+mixes cache types (gemma3_text: full and sliding-window layers) needs bands that hold
+one cache of each type; other band sizes are refused, naming those that work.
 """
 
 from __future__ import annotations
@@ -71,6 +73,27 @@ def _proxy(cache: Any, like: Any) -> Any:
     return p
 
 
+def _check_kinds(cache: list[Any], band: int) -> None:
+    """Every band must hold a cache of every type the model uses: a proxy copies one of
+    its band's caches of its own type (a model mixing cache types, such as gemma3_text's
+    full and sliding-window layers, needs bands that span its pattern)."""
+    kinds = {type(c) for c in cache}
+    if len(kinds) == 1:
+        return
+    n = len(cache)
+    for lo in range(0, n, band):
+        have = {type(c) for c in cache[lo : lo + band]}
+        if have != kinds:
+            fits = [
+                b for b in range(1, n + 1) if all({type(c) for c in cache[i : i + b]} == kinds for i in range(0, n, b))
+            ]
+            raise ScheduleError(
+                f"banded prefill: the band of layers {lo}..{min(lo + band, n) - 1} has no "
+                f"{sorted(k.__name__ for k in kinds - have)} cache; this model mixes "
+                f"{sorted(k.__name__ for k in kinds)}, and every band needs one of each: band sizes that work: {fits}"
+            )
+
+
 def banded_prefill(
     model: nn.Module,
     prompt: mx.array,
@@ -80,7 +103,7 @@ def banded_prefill(
     chunk: int = 256,
     step: Jitted | None = None,
 ) -> mx.array:
-    """Prefill ``cache`` (mlx-lm ``KVCache``s, one per layer) with ``prompt`` (``[1, L]``
+    """Prefill ``cache`` (mlx-lm caches, one per layer) with ``prompt`` (``[1, L]``
     tokens) band by band; return the logits of the last chunk, as
     ``model(prompt[:, -last:], cache=cache)`` would after the earlier chunks.
 
@@ -90,14 +113,9 @@ def banded_prefill(
     n = len(layers)
     if len(cache) != n:
         raise ScheduleError(f"banded prefill: {len(cache)} caches for {n} layers")
-    kinds = sorted({type(c).__name__ for c in cache})
-    if len(kinds) != 1:
-        raise ScheduleError(
-            f"banded prefill needs one cache type for every layer (a proxy stands in for the layers outside a "
-            f"band); this model mixes {kinds}"
-        )
     if band < 1 or chunk < 1:
         raise ScheduleError(f"banded prefill: band and chunk must be >= 1, got {band} and {chunk}")
+    _check_kinds(cache, band)
     if step is None:
         step = jit(model, boundaries="auto", validate=False)
     step.set_windows(BandWindows(n, band))
@@ -109,8 +127,8 @@ def banded_prefill(
         for k, lo in enumerate(range(0, n, band)):
             members = range(lo, min(lo + band, n))
             for t, x in enumerate(chunks):
-                like = cache[members[0]]
-                tile = [cache[i] if i in members else _proxy(cache[i], like) for i in range(n)]
+                like = {type(cache[i]): cache[i] for i in reversed(members)}  # the first of each type
+                tile = [cache[i] if i in members else _proxy(cache[i], like[type(cache[i])]) for i in range(n)]
                 step.use_window(f"band{k}", stashes[t])
                 out = step(x, cache=tile)
     finally:
