@@ -1,6 +1,7 @@
 """segc: a tracing compiler that runs MLX models as boundary segments, bit-identically."""
 
 from .errors import IRError as IRError
+from .errors import MemoryLimitError as MemoryLimitError
 from .errors import ScheduleError as ScheduleError
 from .errors import SegcError as SegcError
 from .errors import SegcWarning as SegcWarning
@@ -30,6 +31,7 @@ __all__ = [
     "IRError",
     "Jitted",
     "Lowered",
+    "MemoryLimitError",
     "ScheduleError",
     "SegcError",
     "SegcWarning",

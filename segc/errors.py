@@ -46,6 +46,13 @@ class UsageError(SegcError):
     unknown name (the message lists the valid choices)."""
 
 
+class MemoryLimitError(SegcError, MemoryError):
+    """A segment whose outputs alone exceed MLX's memory limit (``mx.set_memory_limit``):
+    refused before anything is dispatched, so the caller's state is untouched. (An
+    allocation MLX cannot make ends the process inside MLX 0.32.4's CPU build; segc
+    refuses what it can see coming.)"""
+
+
 class WaitTimeout(SegcError):
     """A wait whose event did not reach its value in time. ``event``, ``value``,
     ``reached`` (the event's value when the wait gave up), ``timeout`` (seconds) and

@@ -35,10 +35,11 @@ from typing import Any
 
 import mlx.core as mx
 
-from ..errors import ScheduleError, SignatureError
+from ..errors import MemoryLimitError, ScheduleError, SignatureError
 from ..ir import WINDOW, Graph, Segment, SegmentEffects, Var, segment_effects, segments, window_segments
 from ..lower import check_supported, check_types, compile_loses, segment_fn
 from ..passes.analysis import eqn_flops
+from ..units import fmt_bytes
 from .aborted import Aborted
 from .fenced import Fences, Timeline, WindowRun, run_effects
 
@@ -80,6 +81,10 @@ def _getter(cells: tuple[int, ...]) -> Callable[[list], tuple]:
         return lambda env: ()
     return operator.itemgetter(*cells)
 
+
+# segments whose outputs are smaller than this are not checked against the memory limit
+# (the check reads the limit through two calls: nothing a limit could refuse is that small)
+_MEMORY_LIMIT_FLOOR = 1 << 20
 
 COMMITS = ("auto", "segment", "fences")
 COMMIT_FLOPS = 1e9  # "auto" on a GPU: a segment with this much work is committed at once
@@ -158,6 +163,10 @@ class Executor:
                 cell[o] = len(cell)
             fns.append(fn)
         self.n_cells = len(cell)
+        # the bytes each segment's outputs take: a lower bound of what it allocates
+        out_bytes = [sum(vs[o].nbytes for o in seg.outputs) for seg in self.segments]
+        self._biggest = max(range(len(out_bytes)), key=out_bytes.__getitem__) if out_bytes else -1
+        self._biggest_bytes = out_bytes[self._biggest] if out_bytes else 0
         self.first_output = self.n_inputs + len(g.consts)
         self.output_cells = tuple(cell[v] for v in g.outputs)
         # the last step reading each value (graph outputs and constants are never released);
@@ -238,6 +247,13 @@ class Executor:
         """
         if len(inputs) != self.n_inputs:
             raise SignatureError(f"{self.graph.name} takes {self.n_inputs} inputs, got {len(inputs)}")
+        if self._biggest_bytes > _MEMORY_LIMIT_FLOOR:
+            try:
+                self._check_memory()
+            except MemoryLimitError as exc:
+                if consume:  # every input is still unread: the caller puts them all back
+                    raise Aborted(exc, inputs=dict(enumerate(inputs))) from None
+                raise
         env = [*inputs, *self._tail]
         if consume:
             del inputs[:]  # type: ignore[attr-defined]
@@ -272,6 +288,20 @@ class Executor:
             times.calls.append(clock() - t_call)
             times.steps.append(steps)
         return list(self._outs(env))
+
+    def _check_memory(self) -> None:
+        """Refuse, before dispatching anything, a call whose biggest segment's outputs
+        alone exceed MLX's memory limit (read, and set back, through
+        ``mx.set_memory_limit``, which has no getter)."""
+        limit = mx.set_memory_limit(0)
+        mx.set_memory_limit(limit)
+        if self._biggest_bytes > limit:
+            seg = self.segments[self._biggest]
+            raise MemoryLimitError(
+                f"{self.graph.name}: segment {self._biggest} {seg.name!r} makes {fmt_bytes(self._biggest_bytes)} of "
+                f"outputs, more than MLX's memory limit of {fmt_bytes(limit)} (mx.set_memory_limit); "
+                "nothing was dispatched"
+            )
 
     def _abort(self, env: list, start: int, res: Any, exc: BaseException) -> Aborted:
         """After ``exc`` interrupted a consuming call at step ``start`` (``res``: the
