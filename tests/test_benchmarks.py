@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -51,6 +53,39 @@ def test_bench_llama_tiny_reports_bit_identical_outputs(tmp_path: Path) -> None:
     assert {"trace", "passes", "lower", "replay", "mlx_compile"} <= set(fc)
     assert len(r["dispatch"]["rows"]) == 3
     assert "bit-identical" in p.stdout and "first call" in p.stdout
+
+
+@pytest.mark.slow
+def test_bench_llama_isolates_variants_and_compares_their_bytes(tmp_path: Path) -> None:
+    """``--isolate``: a process per variant and round; the outputs compared byte for byte
+    with eager's across processes; a quantized model (``--bits 4``) too."""
+    out = tmp_path / "iso.json"
+    cmd = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "bench_llama.py"),
+        "--preset=tiny",
+        "--repeats=2",
+        "--warmup=0",
+        "--prefill=16",
+        "--context=32",
+        "--first-call-layers=0",
+        "--no-dispatch",
+        "--variants=eager,segc,fences",
+        "--bits=4",
+        "--isolate",
+        "--rounds=2",
+        f"--json={out}",
+    ]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=280, cwd=ROOT)
+    assert p.returncode == 0, p.stdout + p.stderr
+    r = json.loads(out.read_text())
+    assert r["rounds"] == 2 and r["segc_bit_identical"] is True and not r["errors"]
+    assert p.stdout.count("[isolate] round") == 6  # 3 variants x 2 rounds, each a process
+    for name, w in r["workloads"].items():
+        assert list(w["timings"]) == ["eager", "segc", "fences"], name
+        assert w["bit_identical_to_eager"] == {"eager": True, "segc": True, "fences": True}, name
+        assert all(len(t["round_medians"]) == 2 for t in w["timings"].values()), name
 
 
 def _private_uses(path: Path) -> list[str]:
