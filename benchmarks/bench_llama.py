@@ -10,9 +10,10 @@ One run times, interleaved round by round so that drift hits every variant alike
   the host-draining baseline of the seed;
 * ``whole``    -- (optional) ``segc.jit(model)`` with no boundaries: one segment, the
   stock path, to separate the cost of cutting from the cost of segc's call path;
-* ``each`` / ``fences`` -- (optional) ``segc`` with the commit policy fixed to
-  ``"segment"`` (``mx.async_eval`` after every segment) or ``"fences"`` (one commit, the
-  caller's); ``segc`` itself uses the backend's default (``"auto"``).
+* ``each`` / ``fences`` / ``geo`` -- (optional) ``segc`` with the commit policy fixed to
+  ``"segment"`` (``mx.async_eval`` after every segment), ``"fences"`` (one commit, the
+  caller's) or ``"geometric"`` (after segments 1, 2, 4, 8, ...); ``segc`` itself uses
+  the backend's default (``"auto"``).
 
 ``--isolate`` runs every variant in a process of its own (MLX's kernel and CUDA-graph
 caches are per process, so one variant's commits cannot slow another down); the
@@ -90,8 +91,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     ),
 }
 
-VARIANTS = ("eager", "compile", "segc", "drain", "whole", "each", "fences")
-COMMIT = {"each": "segment", "fences": "fences"}
+VARIANTS = ("eager", "compile", "segc", "drain", "whole", "each", "fences", "geo")
+COMMIT = {"each": "segment", "fences": "fences", "geo": "geometric"}
 DEFAULT_VARIANTS = ("eager", "compile", "segc", "drain")
 
 # H200 figures used for the floors printed beside GPU timings (DESIGN.md)
@@ -392,7 +393,7 @@ def isolated(argv: list[str], variants: tuple[str, ...], out_json: str | None, r
         and all(
             w["bit_identical_to_eager"].get(v) is not False
             for w in r["workloads"].values()
-            for v in ("segc", "drain", "whole", "each", "fences")
+            for v in ("segc", "drain", "whole", "each", "fences", "geo")
             if v in variants
         )
     )
@@ -813,7 +814,7 @@ def main(argv: list[str] | None = None) -> int:
     ok = not r["errors"] and all(
         w["bit_identical_to_eager"].get(v) is not False and v not in w["errors"]
         for w in r["workloads"].values()
-        for v in ("segc", "drain", "whole", "each", "fences")
+        for v in ("segc", "drain", "whole", "each", "fences", "geo")
         if v in variants
     )
     r["segc_bit_identical"] = ok

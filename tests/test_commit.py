@@ -183,19 +183,41 @@ def test_a_bad_policy_is_refused_where_it_is_given() -> None:
 
 
 def test_auto_on_a_gpu_commits_after_segments_with_enough_work() -> None:
-    """The GPU's ``"auto"``: a commit right after a segment of at least ``COMMIT_FLOPS``
-    (here a 1024^3 matmul: 2 * 1024^3 FLOPs, counted by hand), none after a few adds."""
+    """The GPU's ``"auto"``: geometric commits (after segments 1, 2, 4), and one right
+    after a segment of at least ``COMMIT_FLOPS`` (segment 5, a 1024^3 matmul: 2 * 1024^3
+    FLOPs, counted by hand), none after segments of a few adds."""
     from segc.runtime.executor import COMMIT_FLOPS, _commits_after
 
     def f(a: mx.array, b: mx.array) -> mx.array:
+        for _ in range(4):
+            a = segc.boundary(a + 1)
         c = segc.boundary(a @ b)
         return c + 1 + b
 
     a = mx.ones((1024, 1024))
     g = segc.jit(f).lower(a, a).graph
     segs = segc.segments(g)
-    assert len(segs) == 2
+    assert len(segs) == 6
     assert 2 * 1024**3 >= COMMIT_FLOPS > 2 * 1024**2
-    assert _commits_after(g, segs, "auto") == (True, False)
-    assert _commits_after(g, segs, "segment") == (True, True)
-    assert _commits_after(g, segs, "fences") == (False, False)
+    assert _commits_after(g, segs, "geometric") == (True, True, False, True, False, False)
+    assert _commits_after(g, segs, "auto") == (True, True, False, True, True, False)
+    assert _commits_after(g, segs, "segment") == (True,) * 6
+    assert _commits_after(g, segs, "fences") == (False,) * 6
+
+
+def test_geometric_commits_after_segments_1_2_4_8() -> None:
+    from segc.runtime.executor import _commits_after
+
+    def f(x: mx.array) -> mx.array:
+        for _ in range(10):
+            x = segc.boundary(x + 1)
+        return x * 2
+
+    g = segc.jit(f).lower(mx.ones((4,))).graph
+    segs = segc.segments(g)
+    assert len(segs) == 11
+    want = tuple(k + 1 in (1, 2, 4, 8) for k in range(11))
+    assert _commits_after(g, segs, "geometric") == want
+    assert _commits_after(g, segs, "auto") == want  # small segments: no FLOP commits
+    step = segc.jit(f, commit="geometric")
+    assert bits(step(mx.ones((4,)))) == bits(f(mx.ones((4,))))

@@ -10,10 +10,12 @@ kept apart from where segments are cut (docs/runtime.md, "Commits"):
   host blocks), and at the end (the caller's ``mx.eval``). On MLX's CUDA build a commit
   builds and launches a CUDA graph (~100-160 us of host time), so this is the default
   there;
-* ``"auto"``: ``"segment"`` on the CPU; on a GPU, ``"fences"`` plus a commit after
+* ``"geometric"``: ``"fences"`` plus a commit after segments 1, 2, 4, 8, ... (counted
+  from 1): the device starts after the first segment while the commits stay few;
+* ``"auto"``: ``"segment"`` on the CPU; on a GPU, ``"geometric"`` plus a commit after
   every segment whose work (the cost model's FLOPs) is at least ``COMMIT_FLOPS``: a
-  commit pays for itself when it starts that much work early (prefill), and not for a
-  decode layer's few hundred MFLOP (docs/performance.md, "Commits on the GPU").
+  commit pays for itself when it starts that much work early (prefill), and not for
+  each of a decode's layers of a few hundred MFLOP (docs/runtime.md, "Commits").
 
 Either way the host never drains between segments. With ``drain=True`` the executor
 instead ``mx.eval``s after each segment: the host-draining baseline that segc exists to
@@ -86,7 +88,7 @@ def _getter(cells: tuple[int, ...]) -> Callable[[list], tuple]:
 # (the check reads the limit through two calls: nothing a limit could refuse is that small)
 _MEMORY_LIMIT_FLOOR = 1 << 20
 
-COMMITS = ("auto", "segment", "fences")
+COMMITS = ("auto", "segment", "fences", "geometric")
 COMMIT_FLOPS = 1e9  # "auto" on a GPU: a segment with this much work is committed at once
 
 
@@ -102,10 +104,15 @@ def resolve_commit(commit: str) -> str:
 
 def _commits_after(g: Graph, segs: Sequence[Segment], policy: str) -> tuple[bool, ...]:
     """Per segment: whether the stock loop commits its outputs right after it."""
-    if policy != "auto":
+    if policy in ("segment", "fences"):
         return tuple(policy == "segment" for _ in segs)
+    # after segments 1, 2, 4, 8, ...: the device starts after the first segment, and the
+    # commits stay few (log2 of the count) while the host dispatches the rest
+    geometric = tuple((k + 1) & k == 0 for k in range(len(segs)))
+    if policy == "geometric":
+        return geometric
     vs = g.vars()
-    return tuple(sum(eqn_flops(e, vs) for e in s.eqns(g)) >= COMMIT_FLOPS for s in segs)
+    return tuple(geo or sum(eqn_flops(e, vs) for e in s.eqns(g)) >= COMMIT_FLOPS for geo, s in zip(geometric, segs))
 
 
 def _touches_empty(g: Graph, s: Segment, vs: dict[str, Var]) -> bool:
