@@ -273,11 +273,16 @@ def workload(
             elif v == "compile":
                 fns[v] = _compile_cached(model, fc, x) if fc else _compile_plain(model, x)
             else:
+                # validate=False: off the CPU the dynamic KV cache's logits differ from
+                # eager's in the last bits (docs/models.md), and validation would switch to
+                # exact mode, which at this fixed context never retraces: the benchmark
+                # would time a graph that a real decode loop (a trace per token) cannot use
                 step = segc.jit(
                     model,
                     boundaries=None if v == "whole" else "layers.*",
                     drain=(v == "drain"),
                     commit=COMMIT.get(v, "auto"),
+                    validate=False,
                 )
                 jitted[v] = step
                 fns[v] = _bind_segc(step, x, fc)
@@ -292,9 +297,10 @@ def workload(
     if outputs is not None:
         for k, y in outs.items():
             (outputs / f"{tokens}_{k}.bin").write_bytes(raw_bytes(y))
+            np.save(outputs / f"{tokens}_{k}.npy", np.array(y.astype(mx.float32)))
     identical: dict[str, bool | None] = {}
     for k, y in outs.items():
-        identical[k] = None if "eager" not in outs else bool(mx.array_equal(y, outs["eager"]).item())
+        identical[k] = None if "eager" not in outs else raw_bytes(y) == raw_bytes(outs["eager"])
     # segc's promise where its KV cache is not bit-identical to eager mlx-lm (the GPU):
     # segmented == unsegmented
     to_whole = {
@@ -308,6 +314,12 @@ def workload(
         "context": context,
         "timings": t,
         "bit_identical_to_eager": identical,
+        "within_tol_of_eager": {
+            k: within_tol(np.array(y.astype(mx.float32)), np.array(outs["eager"].astype(mx.float32)))
+            for k, y in outs.items()
+        }
+        if "eager" in outs
+        else {},
         "bit_identical_to_whole": to_whole,
         "errors": errors,
     }
@@ -318,6 +330,20 @@ def workload(
     if "segc" in jitted and "segc" in fns:
         res["segc_host"] = host_split(jitted["segc"], fns["segc"], sync["segc"], max(repeats, 10))
     return res
+
+
+def within_tol(y: np.ndarray, ref: np.ndarray) -> bool:
+    """segc's promise for a dynamic KV cache off the CPU (docs/models.md, VALIDATE_TOL):
+    |y - ref| <= 1e-2 * (1 + |ref|) everywhere."""
+    return bool(y.shape == ref.shape and np.all(np.abs(y - ref) <= 1e-2 * (1 + np.abs(ref))))
+
+
+def passes(w: dict[str, Any], v: str, gpu: bool) -> bool:
+    """A segc variant keeps its promise: eager's bits, or, with a KV cache off the CPU,
+    within the documented bound of eager."""
+    if w["bit_identical_to_eager"].get(v) is not False:
+        return True
+    return gpu and bool(w.get("context")) and w.get("within_tol_of_eager", {}).get(v) is True
 
 
 def raw_bytes(y: mx.array) -> bytes:
@@ -377,6 +403,10 @@ def isolated(argv: list[str], variants: tuple[str, ...], out_json: str | None, r
                 for v in variants
                 if (d / f"{w['tokens']}_{v}.bin").exists() and base.exists()
             }
+            w["within_tol_of_eager"] = {
+                v: within_tol(np.load(d / f"{w['tokens']}_{v}.npy"), np.load(d / f"{w['tokens']}_eager.npy"))
+                for v in w["bit_identical_to_eager"]
+            }
     r["rounds"] = rounds
     r["isolated"] = True
     print(f"\n=== isolated: each variant in its own process, median over {rounds} round(s) ===")
@@ -391,7 +421,7 @@ def isolated(argv: list[str], variants: tuple[str, ...], out_json: str | None, r
         bool(r.get("workloads"))
         and not r.get("errors")
         and all(
-            w["bit_identical_to_eager"].get(v) is not False
+            passes(w, v, r["device_kind"] == "gpu")
             for w in r["workloads"].values()
             for v in ("segc", "drain", "whole", "each", "fences", "geo")
             if v in variants
@@ -400,7 +430,7 @@ def isolated(argv: list[str], variants: tuple[str, ...], out_json: str | None, r
     r["segc_bit_identical"] = ok
     if out_json:
         Path(out_json).write_text(json.dumps(r, indent=1))
-    print(f"\nsegc outputs bit-identical to eager mlx-lm in every workload: {ok}")
+    print(f"\nsegc outputs bit-identical to eager mlx-lm (GPU decode: within the bound) in every workload: {ok}")
     return 0 if ok else 1
 
 
@@ -607,7 +637,9 @@ def print_workload(r: dict[str, Any], name: str, w: dict[str, Any], out: Any = s
     p(f"  {'variant':<8} {'median':>11} {'p25':>11} {'p75':>11} {'host':>11} {'x eager':>8}  bit-identical", file=out)
     for v, tv in t.items():
         m = tv["wall"]
-        same = w["bit_identical_to_eager"].get(v)
+        same: Any = w["bit_identical_to_eager"].get(v)
+        if same is False and w.get("within_tol_of_eager", {}).get(v):
+            same = "False (within the bound)"
         p(
             f"  {v:<8} {fmt_t(m['median'])} {fmt_t(m['p25'])} {fmt_t(m['p75'])} "
             f"{fmt_t(tv['host']['median'])} {m['median'] / base:8.3f}  {same}",
@@ -812,14 +844,14 @@ def main(argv: list[str] | None = None) -> int:
     if not a.no_dispatch:
         part("dispatch", do_dispatch)
     ok = not r["errors"] and all(
-        w["bit_identical_to_eager"].get(v) is not False and v not in w["errors"]
+        passes(w, v, r["device_kind"] == "gpu") and v not in w["errors"]
         for w in r["workloads"].values()
         for v in ("segc", "drain", "whole", "each", "fences", "geo")
         if v in variants
     )
     r["segc_bit_identical"] = ok
     save()
-    print(f"\nsegc outputs bit-identical to eager mlx-lm in every workload: {ok}")
+    print(f"\nsegc outputs bit-identical to eager mlx-lm (GPU decode: within the bound) in every workload: {ok}")
     return 0 if ok else 1
 
 
