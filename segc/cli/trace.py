@@ -29,13 +29,13 @@ def run(args: argparse.Namespace) -> int:
     g = load(args).traced_graph()
     if args.json:
         print(json.dumps(graph_json(g), indent=1))
-    elif args.costs:
+    else:
         from ..ir import to_text
+        from ..lower import describe
         from ..passes.analysis import header_annotator
 
-        print(to_text(g, annotate=header_annotator(g)), end="")
-    else:
-        print(g.as_text(), end="")
+        annotate = header_annotator(g) if args.costs else None
+        print(to_text(g, annotate=annotate, describe=describe), end="")
     return 0
 
 

@@ -17,6 +17,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from typing import Any
 
@@ -108,6 +109,7 @@ def reference(g: Any, inputs: list[Any]) -> dict[str, Any]:
 def bisect(g: Any, inputs: list[Any], ref: dict[str, Any]) -> list[str]:
     """Lines saying where the segmented run first diverges from ``ref``."""
     from ..ir.printer import to_text
+    from ..lower import describe as describe_eqn
 
     seg = Segmented(g)
     env = {i.var.name: x for i, x in zip(g.inputs, inputs)}
@@ -136,9 +138,9 @@ def bisect(g: Any, inputs: list[Any], ref: dict[str, Any]) -> list[str]:
                 mx.eval(got)
                 diff = [(v, x) for v, x in zip(outs, got) if not same(x, ref[v])]
                 if diff:
-                    text = to_text(g.replace(eqns=(e,), outputs=()), headers=False).splitlines()[1:-2]
+                    text = to_text(g.replace(eqns=(e,), outputs=()), headers=False, describe=describe_eqn).splitlines()
                     lines.append(f"first diverging equation: #{e.id} {e.prim} in segment {s.index}:")
-                    lines += [f"  {t.strip()}" for t in text if t.strip().startswith("%") or "(" in t]
+                    lines += [f"  {t.strip()}" for t in text if re.search(rf" #{e.id}(\s|$)", t)]
                     lines += [f"  %{v}: {describe(x, ref[v])}" for v, x in diff]
                     return lines
         lines.append("every equation of it agrees when run alone: the difference comes from fusion inside the segment")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 from .. import dtypes
 from ..errors import IRError
@@ -54,9 +55,29 @@ def _split_top(s: str) -> list[str]:
     return out
 
 
+_EQN_ID = re.compile(r"^(.*) #(\d+)(?:\s+--.*)?$")
+
+
+def _join_header(lines: list[str]) -> list[str]:
+    """The graph header as one line (``to_text`` prints many inputs one per line); the
+    lines it spanned become blank, so that later line numbers stay right."""
+    out = list(lines)
+    for k, raw in enumerate(out):
+        ln = raw.strip()
+        if ln.startswith("graph ") and ln.endswith("("):
+            for j in range(k + 1, len(out)):
+                if out[j].strip().startswith(")"):
+                    out[k] = ln + " ".join(x.strip() for x in out[k + 1 : j]) + out[j].strip()
+                    for i in range(k + 1, j + 1):
+                        out[i] = ""
+                    break
+            break
+    return out
+
+
 def parse(text: str) -> Graph:
     """Parse the text :func:`to_text` prints. Raises :class:`IRError` with a line number."""
-    lines = [ln for ln in text.splitlines()]
+    lines = _join_header(text.splitlines())
     inputs: list[Input] = []
     consts: list[Const] = []
     eqns: list[Eqn] = []
@@ -73,6 +94,8 @@ def parse(text: str) -> Graph:
                 name = head.strip()
                 body = rest.rsplit(")", 1)[0]
                 for part in _split_top(body):
+                    if not part.strip():  # the trailing comma of a header one input a line
+                        continue
                     vpart, _, meta = part.strip().rpartition(" ")
                     kind, _, path = meta.partition("=")
                     inputs.append(Input(_parse_var(vpart, ctx), kind, json.loads(path)))
@@ -91,7 +114,10 @@ def parse(text: str) -> Graph:
                 inner = ln[len("return ") :].strip()[1:-1]
                 outputs = tuple(v.strip()[1:] for v in inner.split(",") if v.strip())
             else:
-                body, _, eid = ln.rpartition(" #")
+                m = _EQN_ID.match(ln)
+                if m is None:
+                    raise ValueError("no equation id (' #N') at the end")
+                body, eid = m.group(1), m.group(2)
                 lhs, sep, rhs = body.partition(" = ")
                 if not sep:
                     lhs, rhs = "", body

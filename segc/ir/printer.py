@@ -1,5 +1,6 @@
 """The IR's text form. ``parse(to_text(g)) == g`` (``parser.py``); header lines, which
-start with ``--``, are comments to the parser.
+start with ``--``, and the `` -- ...`` after an equation's ``#id`` are comments to the
+parser. The graph's inputs go one per line when there are more than a few.
 
 A segment header names the segment, its equation count, its boundary values with their
 bytes and the effects the runtime honours for it. Callers may append their own figures
@@ -19,8 +20,10 @@ from .nodes import HOST_EVENT, SIGNAL, WAIT, WINDOW, Const, DTypeArg, Eqn, Graph
 from .segments import Segment, segments
 
 Annotate = Callable[[Segment], str]
+Describe = Callable[[Eqn], str]
 
 _SMALL = 16  # constants of at most this many elements print as a JSON list
+_ONE_LINE = 4  # graphs with at most this many inputs print them on the header line
 ELIDE_BYTES = 1 << 16  # larger constants print as "elided"
 
 
@@ -95,10 +98,17 @@ def segment_header(g: GraphLike, s: Segment, annotate: Annotate | None = None) -
     return head + (f"; {'; '.join(effects)}" if effects else "")
 
 
-def to_text(g: GraphLike, headers: bool = True, annotate: Annotate | None = None) -> str:
-    """Print the graph; ``parse(to_text(g)) == g``. Header lines start with ``--``."""
-    ins = ", ".join(f"%{i.var.name}: {i.var.type_str()} {i.kind}={json.dumps(i.path)}" for i in g.inputs)
-    lines = [f"graph {g.name}({ins}) {{"]
+def to_text(
+    g: GraphLike, headers: bool = True, annotate: Annotate | None = None, describe: Describe | None = None
+) -> str:
+    """Print the graph; ``parse(to_text(g)) == g``. Header lines start with ``--``.
+    ``describe(eqn)`` (e.g. ``segc.lower.describe``: ``sum`` for a ``Reduce`` of type 2)
+    is printed after an equation's id as a comment."""
+    ins = [f"%{i.var.name}: {i.var.type_str()} {i.kind}={json.dumps(i.path)}" for i in g.inputs]
+    if len(ins) <= _ONE_LINE:
+        lines = [f"graph {g.name}({', '.join(ins)}) {{"]
+    else:
+        lines = [f"graph {g.name}(", *(f"    {x}," for x in ins), ") {"]
     for c in g.consts:
         lines.append(f"  const %{c.var.name}: {c.var.type_str()} = {_const_text(c)}")
     starts: dict[int, Segment] = {}
@@ -111,7 +121,8 @@ def to_text(g: GraphLike, headers: bool = True, annotate: Annotate | None = None
         lhs = f"{outs} = " if outs else ""
         ins_s = ", ".join(f"%{v}" for v in e.ins)
         args = f" {args_to_json(e.args)}" if e.args else ""
-        lines.append(f"  {lhs}{e.prim}({ins_s}){args} #{e.id}")
+        note = describe(e) if describe is not None else ""
+        lines.append(f"  {lhs}{e.prim}({ins_s}){args} #{e.id}" + (f"  -- {note}" if note else ""))
     lines.append(f"  return ({', '.join('%' + v for v in g.outputs)})")
     lines.append("}")
     return "\n".join(lines) + "\n"

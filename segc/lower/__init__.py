@@ -16,6 +16,7 @@ from types import MappingProxyType
 from . import elementwise, fast, indexing, matmul, reductions, refused, shapes  # noqa: F401
 from .prim import PRIMS as PRIMS
 from .prim import Prim as Prim
+from .prim import describe as describe
 from .prim import lookup as lookup
 from .replay import check_supported as check_supported
 from .replay import compile_loses as compile_loses
@@ -38,6 +39,7 @@ __all__ = [
     "check_supported",
     "check_types",
     "compile_loses",
+    "describe",
     "lookup",
     "replay_fn",
     "segment_fn",

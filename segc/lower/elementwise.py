@@ -106,12 +106,12 @@ def _divmod(ins: list[mx.array], args: tuple, e: Eqn) -> list[mx.array]:
     return list(mx.divmod(ins[0], ins[1]))
 
 
-@rule("Sqrt", fusible=True)
+@rule("Sqrt", fusible=True, describe=lambda a: "rsqrt" if a[0] else "sqrt")
 def _sqrt(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
     return mx.rsqrt(ins[0]) if args and args[0] else mx.sqrt(ins[0])
 
 
-@rule("Log", fusible=True)
+@rule("Log", fusible=True, describe=lambda a: ("log2", "log10", "log")[a[0]])
 def _log(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
     base = args[0] if args else 2
     return {0: mx.log2, 1: mx.log10, 2: mx.log}[base](ins[0])

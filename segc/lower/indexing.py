@@ -8,7 +8,7 @@ import mlx.core as mx
 
 from ..ir import Eqn
 from .prim import no_flops, rule
-from .shapes import assign
+from .shapes import assign, describe_at
 
 _MOVE = {"memory": "move", "flops": no_flops}
 _GATHER_REBUILT = (
@@ -80,6 +80,7 @@ def _gather(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
     check=lambda e, ins: None if e.args[1] else "a Scatter without index arrays has no MLX op",
     refused="no index arrays",
     rebuilt="scattered axes not leading, or partial slices: a scatter of single elements over every axis",
+    describe=describe_at,
     **_MOVE,
 )
 def _scatter(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
@@ -100,7 +101,11 @@ def _gather_axis(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
     return mx.take_along_axis(ins[0], ins[1], axis=args[0])
 
 
-@rule("ScatterAxis", rebuilt="Sum: a Scatter(Sum) of single elements, in the same order")
+@rule(
+    "ScatterAxis",
+    rebuilt="Sum: a Scatter(Sum) of single elements, in the same order",
+    describe=lambda a: "assign" if a[0] == 1 else "add",
+)
 def _scatter_axis(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
     x, idx, u = ins
     reduce, axis = args

@@ -73,6 +73,9 @@ class Prim:
     fusible: bool = False
     memory: str = "compute"
     flops: Flops = elementwise_flops
+    # the equation's enum arguments in words ("sum" for a Reduce of type 2), for the
+    # printed IR; the arguments themselves stay MLX's integers
+    describe: Callable[[tuple], str] | None = None
 
     def __post_init__(self) -> None:
         if self.memory not in MEMORY:
@@ -102,6 +105,18 @@ def rule(*names: str, **facts: Any) -> Callable[[Rule], Rule]:
         return f
 
     return deco
+
+
+def describe(e: Eqn) -> str:
+    """What ``e``'s enum arguments mean, in words ("" when it has none, or they do not
+    parse): the printer's comment after an equation (``segc.ir.to_text(describe=...)``)."""
+    p = PRIMS.get(e.prim)
+    if p is None or p.describe is None or not e.args:
+        return ""
+    try:
+        return p.describe(e.args)
+    except (KeyError, IndexError, TypeError):
+        return ""
 
 
 def lookup(name: str) -> Prim:

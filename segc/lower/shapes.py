@@ -107,7 +107,12 @@ def assign(x: mx.array, key: tuple, u: mx.array, reduce: int) -> mx.array:
     return getattr(x.at[key], AT[reduce])(u)
 
 
-@rule("SliceUpdate", rebuilt=_SLICE_REBUILT, **_MOVE)
+def describe_at(a: tuple) -> str:
+    """A SliceUpdate's or Scatter's reduce type in words."""
+    return "assign" if a[0] == NONE else AT[a[0]]
+
+
+@rule("SliceUpdate", rebuilt=_SLICE_REBUILT, describe=describe_at, **_MOVE)
 def _slice_update(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
     x, u = ins
     return assign(x, slices(args[1:], u.shape), u, args[0])

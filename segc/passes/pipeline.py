@@ -31,6 +31,7 @@ from typing import Any
 
 from ..errors import IRError
 from ..ir import EFFECTS, WINDOW, Graph, to_text, verify
+from ..lower import describe
 from .registry import EFFECT_PASSES, get
 
 Dump = str | Path | Callable[[str, Graph], None] | None
@@ -65,7 +66,7 @@ def _dumper(dump: Dump) -> Callable[[int, str, Graph], None] | None:
         def to_dir(i: int, name: str, g: Graph) -> None:
             if i == 0:  # one file per graph, signature (the input's fingerprint) and pass
                 prefix[0] = f"{re.sub(r'[^A-Za-z0-9_.]+', '_', g.name)}-{g.fingerprint()[:8]}-"
-            (path / f"{prefix[0]}{i:02d}-{name}.segc").write_text(to_text(g))
+            (path / f"{prefix[0]}{i:02d}-{name}.segc").write_text(to_text(g, describe=describe))
 
         return to_dir
     wanted = {w.strip() for w in text.split(",") if w.strip()}
@@ -73,7 +74,7 @@ def _dumper(dump: Dump) -> Callable[[int, str, Graph], None] | None:
     def to_stderr(i: int, name: str, g: Graph) -> None:
         if "all" in wanted or "1" in wanted or name in wanted:
             print(f"// IR after {name}", file=sys.stderr)
-            print(to_text(g), file=sys.stderr)
+            print(to_text(g, describe=describe), file=sys.stderr)
 
     return to_stderr
 

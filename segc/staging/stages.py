@@ -17,6 +17,7 @@ import mlx.core as mx
 
 from ..errors import SignatureError
 from ..ir import WINDOW, Graph, Segment, segments, to_text, verify
+from ..lower import describe
 from ..passes import run_pass
 from ..passes.analysis import header_annotator
 from ..passes.fences import Schedule
@@ -94,7 +95,7 @@ class Lowered:
 
     def as_text(self) -> str:
         """The IR, each segment's header with the cost model's figures."""
-        return to_text(self.graph, annotate=header_annotator(self.graph))
+        return to_text(self.graph, annotate=header_annotator(self.graph), describe=describe)
 
     def __str__(self) -> str:
         return self.as_text()
