@@ -384,7 +384,7 @@ def ref_buffers(g: Graph) -> tuple[dict[str, str], dict[str, int]]:
     for e in g.eqns:
         if e.is_pseudo:
             continue
-        p = PRIMS[e.prim] if e.prim in PRIMS else None  # unknown: elementwise
+        p = PRIMS.get(e.prim)  # None: unknown, elementwise
         kind = p.memory if p else "compute"
         src = e.ins[0] if e.ins else None
         view = src is not None and (kind in ("view", "view_keep") or (kind == "reshape" and contiguous[src]))

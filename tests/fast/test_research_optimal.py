@@ -92,9 +92,7 @@ def test_optimal_matches_brute_force(model: MachineModel, g: Graph, frac: float 
     (whole,) = ref_segment_peaks(plans[0][1])
     budget = None if frac is None else int(whole * frac)
     times = [
-        predict_time(cut, model).total
-        for _, cut in plans
-        if budget is None or max(ref_segment_peaks(cut)) <= budget
+        predict_time(cut, model).total for _, cut in plans if budget is None or max(ref_segment_peaks(cut)) <= budget
     ]
     if not times:
         with pytest.raises(ScheduleError):
