@@ -65,5 +65,5 @@ class SegcWarning(UserWarning):
     """segc did something other than asked, safely (e.g. ran a call eagerly)."""
 
 
-class ScheduleWarning(UserWarning):
+class ScheduleWarning(SegcWarning):
     """A schedule or plan that segc changed to make it legal (a cut moved off a fused chain)."""

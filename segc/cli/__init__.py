@@ -13,6 +13,8 @@ COMMANDS = {
     "ir": "ir",
     "passes": "passes",
     "generate": "generate",
+    "experiment": "experiment",
+    "calibrate": "calibrate",
 }
 
 

@@ -2,8 +2,9 @@
 
 **Time.** The executor dispatches segments from the host one after another
 (``mx.async_eval``) while the device runs the ones already dispatched, so a run is a
-two-stage pipeline. Segment ``k`` costs the host ``h_k = dispatch + host_op * ops_k``
-(the compiled call and its commit, and replaying its tape) and the device
+two-stage pipeline. Segment ``k`` costs the host ``h_k = dispatch + host_op * kernels_k``
+(the compiled call and its commit; replaying its tape and encoding each kernel) and the
+device
 ``d_k = sum of fused roofline costs + launch * kernels_k + in_k / B + loss_k``:
 
 - *fused roofline*: each equation's ``max(flops / F, bytes / B)``, with the bytes
@@ -57,7 +58,7 @@ class MachineModel:
     bytes_per_s: float = 10e9
     launch_s: float = 2e-6  # device: per kernel
     dispatch_s: float = 8e-6  # host: per segment (compiled call + async_eval)
-    host_op_s: float = 0.3e-6  # host: per computing equation of a segment
+    host_op_s: float = 0.3e-6  # host: per kernel of a segment
     source: str = "default"  # "default", or what calibrated it
 
     def roofline(self) -> Machine:
@@ -171,6 +172,14 @@ class SegmentTime:
     device: float
     boundary: float  # of device: reading activations from earlier segments
     fusion_loss: float  # of device: chains split by a cut
+    kernels: int = 0  # kernels launched (a split chain's second launch included)
+    work: float = 0.0  # of device: all but the launches
+
+    def retimed(self, m: MachineModel) -> SegmentTime:
+        """The same segment with ``m``'s per-kernel and per-segment figures (its
+        bandwidth and FLOP rate kept): what calibration fits."""
+        host = m.dispatch_s + m.host_op_s * self.kernels
+        return replace(self, host=host, device=self.work + m.launch_s * self.kernels)
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,14 +217,16 @@ def predict_time(g: Graph, m: MachineModel | None = None) -> TimePrediction:
         a, b = k, k + n
         k = b
         in_b = _span_in_bytes(oc.lv, os_, a, b)
-        loss = 0.0
+        loss, split = 0.0, 0
         if a > 0 and 0 <= oc.group[a] == oc.group[a - 1]:  # a cut inside a fused chain
             split = sum(
                 oc.lv.nbytes.get(v, 0) for v, gi in oc.internal.items() if gi == oc.group[a] and oc.lv.defined[v] < a
             )
             loss = 2 * split / m.bytes_per_s + m.launch_s
-        dev = sum(oc.device[a:b]) + m.launch_s * sum(oc.kernels[a:b]) + in_b / m.bytes_per_s + loss
-        segs.append(SegmentTime(s.name, n, m.dispatch_s + m.host_op_s * n, dev, in_b / m.bytes_per_s, loss))
+        kern = sum(oc.kernels[a:b]) + (loss > 0)
+        work = sum(oc.device[a:b]) + in_b / m.bytes_per_s + (2 * split / m.bytes_per_s if loss else 0.0)
+        seg = SegmentTime(s.name, n, 0.0, 0.0, in_b / m.bytes_per_s, loss, kern, work)
+        segs.append(seg.retimed(m))
     total = pipeline_time([s.host for s in segs], [s.device for s in segs])
     return TimePrediction(total, sum(s.host for s in segs), sum(s.device for s in segs), tuple(segs))
 

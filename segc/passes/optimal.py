@@ -141,7 +141,8 @@ class Optimal:
                     feas[i, idx[b]] = True
             ok &= feas
         d = np.where(ok, d, np.inf)
-        host_at = m.host_op_s * pts.astype(float)
+        kern = np.concatenate([[0.0], np.cumsum(np.array(oc.kernels, dtype=float))])
+        host_at = m.host_op_s * kern[pts]
         inf = np.full(q, np.inf)
         D = [np.where(pts == 0, 0.0, np.inf)]
         arg: list[np.ndarray] = [np.zeros(q, dtype=int)]

@@ -34,6 +34,7 @@ from ..errors import ScheduleError
 from ..ir import Graph, segments
 from .analysis import H200, Machine, eqn_cost, liveness, ops, span_peak
 from .legalize import legal_points, legalize_plan
+from .costmodel import MachineModel
 from .mincut import MinBoundaryBytes
 from .optimal import Optimal, fewest_segments
 from .plan import Cut, Plan, marker_points, plan_at, plan_key, plan_of
@@ -222,7 +223,7 @@ def parse_bytes(text: str) -> int:
         raise ScheduleError(f"not a byte count: {text!r} (a number of bytes below 2**63)") from None
 
 
-def resolve(spec: Any) -> Strategy:
+def resolve(spec: Any, model: MachineModel | None = None) -> Strategy:
     """A strategy from a spec: a strategy object, a :class:`Plan` (used as is), a callable,
     or text: ``none``, ``markers``, ``every:K``, ``balanced:N``, ``memory:BYTES`` (``64MiB``;
     ``memory:1.5x``: 1.5 times :func:`layer_working_set`), ``optimal`` (least predicted
@@ -256,10 +257,10 @@ def resolve(spec: Any) -> Strategy:
             return Memory(parse_bytes(arg))
         if name == "optimal":
             if not arg:
-                return Optimal()
+                return Optimal(None, model)
             if arg.lower().endswith("x"):
-                return _RelativeOptimal(float(arg[:-1]))
-            return Optimal(parse_bytes(arg))
+                return _RelativeOptimal(float(arg[:-1]), model)
+            return Optimal(parse_bytes(arg), model)
         if name == "min_boundary_bytes":
             return MinBoundaryBytes(tuple(a.strip() for a in arg.split(",")) if arg else None)
     except ValueError:
@@ -273,12 +274,14 @@ def resolve(spec: Any) -> Strategy:
 @dataclass(frozen=True)
 class _RelativeOptimal:
     relative: float
+    model: MachineModel | None = None
 
     def __call__(self, g: Graph) -> Plan:
-        return Optimal(int(self.relative * layer_working_set(g)))(g)
+        return Optimal(int(self.relative * layer_working_set(g)), self.model)(g)
 
 
-def make_plan(g: Graph, spec: Any, *, legalize: bool = True) -> Plan:
-    """Run a strategy on ``g``; legalise its cuts unless told not to."""
-    plan = resolve(spec)(g)
+def make_plan(g: Graph, spec: Any, *, legalize: bool = True, model: MachineModel | None = None) -> Plan:
+    """Run a strategy on ``g``; legalise its cuts unless told not to. ``model``: the
+    machine model ``optimal`` specs predict with (``costmodel.default_model()`` if None)."""
+    plan = resolve(spec, model)(g)
     return legalize_plan(g, plan) if legalize else plan
