@@ -33,8 +33,8 @@ from typing import Any
 from ..errors import ScheduleError
 from ..ir import Graph, segments
 from .analysis import H200, Machine, eqn_cost, liveness, ops, span_peak
-from .legalize import legal_points, legalize_plan
 from .costmodel import MachineModel
+from .legalize import legal_points, legalize_plan
 from .mincut import MinBoundaryBytes
 from .optimal import Optimal, fewest_segments
 from .plan import Cut, Plan, marker_points, plan_at, plan_key, plan_of

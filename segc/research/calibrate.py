@@ -114,7 +114,7 @@ def calibrate(
         launch_s,
         dispatch_s,
         host_op_s,
-        f"calibrated on {mx.default_device()} ({dtype}), MLX {mx.__version__}",
+        f"calibrated on {mx.default_device()} ({dtype}), MLX {getattr(mx, '__version__', '?')}",
     )
 
 

@@ -30,7 +30,7 @@ import mlx.nn as nn
 
 from ..errors import SegcError
 
-REFERENCE = {
+REFERENCE: dict[str, Any] = {
     "hidden_size": 2048,
     "num_hidden_layers": 16,
     "intermediate_size": 8192,
@@ -39,7 +39,7 @@ REFERENCE = {
     "vocab_size": 32000,
     "tie_word_embeddings": True,
 }
-SMALL = {
+SMALL: dict[str, Any] = {
     "hidden_size": 256,
     "num_hidden_layers": 8,
     "intermediate_size": 688,

@@ -59,7 +59,7 @@ def environment() -> dict[str, Any]:
     from .. import __version__
 
     env: dict[str, Any] = {
-        "mlx": mx.__version__,
+        "mlx": getattr(mx, "__version__", None),
         "device": str(mx.default_device()),
         "python": platform.python_version(),
         "platform": platform.platform(),
