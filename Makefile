@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,lm]'
+	$(BIN)/python -m pip install -q -e '.[test,lm,research]'
 	touch $(STAMP)
 
 install: $(STAMP)

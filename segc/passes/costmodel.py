@@ -27,7 +27,8 @@ model holds them) and are reported apart from the activations. Activations are
 simulated in program order: a buffer is allocated when its equation runs and freed
 after its last reader (MLX frees an array when its last reference goes); values inside
 a fused chain are never allocated; an elementwise output takes over an input buffer of
-the same size that dies at that equation (MLX's donation). The cuts change neither, so
+the same size that dies at that equation (MLX's donation), and a KV-cache update writes
+into the cache buffer it consumes. The cuts change neither, so
 the prediction is the same for every legal plan (the executor releases a boundary
 value after its last reading segment, which is when its last reader has run).
 
@@ -148,10 +149,19 @@ def op_costs(g: Graph, m: MachineModel) -> OpCosts:
                 internal[o.name] = group[k]
     device, kernels = [], []
     seen: set[int] = set()
+    read_in: dict[int, set[str]] = {}  # per chain: the buffers it has read already
+
+    def cost(v: str) -> int:
+        r = lv.root[v]
+        return min(vs[v].nbytes, lv.nbytes[r] if r in lv.defined or r not in lv.consts else vs[r].nbytes)
+
     for k, e in enumerate(os_):
         r, w = eqn_bytes(e, vs, lv)
-        if group[k] >= 0:  # bytes that stay inside the chain are not moved
-            r -= sum(min(vs[v].nbytes, lv.nbytes[lv.root[v]]) for v in dict.fromkeys(e.ins) if v in internal)
+        if group[k] >= 0:  # bytes that stay inside the chain are not moved; a chain reads each input once
+            done = read_in.setdefault(group[k], set())
+            ins = list(dict.fromkeys(e.ins))
+            r -= sum(cost(v) for v in ins if v in internal or lv.root[v] in done)
+            done.update(lv.root[v] for v in ins)
             w -= sum(lv.nbytes[o.name] for o in e.outs if o.name in internal)
         device.append(max(eqn_flops(e, vs) / m.flops_per_s, max(r + w, 0) / m.bytes_per_s))
         first = group[k] < 0 or group[k] not in seen
@@ -251,9 +261,20 @@ def predict_memory(g: Graph) -> MemoryPrediction:
     os_ = ops(g)
     oc = op_costs(g, CPU)
     lv = oc.lv
+    state = {i.var.name for i in g.inputs if i.kind == "state"}
+    end = {}  # a fused chain runs as one kernel at its last equation: its inputs live to there
+    for grp in fusion_groups(g):
+        for k in grp:
+            end[k] = grp[-1]
+    last: dict[str, int] = {}
+    for k, e in enumerate(os_):
+        for v in e.ins:
+            r = lv.root[v]
+            last[r] = max(last.get(r, -1), end.get(k, k))
     frees: dict[int, list[str]] = {}
-    for v, u in lv.last_use.items():
-        if v in lv.defined and u < lv.n:
+    for v in lv.defined:
+        u = lv.n if lv.last_use[v] >= lv.n else last.get(v, lv.defined[v])
+        if u < lv.n:
             frees.setdefault(u, []).append(v)
     live: dict[str, int] = {}
     cur = peak = 0
@@ -263,6 +284,8 @@ def predict_memory(g: Graph) -> MemoryPrediction:
             if lv.defined.get(o.name) != k or o.name in oc.internal:
                 continue
             size = lv.nbytes[o.name]
+            if e.prim in _IN_PLACE and e.ins and last.get(lv.root[e.ins[0]]) == k and lv.root[e.ins[0]] in state:
+                continue  # a KV-cache update into the consumed state buffer: no new memory
             donor = next((v for v in sorted(dying) if live[v] == size), None) if _donates(e) else None
             if donor is not None:  # MLX writes the output into the dying input's buffer
                 dying.discard(donor)
@@ -277,6 +300,11 @@ def predict_memory(g: Graph) -> MemoryPrediction:
     other = sum(i.var.nbytes for i in g.inputs if i.kind != "param")
     consts = sum(c.var.nbytes for c in g.consts)
     return MemoryPrediction(weights, other, peak, consts)
+
+
+# updates MLX makes in place when their first input is donated (segc hands a call's
+# KV-cache buffers to the executor once the signature has run: docs/performance.md)
+_IN_PLACE = frozenset({"SliceUpdate", "DynamicSliceUpdate", "Scatter", "ScatterAxis"})
 
 
 def _donates(e: Eqn) -> bool:

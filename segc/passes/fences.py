@@ -91,10 +91,16 @@ def _check_value(what: str, event: Any, value: Any) -> None:
 
 
 def _legal_after(g: Graph, c: CutNode, legalize: bool) -> int:
-    """The equation the cut node's cut follows: ``c.after``, or, when a cut there would
-    split a chain ``mx.compile`` fuses, the end of that chain (a later point, so a
+    """The equation the cut node's cut follows: ``c.after`` (also when the graph is cut
+    there already), or, when a new cut there would split a chain ``mx.compile`` fuses, the end of that chain (a later point, so a
     signal never fires before ``c.after`` has run), with a warning; refused when
     ``legalize`` is off or the chain runs to the graph's end."""
+    pos = next(p for p, e in enumerate(g.eqns) if e.id == c.after and not e.is_pseudo)
+    for e in g.eqns[pos + 1 :]:
+        if not e.is_pseudo:
+            break
+        if e.prim == CUT:
+            return c.after  # the graph is cut there already (a marker): nothing new is split
     os_ = [e for e in g.eqns if not e.is_pseudo]
     k = next(i for i, e in enumerate(os_) if e.id == c.after) + 1
     if k not in illegal_points(g):
@@ -104,7 +110,6 @@ def _legal_after(g: Graph, c: CutNode, legalize: bool) -> int:
     if not legalize or not later:
         why = "legalize=False" if not legalize else "the chain runs to the end of the graph"
         raise ScheduleError(f"{what} ({why}); put it after #{os_[later[0] - 1].id if later else os_[-1].id}")
-    warnings.warn(f"{what}; moved after #{os_[later[0] - 1].id}, the end of the chain", ScheduleWarning, stacklevel=3)
     return os_[later[0] - 1].id
 
 
@@ -136,7 +141,25 @@ def fences(g: Graph, schedule: Schedule | None = None, legalize: bool = True) ->
     for c in schedule.cuts:
         if c.after not in present:
             continue
-        c = CutNode(_legal_after(g, c, legalize), c.signal, c.name or f"fence{c.after}")
+        moved = CutNode(_legal_after(g, c, legalize), c.signal, c.name or f"fence{c.after}")
+        if moved.after != c.after and c.signal is not None:
+            lo, hi = index(c.after), index(moved.after)
+            for w in schedule.waits:
+                ours = w.event == c.signal[0] and w.value <= c.signal[1]
+                if ours and w.at in present and lo < index(w.at) <= hi:
+                    raise ScheduleError(
+                        f"cut node after #{c.after} splits a chain mx.compile fuses, and moving it after "
+                        f"#{moved.after} would put the wait at #{w.at} on {w.event!r} >= {w.value} in the segment "
+                        "that signals it (a deadlock); put the cut at a legal point"
+                    )
+        if moved.after != c.after:
+            warnings.warn(
+                f"cut node after #{c.after} splits a chain mx.compile fuses; moved after #{moved.after}, the end "
+                "of the chain",
+                ScheduleWarning,
+                stacklevel=3,
+            )
+        c = moved
         pos = index(c.after) + 1
         while pos < len(eqns) and eqns[pos].prim == SIGNAL:
             pos += 1

@@ -54,16 +54,20 @@ COLUMNS = (
 
 
 def environment() -> dict[str, Any]:
+    import importlib.metadata
+
     import mlx.core as mx
 
-    from .. import __version__
-
+    try:
+        version: str | None = importlib.metadata.version("segc")
+    except importlib.metadata.PackageNotFoundError:
+        version = None
     env: dict[str, Any] = {
         "mlx": getattr(mx, "__version__", None),
         "device": str(mx.default_device()),
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "segc": __version__,
+        "segc": version,
         "utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
     try:
@@ -199,12 +203,13 @@ def plot(res: Results, out: Path, formats: Sequence[str]) -> list[Path]:
             continue
         fig, ax = plt.subplots(2, 2, figsize=(11, 8.5))
         fig.suptitle(f"{m}, {w} ({res.env.get('device')}, machine model {res.machine.name})")
-        us = 1e6
+        top = max(max(r["predicted_s"], r["measured_median_s"]) for r in ok)
+        us, unit = (1.0, "s") if top >= 1 else (1e3, "ms") if top >= 1e-3 else (1e6, "us")
         a = ax[0][0]
         a.scatter([r["predicted_s"] * us for r in ok], [r["measured_median_s"] * us for r in ok])
         for r in ok:
             a.annotate(r["strategy"], (r["predicted_s"] * us, r["measured_median_s"] * us), fontsize=6)
-        a.set(xlabel="predicted time (us)", ylabel="measured median (us)", title="time")
+        a.set(xlabel=f"predicted time ({unit})", ylabel=f"measured median ({unit})", title="time")
         a = ax[0][1]
         mib = 1 / 2**20
         a.scatter([r["predicted_peak_bytes"] * mib for r in ok], [r["measured_peak_bytes"] * mib for r in ok])
@@ -212,6 +217,7 @@ def plot(res: Results, out: Path, formats: Sequence[str]) -> list[Path]:
         hi = max(max(r["predicted_peak_bytes"], r["measured_peak_bytes"]) for r in ok) * mib
         a.plot([lo, hi], [lo, hi], "k:", linewidth=0.8)
         a.set(xlabel="predicted peak (MiB)", ylabel="mx.get_peak_memory (MiB)", title="peak memory")
+        a.ticklabel_format(useOffset=False)
         a = ax[1][0]
         srt = sorted(ok, key=lambda r: r["segments"])
         a.errorbar(
@@ -225,7 +231,7 @@ def plot(res: Results, out: Path, formats: Sequence[str]) -> list[Path]:
             label="measured (median, quartiles)",
         )
         a.plot([r["segments"] for r in srt], [r["predicted_s"] * us for r in srt], "x", label="predicted")
-        a.set(xlabel="segments", ylabel="time (us)", title="segments against time")
+        a.set(xlabel="segments", ylabel=f"time ({unit})", title="segments against time")
         a.legend(fontsize=7)
         a = ax[1][1]
         pts = [(r["measured_median_s"] * us, r["working_set_bytes"] * mib, r["strategy"]) for r in ok]
@@ -234,7 +240,7 @@ def plot(res: Results, out: Path, formats: Sequence[str]) -> list[Path]:
         a.plot([pts[i][0] for i in front], [pts[i][1] for i in front], "r-o", label="Pareto front")
         for i in front:
             a.annotate(pts[i][2], pts[i][:2], fontsize=6)
-        a.set(xlabel="measured time (us)", ylabel="largest segment working set (MiB)", title="time against memory")
+        a.set(xlabel=f"measured time ({unit})", ylabel="largest segment working set (MiB)", title="time against memory")
         a.legend(fontsize=7)
         fig.tight_layout()
         for fmt in formats:

@@ -54,3 +54,10 @@ def test_legalize_moves_signals_with_their_cut() -> None:
     # the cut moves later (a signal must not fire before #1 ran), the signal with it
     assert effects(out) == ["#0", "#1", "#2", "segc.signal['ev', 1]", "segc.cut['c']", "segc.wait['ev', 1]", "#3"]
     verify(out)
+
+
+def test_fences_refuses_a_move_past_its_own_wait() -> None:
+    # moving the cut after #1 to after #2 would put the wait at #2 in the signalling segment
+    sched = Schedule(cuts=(CutNode(1, ("ev", 1)),), waits=(WaitNode(2, "ev", 1),))
+    with pytest.raises(ScheduleError, match=r"wait at #2 on 'ev' >= 1 in the segment that signals it"):
+        run_pass("fences", parse(SRC), schedule=sched)
