@@ -22,6 +22,7 @@ from conftest import same_bits
 from mlx.utils import tree_flatten
 
 import segc
+from segc.errors import SegcError
 from segc.passes import Plan
 from segc.passes.costmodel import MachineModel
 from segc.research import Experiment, load_model, make_workload, run_experiment
@@ -134,3 +135,27 @@ def test_cli_experiment_and_calibrate(tmp_path: Path) -> None:
 def test_cli_experiment_bad_input(args: list[str], msg: str) -> None:
     p = _segc("experiment", "--model", MODEL, "--quiet", "--plots", "", *args)
     assert p.returncode == 2 and msg in p.stderr, p.stderr
+
+
+def test_models_from_a_file_and_bad_specs(tmp_path: Path) -> None:
+    src = tmp_path / "mine.py"
+    src.write_text(
+        "import mlx.nn as nn\n\n\nclass Two(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.embed = nn.Embedding(16, 8)\n        self.out = nn.Linear(8, 16)\n\n"
+        "    def __call__(self, x):\n        return self.out(self.embed(x))\n\n\ndef make():\n    return Two()\n\n\n"
+        "def not_a_module():\n    return 3\n"
+    )
+    model = load_model(f"{src}:make")
+    wl = make_workload("prefill:4", model)
+    a, k = wl.args()
+    assert same_bits(segc.jit(model, strategy="optimal")(*a, **k), wl.reference(model))
+    with pytest.raises(SegcError, match="returned a int, not an mlx.nn.Module"):
+        load_model(f"{src}:not_a_module")
+    with pytest.raises(SegcError, match="no function 'nope'"):
+        load_model(f"{src}:nope")
+    with pytest.raises(SegcError, match="does not exist"):
+        load_model(f"{tmp_path / 'missing.py'}:make")
+    with pytest.raises(SegcError, match="is not field=value"):
+        load_model("llama:hidden_size")
+    with pytest.raises(SegcError, match="the model takes no mlx-lm KV caches"):
+        make_workload("decode:4", model)

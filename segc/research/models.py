@@ -169,9 +169,12 @@ def _decode(spec: str, model: nn.Module, context: int, vocab: int, seed: int) ->
         from mlx_lm.models.cache import KVCache, make_prompt_cache
     except ImportError:
         raise SegcError("decode workloads need mlx-lm (pip install 'segc[lm]')") from None
-    probe = make_prompt_cache(model)
     tok = mx.array([[1]], dtype=mx.int32)
-    mx.eval(model(tok, cache=probe))
+    try:
+        probe = make_prompt_cache(model)
+        mx.eval(model(tok, cache=probe))
+    except (AttributeError, TypeError) as exc:
+        raise SegcError(f"workload {spec!r}: the model takes no mlx-lm KV caches ({exc})") from None
     if not all(type(c) is KVCache for c in probe):
         kinds = sorted({type(c).__name__ for c in probe})
         raise SegcError(f"workload {spec!r}: only plain KVCache models decode here, this one has {kinds}")
