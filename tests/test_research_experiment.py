@@ -149,7 +149,7 @@ def test_models_from_a_file_and_bad_specs(tmp_path: Path) -> None:
     wl = make_workload("prefill:4", model)
     a, k = wl.args()
     assert same_bits(segc.jit(model, strategy="optimal")(*a, **k), wl.reference(model))
-    with pytest.raises(SegcError, match="returned a int, not an mlx.nn.Module"):
+    with pytest.raises(SegcError, match=r"returned a int, not an mlx\.nn\.Module"):
         load_model(f"{src}:not_a_module")
     with pytest.raises(SegcError, match="no function 'nope'"):
         load_model(f"{src}:nope")
