@@ -2,8 +2,10 @@
 
 **Time.** The executor dispatches segments from the host one after another
 (``mx.async_eval``) while the device runs the ones already dispatched, so a run is a
-two-stage pipeline. Segment ``k`` costs the host ``h_k = dispatch + host_op * kernels_k``
-(the compiled call and its commit; replaying its tape and encoding each kernel) and the
+two-stage pipeline. Segment ``k`` costs the host ``h_k = p_k + encode * kernels_k``, of
+which ``p_k = dispatch + host_op * kernels_k`` (the compiled call, replaying its tape)
+comes before the device can start the segment, and the rest (encoding and launching
+each kernel, on a GPU) runs while the device works on its first kernels; and the
 device
 ``d_k = sum of fused roofline costs + launch * kernels_k + in_k / B + loss_k``:
 
@@ -17,9 +19,9 @@ device
   crossing it are written and read back (``2 * bytes / B``) and the chain costs a
   second launch.
 
-The device starts segment ``k`` when it has been dispatched and segment ``k - 1`` is
-done: ``H_k = H_{k-1} + h_k``, ``D_k = max(D_{k-1}, H_k) + d_k``; the prediction is
-``D_last``. More segments start the device earlier (less of the host's work is ahead of
+The device starts segment ``k`` when the host is ``p_k`` into it and segment ``k - 1``
+is done: ``H_k = H_{k-1} + h_k``, ``D_k = max(max(D_{k-1}, H_{k-1} + p_k) + d_k, H_k)``
+(``encode = 0``: ``max(D_{k-1}, H_k) + d_k``); the prediction is ``D_last``. More segments start the device earlier (less of the host's work is ahead of
 it) and cost ``dispatch + launch`` each: the trade-off a plan makes.
 
 **Memory**, as MLX allocates it: the weights and other graph inputs stay resident (the
@@ -59,8 +61,9 @@ class MachineModel:
     bytes_per_s: float = 10e9
     launch_s: float = 2e-6  # device: per kernel
     dispatch_s: float = 8e-6  # host: per segment (compiled call + async_eval)
-    host_op_s: float = 0.3e-6  # host: per kernel of a segment
+    host_op_s: float = 0.3e-6  # host: per kernel of a segment, before the device may start it
     source: str = "default"  # "default", or what calibrated it
+    encode_s: float = 0.0  # host: per kernel, while the device already runs the segment's first ones
 
     def roofline(self) -> Machine:
         return Machine(self.name, self.flops_per_s, self.bytes_per_s)
@@ -83,7 +86,8 @@ class MachineModel:
             raise ScheduleError(f"cannot read machine model: {exc}") from None
         for f in fields(m):
             v = getattr(m, f.name)
-            if f.name not in ("name", "source") and not (isinstance(v, int | float) and v > 0):
+            low = 0 if f.name == "encode_s" else 1e-300
+            if f.name not in ("name", "source") and not (isinstance(v, int | float) and v >= low):
                 raise ScheduleError(f"machine model: {f.name} must be a positive number, got {v!r}")
         return m
 
@@ -99,7 +103,7 @@ class MachineModel:
 
 
 CPU = MachineModel()
-H200 = MachineModel("h200", 790e12, 4.8e12, 4e-6, 25e-6, 0.5e-6)
+H200 = MachineModel("h200", 790e12, 4.8e12, 4e-6, 25e-6, 1e-6, "default", 4e-6)
 
 
 def default_model() -> MachineModel:
@@ -184,12 +188,14 @@ class SegmentTime:
     fusion_loss: float  # of device: chains split by a cut
     kernels: int = 0  # kernels launched (a split chain's second launch included)
     work: float = 0.0  # of device: all but the launches
+    pre: float = 0.0  # of host: before the device may start the segment
 
     def retimed(self, m: MachineModel) -> SegmentTime:
         """The same segment with ``m``'s per-kernel and per-segment figures (its
         bandwidth and FLOP rate kept): what calibration fits."""
-        host = m.dispatch_s + m.host_op_s * self.kernels
-        return replace(self, host=host, device=self.work + m.launch_s * self.kernels)
+        pre = m.dispatch_s + m.host_op_s * self.kernels
+        host = pre + m.encode_s * self.kernels
+        return replace(self, host=host, device=self.work + m.launch_s * self.kernels, pre=pre)
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,12 +212,15 @@ def _span_in_bytes(lv: Liveness, os_: list, a: int, b: int) -> int:
     return sum(lv.nbytes[r] for r in seen if lv.defined.get(r, a) < a)
 
 
-def pipeline_time(host: list[float], device: list[float]) -> float:
-    """The end of the two-stage pipeline (module docstring)."""
+def pipeline_time(host: list[float], device: list[float], pre: list[float] | None = None) -> float:
+    """The end of the two-stage pipeline (module docstring): the device starts segment
+    k when it is done with k-1 and the host has done ``pre[k]`` of its ``host[k]``
+    (all of it unless given), and ends it no sooner than the host does."""
     h = d = 0.0
-    for hk, dk in zip(host, device):
+    for k, (hk, dk) in enumerate(zip(host, device)):
+        start = max(d, h + (pre[k] if pre is not None else hk))
         h += hk
-        d = max(d, h) + dk
+        d = max(start + dk, h)
     return d
 
 
@@ -237,7 +246,7 @@ def predict_time(g: Graph, m: MachineModel | None = None) -> TimePrediction:
         work = sum(oc.device[a:b]) + in_b / m.bytes_per_s + (2 * split / m.bytes_per_s if loss else 0.0)
         seg = SegmentTime(s.name, n, 0.0, 0.0, in_b / m.bytes_per_s, loss, kern, work)
         segs.append(seg.retimed(m))
-    total = pipeline_time([s.host for s in segs], [s.device for s in segs])
+    total = pipeline_time([s.host for s in segs], [s.device for s in segs], [s.pre for s in segs])
     return TimePrediction(total, sum(s.host for s in segs), sum(s.device for s in segs), tuple(segs))
 
 

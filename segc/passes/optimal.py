@@ -9,7 +9,7 @@
   sweep, stopped at the first end over budget (monotone in the end).
 - :class:`Optimal` (``optimal[:B]``): the plan of least predicted time
   (``costmodel.predict_time``) under an optional working-set budget. The pipeline's
-  end ``D_k = max(D_{k-1}, H_k) + d_k`` depends on the host's time ``H_k``, which
+  end ``D_k = max(max(D_{k-1}, H_{k-1} + p_k) + d_k, H_k)`` depends on the host's time ``H_k``, which
   depends only on the number of segments so far and the point reached; so the DP runs
   over (segments so far, point), with numpy over the previous point. At most
   ``max_segments`` segments (64 unless told).
@@ -142,14 +142,16 @@ class Optimal:
             ok &= feas
         d = np.where(ok, d, np.inf)
         kern = np.concatenate([[0.0], np.cumsum(np.array(oc.kernels, dtype=float))])
-        host_at = m.host_op_s * kern[pts]
+        kp = kern[pts]
+        pre_at = m.encode_s * kp[:, None] + m.host_op_s * kp[None, :]  # host work before segment (i, j) starts
+        end_at = (m.host_op_s + m.encode_s) * kp
         inf = np.full(q, np.inf)
         D = [np.where(pts == 0, 0.0, np.inf)]
         arg: list[np.ndarray] = [np.zeros(q, dtype=int)]
         best_s, best_t = -1, np.inf
         for s in range(1, max(1, self.max_segments) + 1):
-            h = s * m.dispatch_s + host_at
-            cand = np.maximum(D[-1][:, None], h[None, :]) + d
+            start = np.maximum(D[-1][:, None], s * m.dispatch_s + pre_at)
+            cand = np.maximum(start + d, (s * m.dispatch_s + end_at)[None, :])
             a = np.argmin(cand, axis=0)
             row = cand[a, np.arange(q)]
             D.append(np.where(np.isfinite(row), row, inf))

@@ -129,7 +129,7 @@ def fit_overheads(
     repeats: int = 7,
     boundaries: str = "layers.*",
 ) -> MachineModel:
-    """``machine`` with its per-kernel (``launch_s``, ``host_op_s``) and per-segment
+    """``machine`` with its per-kernel (``launch_s``, ``host_op_s``, ``encode_s``) and per-segment
     (``dispatch_s``) figures fitted to whole calls of a real model under a few plans,
     with one factor on the bandwidth and FLOP rate (real kernels reach less than the
     microbenchmarks): over a grid, the least squared log error of the pipeline's
@@ -167,8 +167,9 @@ def fit_overheads(
                 times[i].append(time.perf_counter() - t0)
         cases += [(w, list(segs), statistics.median(ts[1:])) for (segs, _), ts in zip(runs, times)]
     # every combination of the grid at once: launch, host per kernel, dispatch, work scale
-    grid = np.logspace(-7, -3, 22)  # 0.1 us .. 1 ms
-    L, H, D, W = (x.ravel() for x in np.meshgrid(grid, grid, grid, np.logspace(-0.5, 1.0, 10), indexing="ij"))
+    grid = np.logspace(-7, -3, 17)  # 0.1 us .. 1 ms
+    enc = np.concatenate([[0.0], np.logspace(-7, -4, 7)])
+    L, H, D, W, E = (x.ravel() for x in np.meshgrid(grid, grid, grid, np.logspace(-0.5, 1.0, 10), enc, indexing="ij"))
     err = np.zeros_like(L)
     for w in dict.fromkeys(wk for wk, _, _ in cases):
         # per workload: the plans' differences (what ranks them) in full, the level at a tenth
@@ -177,8 +178,9 @@ def fit_overheads(
             h = np.zeros_like(L)
             d = np.zeros_like(L)
             for sg in segs:
-                h = h + D + H * sg.kernels
-                d = np.maximum(d, h) + W * sg.work + L * sg.kernels
+                start = np.maximum(d, h + D + H * sg.kernels)
+                h = h + D + (H + E) * sg.kernels
+                d = np.maximum(start + W * sg.work + L * sg.kernels, h)
             es.append(np.log(d) - math.log(t))
         mean = sum(es) / len(es)
         err += sum((e - mean) ** 2 for e in es) + 0.1 * len(es) * mean**2
@@ -190,6 +192,8 @@ def fit_overheads(
         float(L[i]),
         float(D[i]),
         float(H[i]),
+        machine.source,
+        float(E[i]),
     )
     src = f"{machine.source}; overheads fitted on {model} {', '.join(workloads)} ({len(cases)} calls)"
     return dataclasses.replace(m, source=src)

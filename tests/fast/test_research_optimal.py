@@ -84,7 +84,11 @@ def test_memory_dp_matches_brute_force(g: Graph, frac: float) -> None:
     assert len(segments(cut)) == min(feasible)  # the fewest segments any legal plan needs
 
 
-@pytest.mark.parametrize("model", [CPU, H200, MachineModel("slow-host", 1e9, 1e9, 1e-7, 1e-3, 1e-5)])
+SLOW_HOST = MachineModel("slow-host", 1e9, 1e9, 1e-7, 1e-3, 1e-5)
+ENCODING = MachineModel("encoding", 1e9, 1e9, 1e-7, 1e-4, 1e-6, "by hand", 5e-6)
+
+
+@pytest.mark.parametrize("model", [CPU, H200, SLOW_HOST, ENCODING])
 @settings(max_examples=examples(25), deadline=None, derandomize=True)
 @given(g=programs(), frac=st.one_of(st.none(), st.floats(0.2, 1.2)))
 def test_optimal_matches_brute_force(model: MachineModel, g: Graph, frac: float | None) -> None:

@@ -46,6 +46,11 @@ def test_pipeline_time_by_hand() -> None:
     assert pipeline_time([1, 1, 1], [5, 1, 1]) == 8
     # host-bound: host 4 each, device 1 each: each segment ends 1 after its dispatch
     assert pipeline_time([4, 4, 4], [1, 1, 1]) == 13
+    # the device may start once the host is 1 into each segment's 4: it starts at 1 and
+    # ends at 6; the second segment starts at max(6, 4 + 1) and ends at 11 (all at 4: 14)
+    assert pipeline_time([4, 4], [5, 5], pre=[1, 1]) == 11 and pipeline_time([4, 4], [5, 5]) == 14
+    # host-bound: the device cannot end a segment before the host has launched all of it
+    assert pipeline_time([4, 4], [1, 1], pre=[1, 1]) == 8
 
 
 def test_machine_model_json(tmp_path) -> None:
