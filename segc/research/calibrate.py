@@ -11,7 +11,9 @@ measurement (a few seconds), on MLX's default device:
 - ``dispatch_s``: 32 trivial compiled segments each committed with ``mx.async_eval``
   against 1: the host's time per segment.
 
-Each figure is the median of ``repeats`` runs after a warm-up.
+Each figure is the median of ``repeats`` runs after a warm-up. ``encode_s`` (host time
+per kernel that overlaps the device's work) is 0 here; :func:`fit_overheads` fits it,
+with the others, to whole calls of a real model.
 """
 
 from __future__ import annotations
