@@ -156,8 +156,13 @@ def _one(
         fn = jit(model, boundaries=exp.boundaries or None, strategy=plan)
         t0 = time.perf_counter()
         a, k = wl.args()
-        y = fn(*a, **k)
-        mx.eval(y, wl.sync())
+        try:
+            y = fn(*a, **k)
+            mx.eval(y, wl.sync())
+        except Exception as exc:  # reported in the row; the sweep goes on
+            row["error"] = f"{type(exc).__name__}: {exc}"
+            bar.step(f"{spec}: failed", 2 + exp.repeats)
+            continue
         row["compile_s"] = time.perf_counter() - t0
         row["bit_identical"] = _bits(y) == want
         del y
