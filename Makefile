@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,lm]'
+	$(BIN)/python -m pip install -q -e '.[test,lm,research]'
 	@# a browser for tests/test_cli_browser.py; without network the test uses a system
 	@# Chromium, or is skipped with the reason
 	-$(BIN)/python -m playwright install chromium || echo "no Chromium download: tests/test_cli_browser.py will look for a system Chromium"

@@ -75,3 +75,7 @@ class WaitTimeout(SegcError):
 
 class SegcWarning(UserWarning):
     """segc did something other than asked, safely (e.g. ran a call eagerly)."""
+
+
+class ScheduleWarning(SegcWarning):
+    """A schedule or plan that segc changed to make it legal (a cut moved off a fused chain)."""

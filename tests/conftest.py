@@ -369,27 +369,38 @@ def check_segmented(
 def ref_buffers(g: Graph) -> tuple[dict[str, str], dict[str, int]]:
     """``(holder, size)``: the buffer holding each value (a view owns no memory: it is
     held by its source's buffer; a reshape is a view only of a contiguous value) and
-    the bytes of each buffer (graph inputs and parameters their size, constants 0)."""
+    the bytes of each buffer (graph inputs and parameters their size, constants 0). An
+    elementwise output whose only input with more than one element of data is a
+    broadcast (the data behind it fewer elements than its shape) is allocated at that
+    data's size, as MLX keeps the broadcast layout."""
     holder: dict[str, str] = {}
     size: dict[str, int] = {}
     contiguous: dict[str, bool] = {}
-    for i in g.inputs:
-        holder[i.var.name], size[i.var.name], contiguous[i.var.name] = i.var.name, i.var.nbytes, True
-    for c in g.consts:
-        holder[c.var.name], size[c.var.name], contiguous[c.var.name] = c.var.name, 0, True
+    elems: dict[str, int] = {}  # elements of data behind each value
+    for v in [i.var for i in g.inputs] + [c.var for c in g.consts]:
+        holder[v.name], contiguous[v.name], elems[v.name] = v.name, True, v.size
+        size[v.name] = v.nbytes if any(i.var is v for i in g.inputs) else 0
+    shapes = g.vars()
     for e in g.eqns:
         if e.is_pseudo:
             continue
-        kind = PRIMS[e.prim].memory if e.prim in PRIMS else "compute"  # unknown: elementwise
+        p = PRIMS.get(e.prim)  # None: unknown, elementwise
+        kind = p.memory if p else "compute"
         src = e.ins[0] if e.ins else None
         view = src is not None and (kind in ("view", "view_keep") or (kind == "reshape" and contiguous[src]))
+        many = [v for v in e.ins if elems[v] > 1]
+        bcast = p is not None and p.fusible and kind in ("compute", "move") and len(many) == 1
+        bcast = bcast and elems[many[0]] < shapes[many[0]].size
         for o in e.outs:
             if view:
                 assert src is not None
                 holder[o.name] = holder[src]
                 contiguous[o.name] = contiguous[src] and kind != "view"
+                elems[o.name] = elems[src] if e.prim == "Broadcast" else min(o.size, elems[src])
             else:
-                holder[o.name], size[o.name], contiguous[o.name] = o.name, o.nbytes, True
+                holder[o.name], contiguous[o.name] = o.name, True
+                elems[o.name] = elems[many[0]] if bcast and o.size == shapes[many[0]].size else o.size
+                size[o.name] = elems[o.name] * (o.nbytes // max(o.size, 1))
     return holder, size
 
 
@@ -446,9 +457,10 @@ def ref_segment_peaks(g: Graph) -> list[int]:
 
 def ref_boundary_bytes(g: Graph) -> int:
     """Bytes of computed buffers (not graph inputs, parameters or constants) carried
-    across each cut between two segments, summed over the cuts: a buffer crosses a cut
-    when it is made before it and read after it (through any view) or returned."""
+    across a cut between two segments: a buffer crosses a cut when it is made before it
+    and read after it (through any view) or returned; one crossing several cuts is
+    counted once."""
     holder, size = ref_buffers(g)
     os_, spans = _op_spans(g)
     life = _lifetimes(g, os_, holder)
-    return sum(size[b] for s in spans[1:] for b, (made, last) in life.items() if made < s.start <= last)
+    return sum(size[b] for b, (made, last) in life.items() if any(made < s.start <= last for s in spans[1:]))

@@ -27,6 +27,7 @@ LAYERS = {
     "segc.staging": 5,
     "segc.engine": 6,
     "segc.models": 6,
+    "segc.research": 7,  # the experiment harness: above the models and the engine
     "segc": 7,  # the public API, segc/__init__.py
     "segc.cli": 8,
     "segc.__main__": 9,

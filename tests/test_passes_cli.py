@@ -34,12 +34,31 @@ def test_compare_with_measured_costs(capsys):
     assert "| `balanced(3, measured)` | " in capsys.readouterr().out
 
 
+def _schedule_ids() -> tuple[int, int]:
+    """A cut node's equation (a cut after it splits no fused chain, or the fences pass
+    would move it) and a wait's later equation, on the graph `segc passes` builds (the
+    GPU trace keeps mx.fast ops whole: about 100 equations against 300 on the CPU)."""
+    import mlx.core as mx
+
+    import segc
+    from segc.models import tiny_llama
+    from segc.passes.legalize import legal_points
+
+    model = tiny_llama(
+        hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=128, dtype=mx.bfloat16,
+    )  # fmt: skip
+    g = segc.jit(model, boundaries="layers.*").trace(mx.array([[(7 * i) % 128 for i in range(8)]])).graph
+    ops = [e for e in g.eqns if not e.is_pseudo]
+    pts = legal_points(g)
+    return ops[pts[len(pts) // 5] - 1].id, ops[pts[3 * len(pts) // 4]].id
+
+
 def test_print_after_every_pass(capsys, tmp_path):
-    # equation ids that exist in the CPU trace and in the GPU one (which keeps mx.fast ops
-    # whole: about 100 equations for this model, against 300 on the CPU)
+    after, at = _schedule_ids()
     sched = tmp_path / "s.json"
     sched.write_text(
-        json.dumps({"cuts": [{"after": 20, "signal": ["kv", 1]}], "waits": [{"at": 75, "event": "kv", "value": 1}]})
+        json.dumps({"cuts": [{"after": after, "signal": ["kv", 1]}], "waits": [{"at": at, "event": "kv", "value": 1}]})
     )
     argv = ["passes", *SMALL, "--strategy", "balanced:3", "--schedule", str(sched), "--window", "30:60"]
     assert main([*argv, "--print-after", "all"]) == 0

@@ -57,7 +57,7 @@ def test_a_scheduled_decode_updates_its_caches_in_place() -> None:
     ref(prompt, cache=ref_cache)
     step = segc.jit(model, boundaries="layers.*")
     step(prompt, cache=cache)
-    ends, starts = _ids(step, mx.array([[1]]), make_prompt_cache(model))
+    ends, starts = _ids(step, mx.array([[1]]), cache)  # the decode graph: a cache that holds the prompt
     done, admit = segc.Event(name="done"), segc.Event(2**40, name="admit")
     sched = Schedule(
         tuple(CutNode(i, ("done", n + 1)) for n, i in enumerate(ends)),
@@ -93,10 +93,10 @@ def test_a_timed_out_wait_leaves_donated_caches_as_they_were() -> None:
     for t in range(2):  # the decode graph has run: its next calls donate
         x = mx.array([[t + 1]])
         assert same_bits(step(x, cache=cache), ref(x, cache=ref_cache))
-    _, starts = _ids(step, mx.array([[1]]), make_prompt_cache(model))
+    _, starts = _ids(step, mx.array([[1]]), cache)
     never = segc.Event(name="never")
     step.set_boundary_schedule(
-        Schedule((), (WaitNode(starts[1], "never", 1),), ("never",)), {"never": never}, timeout=0.2
+        Schedule((), (WaitNode(starts[0], "never", 1),), ("never",)), {"never": never}, timeout=0.2
     )
     before = [(c.offset, c.keys[..., : c.offset, :], c.values[..., : c.offset, :]) for c in cache]
     mx.eval([b[1:] for b in before])

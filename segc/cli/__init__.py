@@ -27,6 +27,8 @@ COMMANDS = {
     "ir": "ir",
     "demo": "demo",
     "generate": "generate",
+    "experiment": "experiment",
+    "calibrate": "calibrate",
 }
 
 VERSION = "0.1.0"  # pyproject.toml's; segc.__version__ reads it

@@ -21,7 +21,15 @@ define(Prim("Matmul", lambda ins, args, e: mx.matmul(ins[0], ins[1]), flops=matm
 _QMODE = {0: "affine", 1: "mxfp4", 2: "mxfp8", 3: "nvfp4"}
 
 
-@rule("AddMM", flops=matmul_flops)
+def _addmm_flops(e: Eqn, vs: dict[str, Var]) -> int:
+    """``alpha * (a @ b) + beta * c``: the product's 2*M*N*K, then M*N for the add and
+    M*N for each of ``alpha`` and ``beta`` that is not 1."""
+    out = sum(o.size for o in e.outs)
+    alpha, beta = (e.args[0], e.args[1]) if len(e.args) >= 2 else (1.0, 1.0)
+    return matmul_flops(e, vs) + out * (1 + (alpha != 1) + (beta != 1))
+
+
+@rule("AddMM", flops=_addmm_flops)
 def _addmm(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
     a, b, c = ins
     return mx.addmm(c, a, b, alpha=args[0], beta=args[1])

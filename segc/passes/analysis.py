@@ -7,7 +7,11 @@ a *cut point* ``k`` (``1 <= k < len(ops)``) is the gap before ``ops[k]``.
 
 The cost model is a roofline: an equation takes ``max(flops / F, bytes / B)`` seconds on a
 :class:`Machine`. Views (reshape, broadcast, transpose, slice, ...) cost nothing: MLX
-makes them without copying. Bytes are counted as if nothing were fused; that
+makes them without copying; but a reshape of a value that is not contiguous (a
+transposed one) copies it. A value read through a broadcast costs its source's bytes;
+an elementwise output that keeps a broadcast layout writes only its data. A fused
+multiply-add counts two FLOPs (``AddMM``: the product, then the scaled add). Bytes are
+counted as if nothing were fused; that
 overestimates elementwise chains, equally for every cut placement (fusion-aware
 legalisation never splits a fused chain).
 
@@ -17,11 +21,15 @@ alias. The peak live bytes of a segment is its working set: the buffers it reads
 inputs and parameters included) plus its own buffers live at the worst point. The
 whole-run peak adds, for each segment, the activations held across it for later
 segments. Boundary bytes count activation buffers crossing a cut (a view of a constant
-crosses for free).
+crosses for free); the run's total counts a buffer crossing several cuts once.
+
+These are the analyses of one graph; ``segc.research`` builds a cost model that
+predicts time and MLX's memory from them.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -61,19 +69,39 @@ def eqn_flops(e: Eqn, vs: dict[str, Var]) -> int:
     return 0 if p.memory != "compute" else p.flops(e, vs)
 
 
-def eqn_bytes(e: Eqn, vs: dict[str, Var]) -> tuple[int, int]:
-    """(bytes read, bytes written) of one equation, as if it ran alone."""
-    if e.is_pseudo or is_view(e):
+def eqn_bytes(e: Eqn, vs: dict[str, Var], lv: Liveness | None = None) -> tuple[int, int]:
+    """(bytes read, bytes written) of one equation, as if it ran alone.
+
+    With the graph's :class:`Liveness` the layout is known: a reshape of a value that is
+    not contiguous copies it (reads and writes its bytes); a value read through a view
+    costs the smaller of the view and the buffer behind it (a broadcast reads its
+    source, a slice its elements); an output that keeps a broadcast layout writes only
+    its data. Without it every value is dense and every view free."""
+    if e.is_pseudo:
         return 0, 0
-    written = sum(o.nbytes for o in e.outs)
+    if lv is None:
+        if is_view(e):
+            return 0, 0
+        written = sum(o.nbytes for o in e.outs)
+        if e.prim == "Gather":
+            return written + sum(vs[v].nbytes for v in e.ins[1:]), written
+        return sum(vs[v].nbytes for v in dict.fromkeys(e.ins)), written
+    if is_view(e) and all(lv.root[o.name] != o.name for o in e.outs):
+        return 0, 0  # a view that aliases its input (a reshape of a contiguous value)
+    written = sum(lv.nbytes[o.name] for o in e.outs if lv.root[o.name] == o.name)
+
+    def read(v: str) -> int:
+        r = lv.root[v]
+        return min(vs[v].nbytes, lv.nbytes[r] if r in lv.defined or r not in lv.consts else vs[r].nbytes)
+
     if e.prim == "Gather":  # reads the gathered rows and the indices, not the table
-        return written + sum(vs[v].nbytes for v in e.ins[1:]), written
-    return sum(vs[v].nbytes for v in dict.fromkeys(e.ins)), written
+        return written + sum(read(v) for v in e.ins[1:]), written
+    return sum(read(v) for v in dict.fromkeys(e.ins)), written
 
 
-def eqn_cost(e: Eqn, vs: dict[str, Var], m: Machine = H200) -> float:
+def eqn_cost(e: Eqn, vs: dict[str, Var], m: Machine = H200, lv: Liveness | None = None) -> float:
     """Seconds on the roofline of ``m``."""
-    r, w = eqn_bytes(e, vs)
+    r, w = eqn_bytes(e, vs, lv)
     return max(eqn_flops(e, vs) / m.flops_per_s, (r + w) / m.bytes_per_s)
 
 
@@ -90,10 +118,11 @@ class EqnStats:
 def eqn_stats(g: Graph, m: Machine = H200) -> list[EqnStats]:
     """One record per computing equation, in order."""
     vs = g.vars()
+    lv = liveness(g)
     out = []
     for e in ops(g):
-        r, w = eqn_bytes(e, vs)
-        out.append(EqnStats(e.id, e.prim, eqn_flops(e, vs), r, w, eqn_cost(e, vs, m)))
+        r, w = eqn_bytes(e, vs, lv)
+        out.append(EqnStats(e.id, e.prim, eqn_flops(e, vs), r, w, eqn_cost(e, vs, m, lv)))
     return out
 
 
@@ -110,46 +139,67 @@ class Liveness:
     contiguous value, ...) owns no memory: ``root`` maps every value to the buffer it
     reads (itself for a computed value, a graph input or a constant) and a view keeps its
     root alive. ``defined``: op index of each computed buffer; ``last_use``: last op
-    reading the buffer through any alias (``n`` for a graph output); ``nbytes``: bytes of
-    each buffer (graph inputs included, constants 0)."""
+    reading the buffer through any alias (``n`` for a graph output); ``nbytes``: bytes
+    allocated for each buffer (graph inputs included, constants 0): an elementwise
+    output that keeps a broadcast layout holds only its data (:func:`liveness`);
+    ``consts``: the constants' names."""
 
     n: int
     defined: dict[str, int]
     last_use: dict[str, int]
     nbytes: dict[str, int]
     root: dict[str, str]
+    consts: frozenset[str] = frozenset()
 
 
 def liveness(g: Graph) -> Liveness:
+    """Liveness, with MLX's layouts: a broadcast view's data is its source's; an
+    elementwise equation (``Prim.fusible``) whose one input with more than one element
+    of data is in a broadcast layout (the others scalars) writes its output in
+    that layout, allocating only that data (MLX's ``set_unary_output_data`` and its
+    scalar-vector binary case); any other output is dense."""
     os_ = ops(g)
+    vs = g.vars()
     root: dict[str, str] = {}
     contiguous: dict[str, bool] = {}
     nbytes: dict[str, int] = {}
+    data: dict[str, int] = {}  # elements of data behind each value
     for i in g.inputs:
         root[i.var.name], contiguous[i.var.name], nbytes[i.var.name] = i.var.name, True, i.var.nbytes
+        data[i.var.name] = i.var.size
     for c in g.consts:
         root[c.var.name], contiguous[c.var.name], nbytes[c.var.name] = c.var.name, True, 0
+        data[c.var.name] = c.var.size
     defined: dict[str, int] = {}
     last: dict[str, int] = {}
     for k, e in enumerate(os_):
         for v in e.ins:
             last[root[v]] = k
         src = e.ins[0] if e.ins else None
-        mem = _facts(e).memory
+        p = _facts(e)
+        mem = p.memory
         alias = mem in ("view", "view_keep", "reshape") and src is not None
         alias = alias and not (mem == "reshape" and not contiguous[src])  # type: ignore[index]
+        keep = None  # a broadcast layout kept by an elementwise output: its data elements
+        if p.fusible and mem in ("compute", "move") and e.ins:
+            big = [v for v in e.ins if data[v] > 1]
+            if len(big) == 1 and data[big[0]] < vs[big[0]].size:
+                keep = data[big[0]]
         for o in e.outs:
             if alias:
                 assert src is not None
                 root[o.name] = root[src]
                 contiguous[o.name] = contiguous[src] and mem in ("view_keep", "reshape")
+                data[o.name] = data[src] if e.prim == "Broadcast" else min(o.size, data[src])
             else:
-                root[o.name], contiguous[o.name], nbytes[o.name] = o.name, True, o.nbytes
+                root[o.name], contiguous[o.name] = o.name, True
+                data[o.name] = keep if keep is not None and o.size == vs[big[0]].size else o.size
+                nbytes[o.name] = data[o.name] * o.nbytes // max(o.size, 1)
                 defined[o.name] = k
                 last[o.name] = k
     for v in g.outputs:
         last[root[v]] = len(os_)
-    return Liveness(len(os_), defined, last, nbytes, root)
+    return Liveness(len(os_), defined, last, nbytes, root, frozenset(c.var.name for c in g.consts))
 
 
 def crossing_bytes(g: Graph, live: Liveness | None = None) -> list[int]:
@@ -220,7 +270,7 @@ class GraphStats:
     bytes: int
     cost: float
     peak_live: int  # whole run: the worst segment plus the activations held across it
-    boundary_bytes: int  # sum over cuts of bytes crossing
+    boundary_bytes: int  # bytes of the buffers crossing at least one cut, each counted once
     critical_path: tuple[int, ...]  # equation ids
     critical_cost: float
 
@@ -238,9 +288,23 @@ def _op_span(g: Graph, s: Segment) -> tuple[int, int]:
     return before, before + sum(1 for e in g.eqns[s.start : s.stop] if not e.is_pseudo)
 
 
+def boundary_bytes(lv: Liveness, starts: Sequence[int]) -> int:
+    """Bytes of the activation buffers that cross at least one of the cuts before op
+    indices ``starts``: made before a cut and read (or returned) after it. A buffer
+    crossing several cuts is written once and counted once."""
+    pts = sorted(starts)
+    total = 0
+    for v, d in lv.defined.items():
+        i = bisect.bisect_right(pts, d)  # the first cut after its definition
+        if i < len(pts) and pts[i] <= lv.last_use[v]:
+            total += lv.nbytes[v]
+    return total
+
+
 def critical_path(g: Graph, m: Machine = H200) -> tuple[float, tuple[int, ...]]:
     """The most expensive dependency chain: (its cost in seconds, its equation ids)."""
     vs = g.vars()
+    lv = liveness(g)
     producer: dict[str, int] = {}
     dist: list[float] = []
     prev: list[int] = []
@@ -251,7 +315,7 @@ def critical_path(g: Graph, m: Machine = H200) -> tuple[float, tuple[int, ...]]:
             p = producer.get(v)
             if p is not None and dist[p] > best:
                 best, arg = dist[p], p
-        dist.append(best + eqn_cost(e, vs, m))
+        dist.append(best + eqn_cost(e, vs, m, lv))
         prev.append(arg)
         for o in e.outs:
             producer[o.name] = k
@@ -270,11 +334,13 @@ def analyze(g: Graph, m: Machine = H200) -> GraphStats:
     os_ = ops(g)
     lv = liveness(g)
     cross = crossing_bytes(g, lv)
-    per = [(eqn_flops(e, vs), sum(eqn_bytes(e, vs)), eqn_cost(e, vs, m)) for e in os_]
+    per = [(eqn_flops(e, vs), sum(eqn_bytes(e, vs, lv)), eqn_cost(e, vs, m, lv)) for e in os_]
     segs = []
     run_peak = 0
+    starts = []
     for s in segments(g):
         a, b = _op_span(g, s)
+        starts.append(a)
         peak = span_peak(g, a, b, lv, os_)
         held = cross[a] if a > 0 else 0
         held -= sum(lv.nbytes[r] for r in {lv.root[v] for v in s.inputs} if lv.defined.get(r, a) < a)
@@ -298,7 +364,7 @@ def analyze(g: Graph, m: Machine = H200) -> GraphStats:
         sum(p[1] for p in per),
         sum(p[2] for p in per),
         run_peak,
-        sum(s.cross for s in segs),
+        boundary_bytes(lv, starts[1:]),
         path,
         cc,
     )

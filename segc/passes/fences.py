@@ -20,11 +20,13 @@ that nothing can satisfy, waits that deadlock and signal values that do not incr
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ScheduleError
+from ..errors import ScheduleError, ScheduleWarning
 from ..ir import CUT, HOST_EVENT, SIGNAL, WAIT, Eqn, Graph
+from .legalize import illegal_points, legal_points
 from .registry import register
 
 
@@ -88,9 +90,34 @@ def _check_value(what: str, event: Any, value: Any) -> None:
         raise ScheduleError(f"{what}: event value must be an int >= 1, got {value!r}")
 
 
+def _legal_after(g: Graph, c: CutNode, legalize: bool) -> int:
+    """The equation the cut node's cut follows: ``c.after`` (also when the graph is cut
+    there already), or, when a new cut there would split a chain ``mx.compile`` fuses, the end of that chain (a later point, so a
+    signal never fires before ``c.after`` has run), with a warning; refused when
+    ``legalize`` is off or the chain runs to the graph's end."""
+    pos = next(p for p, e in enumerate(g.eqns) if e.id == c.after and not e.is_pseudo)
+    for e in g.eqns[pos + 1 :]:
+        if not e.is_pseudo:
+            break
+        if e.prim == CUT:
+            return c.after  # the graph is cut there already (a marker): nothing new is split
+    os_ = [e for e in g.eqns if not e.is_pseudo]
+    k = next(i for i, e in enumerate(os_) if e.id == c.after) + 1
+    if k not in illegal_points(g):
+        return c.after
+    later = [p for p in legal_points(g) if p > k]
+    what = f"cut node after #{c.after} splits a chain mx.compile fuses"
+    if not legalize or not later:
+        why = "legalize=False" if not legalize else "the chain runs to the end of the graph"
+        raise ScheduleError(f"{what} ({why}); put it after #{os_[later[0] - 1].id if later else os_[-1].id}")
+    return os_[later[0] - 1].id
+
+
 @register("fences")
-def fences(g: Graph, schedule: Schedule | None = None) -> Graph:
-    """Place the schedule's cuts, signals, waits and host events in ``g``."""
+def fences(g: Graph, schedule: Schedule | None = None, legalize: bool = True) -> Graph:
+    """Place the schedule's cuts, signals, waits and host events in ``g``. A cut node
+    inside a fused chain moves to the chain's end, its signal with it (a
+    :class:`~segc.errors.ScheduleWarning`), or is refused with ``legalize=False``."""
     if schedule is None:
         return g
     eqns = list(g.eqns)
@@ -114,6 +141,25 @@ def fences(g: Graph, schedule: Schedule | None = None) -> Graph:
     for c in schedule.cuts:
         if c.after not in present:
             continue
+        moved = CutNode(_legal_after(g, c, legalize), c.signal, c.name or f"fence{c.after}")
+        if moved.after != c.after and c.signal is not None:
+            lo, hi = index(c.after), index(moved.after)
+            for w in schedule.waits:
+                ours = w.event == c.signal[0] and w.value <= c.signal[1]
+                if ours and w.at in present and lo < index(w.at) <= hi:
+                    raise ScheduleError(
+                        f"cut node after #{c.after} splits a chain mx.compile fuses, and moving it after "
+                        f"#{moved.after} would put the wait at #{w.at} on {w.event!r} >= {w.value} in the segment "
+                        "that signals it (a deadlock); put the cut at a legal point"
+                    )
+        if moved.after != c.after:
+            warnings.warn(
+                f"cut node after #{c.after} splits a chain mx.compile fuses; moved after #{moved.after}, the end "
+                "of the chain",
+                ScheduleWarning,
+                stacklevel=3,
+            )
+        c = moved
         pos = index(c.after) + 1
         while pos < len(eqns) and eqns[pos].prim == SIGNAL:
             pos += 1

@@ -11,13 +11,16 @@ FMA contraction. Broadcasts pin nothing unless their input is computed inside th
 a broadcast is an exact view, so its value may cross a cut unchanged.
 
 :func:`legalize_plan` moves each illegal cut to the nearest legal point (the earlier one
-on a tie), merges cuts that land on the same point, and records every move in the plan.
-The ``legalize`` pass applies that to the cuts already in a graph.
+on a tie; a later one for a cut whose segment signals an event, so the signal never
+fires early), merges cuts that land on the same point, and records every move in the
+plan. The ``legalize`` pass applies that to the cuts already in a graph and moves each
+moved cut's signals with it.
 """
 
 from __future__ import annotations
 
-from ..ir import Graph
+from ..errors import ScheduleError
+from ..ir import CUT, SIGNAL, Eqn, Graph
 from ..lower.prim import PRIMS
 from .analysis import ops
 from .plan import Cut, Move, Plan, apply_plan, plan_of
@@ -91,8 +94,10 @@ def legal_points(g: Graph) -> list[int]:
     return [k for k in range(1, n) if k not in bad]
 
 
-def legalize_plan(g: Graph, plan: Plan) -> Plan:
-    """Move the plan's illegal cuts to the nearest legal point and record the moves."""
+def legalize_plan(g: Graph, plan: Plan, later: frozenset[int] = frozenset()) -> Plan:
+    """Move the plan's illegal cuts to the nearest legal point and record the moves.
+    A cut after an equation in ``later`` (one whose segment signals an event) moves only
+    to a later point, so the signal never fires before that equation has run."""
     os_ = ops(g)
     if plan.order is not None:  # legality is judged in the plan's order
         pos_of = {e.id: e for e in os_}
@@ -119,7 +124,8 @@ def legalize_plan(g: Graph, plan: Plan) -> Plan:
             else:
                 a, b = span_of[k]
                 reason = f"splits the fused chain #{a}..#{b}"
-                target = min(legal, key=lambda p: (abs(p - k), p), default=None)
+                pool = [p for p in legal if p > k] if c.after in later else legal
+                target = min(pool, key=lambda p: (abs(p - k), p), default=None)
             if target is None or target in placed:
                 moved.append(Move(c.after, None, reason + "; dropped (no other legal point)"))
                 continue
@@ -135,7 +141,60 @@ def legalize_plan(g: Graph, plan: Plan) -> Plan:
     return Plan(plan.fingerprint, plan.strategy, tuple(cuts), tuple(moved), plan.order, plan.info)
 
 
+def signalled(g: Graph) -> dict[int, list[Eqn]]:
+    """The ``segc.signal`` equations ending each segment, by the computing equation
+    before them (the one its cut follows)."""
+    out: dict[int, list[Eqn]] = {}
+    last: int | None = None
+    for e in g.eqns:
+        if e.prim == SIGNAL and last is not None:
+            out.setdefault(last, []).append(e)
+        elif not e.is_pseudo:
+            last = e.id
+    return out
+
+
+def move_blocks(g: Graph, moves: dict[int, int | None]) -> Graph:
+    """Move the pseudo-equations right after computing equation ``a`` (its segment's
+    signals, the cut, the next segment's waits) to just after equation ``moves[a]``; for
+    ``None`` drop the cut alone."""
+    block_of: dict[int, int] = {}  # pseudo-equation id -> the equation it follows
+    blocks: dict[int, list[Eqn]] = {}
+    last: int | None = None
+    for e in g.eqns:
+        if not e.is_pseudo:
+            last = e.id
+        elif last in moves:
+            assert last is not None
+            if moves[last] is not None or e.prim == CUT:
+                block_of[e.id] = last
+                blocks.setdefault(last, []).append(e)
+    into: dict[int, list[Eqn]] = {}
+    for a, b in moves.items():
+        if b is not None:
+            into.setdefault(b, []).extend(blocks.get(a, []))
+    eqns: list[Eqn] = []
+    for e in g.eqns:
+        if e.id in block_of:
+            continue
+        eqns.append(e)
+        if not e.is_pseudo:
+            eqns.extend(into.get(e.id, []))
+    return g.replace(eqns=tuple(eqns))
+
+
 @register("legalize")
 def legalize(g: Graph) -> Graph:
-    """Move every cut that splits a fused chain to the nearest legal point."""
-    return apply_plan(g, legalize_plan(g, plan_of(g)))
+    """Move every cut that splits a fused chain to the nearest legal point (a later one
+    for a cut whose segment signals), with the signals before it and the waits after it."""
+    sig = signalled(g)
+    plan = legalize_plan(g, plan_of(g), later=frozenset(sig))
+    lost = [m for m in plan.moved if m.placed is None and m.requested in sig]
+    if lost:
+        raise ScheduleError(
+            f"legalize: the cut after #{lost[0].requested} signals {sig[lost[0].requested][0].args} and "
+            f"{lost[0].reason}"
+        )
+    if not plan.moved:
+        return apply_plan(g, plan)
+    return move_blocks(g, {m.requested: m.placed for m in plan.moved})

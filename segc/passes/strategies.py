@@ -9,7 +9,10 @@ diffed, compared (``segc passes --compare``) and re-applied.
   programming over the legal cut points (as PipeDream's partitioner); the cost is the
   analytic roofline (``analysis.eqn_cost``) or measured per-segment times
   (``segc.runtime.measure_segments``) spread over each segment's equations;
-- ``memory(budget)``: the fewest segments whose peak live bytes each stay under budget;
+- ``memory(budget)``: the fewest segments whose peak live bytes each stay under budget
+  (exact: a DP over the legal cut points, ``optimal.py``);
+- ``optimal[:budget]``: the least time the cost model (``costmodel.py``) predicts,
+  under an optional budget (``optimal.py``);
 - ``min_boundary_bytes``: one cut between each pair of consecutive markers, where the
   bytes crossing it are smallest: a minimum s-t cut (networkx) over the equations
   between the markers, which may put one side of the cut first (the plan's ``order``);
@@ -21,7 +24,7 @@ records every cut that had to move.
 
 from __future__ import annotations
 
-import bisect
+import itertools
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,8 +33,10 @@ from typing import Any
 from ..errors import ScheduleError
 from ..ir import Graph, segments
 from .analysis import H200, Machine, eqn_cost, liveness, ops, span_peak
+from .costmodel import MachineModel
 from .legalize import legal_points, legalize_plan
 from .mincut import MinBoundaryBytes
+from .optimal import Optimal, fewest_segments
 from .plan import Cut, Plan, marker_points, plan_at, plan_key, plan_of
 
 Strategy = Callable[[Graph], Plan]
@@ -114,7 +119,8 @@ class Balanced:
     def costs(self, g: Graph) -> list[float]:
         vs = g.vars()
         os_ = ops(g)
-        cost = [eqn_cost(e, vs, self.machine) for e in os_]
+        lv = liveness(g)
+        cost = [eqn_cost(e, vs, self.machine, lv) for e in os_]
         if not self.measured:
             return cost
         k = 0
@@ -139,33 +145,30 @@ class Balanced:
 
 @dataclass(frozen=True)
 class Memory:
-    budget: int
+    """The fewest segments whose working sets stay within ``budget`` bytes (or, with
+    ``relative``, that many times :func:`layer_working_set`): exact, by
+    ``optimal.fewest_segments``."""
+
+    budget: int = 0
+    relative: float | None = None
+
+    def resolve_budget(self, g: Graph) -> int:
+        return int(self.relative * layer_working_set(g)) if self.relative is not None else self.budget
 
     def __call__(self, g: Graph) -> Plan:
-        os_ = ops(g)
-        lv = liveness(g)
-        legal = [*legal_points(g), len(os_)]
-        cuts: list[int] = []
-        a = 0
-        while a < len(os_):
-            i0 = bisect.bisect_right(legal, a)
-            # the peak of [a, legal[i]) rises with i: find the last that fits
-            lo, hi = i0, len(legal) - 1
-            if span_peak(g, a, legal[lo], lv, os_) > self.budget:
-                raise ScheduleError(
-                    f"memory({self.budget}): equations #{os_[a].id}..#{os_[legal[lo] - 1].id} cannot be cut "
-                    f"(a fused chain or one equation) and need {span_peak(g, a, legal[lo], lv, os_)} B"
-                )
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if span_peak(g, a, legal[mid], lv, os_) <= self.budget:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            a = legal[lo]
-            if a < len(os_):
-                cuts.append(a)
-        return plan_at(g, f"memory({self.budget})", cuts)
+        budget = self.resolve_budget(g)
+        name = f"memory({self.relative:g}x={budget})" if self.relative is not None else f"memory({budget})"
+        return plan_at(g, name, fewest_segments(g, budget), info={"budget": budget})
+
+
+def layer_working_set(g: Graph) -> int:
+    """The largest working set of the segments between marker cuts (one layer with
+    ``boundaries="layers.*"``), or the whole graph's when there are no markers: what
+    ``memory:1x`` means."""
+    os_ = ops(g)
+    lv = liveness(g)
+    pts = [0, *(p for p, _, _ in marker_points(g)), len(os_)]
+    return max((span_peak(g, a, b, lv, os_) for a, b in itertools.pairwise(pts) if b > a), default=0)
 
 
 @dataclass(frozen=True)
@@ -220,13 +223,15 @@ def parse_bytes(text: str) -> int:
         raise ScheduleError(f"not a byte count: {text!r} (a number of bytes below 2**63)") from None
 
 
-def resolve(spec: Any) -> Strategy:
+def resolve(spec: Any, model: MachineModel | None = None) -> Strategy:
     """A strategy from a spec: a strategy object, a :class:`Plan` (used as is), a callable,
-    or text: ``none``, ``markers``, ``every:K``, ``balanced:N``, ``memory:BYTES`` (``64MiB``),
+    or text: ``none``, ``markers``, ``every:K``, ``balanced:N``, ``memory:BYTES`` (``64MiB``;
+    ``memory:1.5x``: 1.5 times :func:`layer_working_set`), ``optimal`` (least predicted
+    time; ``optimal:BYTES`` or ``optimal:Fx`` under a working-set budget),
     ``min_boundary_bytes`` (``min_boundary_bytes:a,b`` between markers a and b)."""
     if isinstance(spec, Plan):
         return lambda g: spec
-    if isinstance(spec, NoCuts | Markers | Every | Balanced | Memory | MinBoundaryBytes | UserCallable):
+    if isinstance(spec, NoCuts | Markers | Every | Balanced | Memory | MinBoundaryBytes | Optimal | UserCallable):
         return spec
     if callable(spec):
         return UserCallable(spec)
@@ -247,17 +252,36 @@ def resolve(spec: Any) -> Strategy:
         if name == "balanced":
             return Balanced(int(arg))
         if name == "memory":
+            if arg.lower().endswith("x"):
+                return Memory(relative=float(arg[:-1]))
             return Memory(parse_bytes(arg))
+        if name == "optimal":
+            if not arg:
+                return Optimal(None, model)
+            if arg.lower().endswith("x"):
+                return _RelativeOptimal(float(arg[:-1]), model)
+            return Optimal(parse_bytes(arg), model)
         if name == "min_boundary_bytes":
             return MinBoundaryBytes(tuple(a.strip() for a in arg.split(",")) if arg else None)
     except ValueError:
         raise ScheduleError(f"strategy {name!r}: bad argument {arg!r}") from None
     raise ScheduleError(
-        f"no strategy {name!r}; strategies: none, markers, every:K, balanced:N, memory:BYTES, min_boundary_bytes"
+        f"no strategy {name!r}; strategies: none, markers, every:K, balanced:N, memory:BYTES, memory:Fx, "
+        "optimal[:BYTES or Fx], min_boundary_bytes"
     )
 
 
-def make_plan(g: Graph, spec: Any, *, legalize: bool = True) -> Plan:
-    """Run a strategy on ``g``; legalise its cuts unless told not to."""
-    plan = resolve(spec)(g)
+@dataclass(frozen=True)
+class _RelativeOptimal:
+    relative: float
+    model: MachineModel | None = None
+
+    def __call__(self, g: Graph) -> Plan:
+        return Optimal(int(self.relative * layer_working_set(g)), self.model)(g)
+
+
+def make_plan(g: Graph, spec: Any, *, legalize: bool = True, model: MachineModel | None = None) -> Plan:
+    """Run a strategy on ``g``; legalise its cuts unless told not to. ``model``: the
+    machine model ``optimal`` specs predict with (``costmodel.default_model()`` if None)."""
+    plan = resolve(spec, model)(g)
     return legalize_plan(g, plan) if legalize else plan

@@ -1,0 +1,55 @@
+"""Calibrate a machine model for the cost model on this machine (JSON).
+
+Microbenchmarks give the bandwidth and FLOP rate; then the per-kernel and per-segment
+figures (and one factor on the rates) are fitted to whole calls of a small llama under a
+few plans (``--fit none`` skips that). The JSON goes to ``--out`` (default: stdout) and
+is read by ``segc experiment --machine FILE`` and ``segc.passes.costmodel.MachineModel.load``.
+
+Examples::
+
+    segc calibrate --out cpu.json
+    segc calibrate --fit none --repeats 3
+    segc calibrate --fit llama:num_hidden_layers=2 --workloads decode:32
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", metavar="FILE", help="write the model here (default: print it)")
+    p.add_argument("--name", help="the model's name (default: cpu or gpu)")
+    p.add_argument("--repeats", type=int, default=7, help="timed runs per figure (median)")
+    p.add_argument(
+        "--fit",
+        default="small",
+        metavar="MODEL",
+        help="fit the overheads on this model (segc experiment's model specs), or 'none'",
+    )
+    p.add_argument("--workloads", default="decode:64,prefill:32", help="workloads of the fit (comma list)")
+    p.add_argument("--size", default="auto", choices=["auto", "small", "large"], help="microbenchmark sizes")
+
+
+def run(args: argparse.Namespace) -> int:
+    from segc.errors import SegcError
+    from segc.research.calibrate import calibrate, fit_overheads
+
+    if args.repeats < 1:
+        print("segc calibrate: --repeats must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        m = calibrate(args.name, repeats=args.repeats, size=args.size)
+        if args.fit != "none":
+            wls = tuple(w.strip() for w in args.workloads.split(",") if w.strip())
+            m = fit_overheads(m, args.fit, workloads=wls, repeats=args.repeats)
+    except SegcError as exc:
+        print(f"segc calibrate: {exc}", file=sys.stderr)
+        return 2
+    if args.out:
+        m.save(args.out)
+        print(f"machine model {m.name!r} -> {args.out}", file=sys.stderr)
+    else:
+        print(m.to_json(), end="")
+    return 0

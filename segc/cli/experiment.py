@@ -1,0 +1,77 @@
+"""Sweep cut-placement strategies over models and workloads: predicted and measured time
+and memory, bit-identity against eager MLX; CSV, JSON, plots and plans.
+
+Models: ``small``, ``reference``, an mlx-lm architecture (``llama``, ``qwen3``,
+``mixtral``; ``llama:hidden_size=64,num_hidden_layers=2``), a local model directory, or
+``file.py:function``. Workloads: ``decode:CONTEXT``, ``prefill:TOKENS``. Strategies: any
+spec of ``segc passes`` and ranges (``balanced:2..18``, ``balanced:2..18:4``,
+``memory:0.5x..2x``, ``optimal:0.5x..2x:0.5x``).
+
+Examples::
+
+    segc experiment --out results/                         # small llama, default sweep
+    segc experiment --model reference --workload decode:1024 --workload prefill:512 \\
+        --strategy none --strategy markers --strategy balanced:2..18:4 --out h200/
+    segc experiment --machine cpu.json --repeats 30 --out results/
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", action="append", help="a model spec (repeatable; default small)")
+    p.add_argument(
+        "--workload", action="append", help="decode:C or prefill:L (repeatable; default decode:128, prefill:128)"
+    )
+    p.add_argument("--strategy", action="append", help="a strategy or a range (repeatable; default: a sweep of all)")
+    p.add_argument("--repeats", type=int, default=20, help="timed calls per plan (round-robin)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed calls per plan first")
+    p.add_argument("--boundaries", default="layers.*", help="marker globs ('' for none)")
+    p.add_argument("--machine", metavar="FILE", help="a machine model from segc calibrate (default: built in)")
+    p.add_argument("--calibrate", action="store_true", help="calibrate a machine model first (as segc calibrate)")
+    p.add_argument("--out", metavar="DIR", help="results.csv, results.json, plans/ and plots here")
+    p.add_argument("--plots", default="png,svg", help="plot formats (comma list; '' for none)")
+    p.add_argument("--no-eager", action="store_true", help="leave out the eager row")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    from segc.errors import SegcError
+    from segc.passes.costmodel import MachineModel
+    from segc.research import DEFAULT_STRATEGIES, Experiment, run_experiment
+
+    try:
+        machine = None
+        if args.machine:
+            machine = MachineModel.load(args.machine)
+        elif args.calibrate:
+            from segc.research.calibrate import calibrate, fit_overheads
+
+            machine = fit_overheads(calibrate())
+        exp = Experiment(
+            models=args.model or ["small"],
+            workloads=args.workload or ["decode:128", "prefill:128"],
+            strategies=args.strategy or list(DEFAULT_STRATEGIES),
+            repeats=args.repeats,
+            warmup=args.warmup,
+            boundaries=args.boundaries,
+            machine=machine,
+            out=args.out,
+            plots=[f for f in args.plots.split(",") if f.strip()],
+            progress=not args.quiet,
+            eager=not args.no_eager,
+        )
+        res = run_experiment(exp)
+    except SegcError as exc:
+        print(f"segc experiment: {exc}", file=sys.stderr)
+        return 2
+    print(res.table())
+    print()
+    print(json.dumps(res.summary(), indent=1, default=str))
+    if args.out:
+        print(f"results in {args.out}", file=sys.stderr)
+    return 0

@@ -1,0 +1,327 @@
+"""A cost model that predicts a segmented run's time and MLX's memory from the graph.
+
+**Time.** The executor dispatches segments from the host one after another
+(``mx.async_eval``) while the device runs the ones already dispatched, so a run is a
+two-stage pipeline. Segment ``k`` costs the host ``h_k = p_k + encode * kernels_k``, of
+which ``p_k = dispatch + host_op * kernels_k`` (the compiled call, replaying its tape)
+comes before the device can start the segment, and the rest (encoding and launching
+each kernel, on a GPU) runs while the device works on its first kernels; and the
+device
+``d_k = sum of fused roofline costs + launch * kernels_k + in_k / B + loss_k``:
+
+- *fused roofline*: each equation's ``max(flops / F, bytes / B)``, with the bytes
+  inside a fused chain (``legalize.fusion_groups``) not counted: a value made and read
+  inside one chain never reaches memory;
+- *launch*: a kernel per computing equation that is not a view, a fused chain one;
+- *boundary traffic*: ``in_k``, the bytes of activations the segment reads from earlier
+  segments (each segment reads its inputs afresh);
+- *fusion loss*: a cut inside a fused chain (an unlegalised plan) splits it; the values
+  crossing it are written and read back (``2 * bytes / B``) and the chain costs a
+  second launch.
+
+The device starts segment ``k`` when the host is ``p_k`` into it and segment ``k - 1``
+is done: ``H_k = H_{k-1} + h_k``, ``D_k = max(max(D_{k-1}, H_{k-1} + p_k) + d_k, H_k)``
+(``encode = 0``: ``max(D_{k-1}, H_k) + d_k``); the prediction is ``D_last``. More segments start the device earlier (less of the host's work is ahead of
+it) and cost ``dispatch + launch`` each: the trade-off a plan makes.
+
+**Memory**, as MLX allocates it: the weights and other graph inputs stay resident (the
+model holds them) and are reported apart from the activations. Activations are
+simulated in program order: a buffer is allocated when its equation runs and freed
+after its last reader (MLX frees an array when its last reference goes); values inside
+a fused chain are never allocated; an elementwise output takes over an input buffer of
+the same size that dies at that equation (MLX's donation), and a KV-cache update writes
+into the cache buffer it consumes. The cuts change neither, so
+the prediction is the same for every legal plan (the executor releases a boundary
+value after its last reading segment, which is when its last reader has run).
+
+Machine models (:class:`MachineModel`) are JSON; ``segc calibrate`` measures one
+(``segc.research.calibrate``). The defaults are rough: ``CPU`` for MLX's CPU build on a
+small machine, ``H200`` for the GPU in bf16.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+from ..errors import ScheduleError
+from ..ir import Eqn, Graph, segments
+from ..lower.prim import lookup
+from .analysis import Liveness, Machine, eqn_bytes, eqn_flops, is_view, liveness, ops
+from .legalize import fusion_groups
+
+
+@dataclass(frozen=True, slots=True)
+class MachineModel:
+    """Seconds per unit of work on one machine (see the module docstring)."""
+
+    name: str = "cpu"
+    flops_per_s: float = 50e9
+    bytes_per_s: float = 10e9
+    launch_s: float = 2e-6  # device: per kernel
+    dispatch_s: float = 8e-6  # host: per segment (compiled call + async_eval)
+    host_op_s: float = 0.3e-6  # host: per kernel of a segment, before the device may start it
+    source: str = "default"  # "default", or what calibrated it
+    encode_s: float = 0.0  # host: per kernel, while the device already runs the segment's first ones
+
+    def roofline(self) -> Machine:
+        return Machine(self.name, self.flops_per_s, self.bytes_per_s)
+
+    def to_json(self) -> str:
+        return json.dumps({"segc_machine": 1, **asdict(self)}, indent=1) + "\n"
+
+    @staticmethod
+    def from_json(text: str) -> MachineModel:
+        try:
+            d = json.loads(text)
+            if d.get("segc_machine") != 1:
+                raise ScheduleError("not a segc machine model (no 'segc_machine': 1)")
+            known = {f.name for f in fields(MachineModel)}
+            unknown = sorted(set(d) - known - {"segc_machine"})
+            if unknown:
+                raise ScheduleError(f"machine model: unknown fields {unknown}")
+            m = MachineModel(**{k: v for k, v in d.items() if k in known})
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise ScheduleError(f"cannot read machine model: {exc}") from None
+        for f in fields(m):
+            v = getattr(m, f.name)
+            low = 0 if f.name == "encode_s" else 1e-300
+            if f.name not in ("name", "source") and not (isinstance(v, int | float) and v >= low):
+                raise ScheduleError(f"machine model: {f.name} must be a positive number, got {v!r}")
+        return m
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json())
+
+    @staticmethod
+    def load(path: str | Path) -> MachineModel:
+        try:
+            return MachineModel.from_json(Path(path).read_text())
+        except OSError as exc:
+            raise ScheduleError(f"cannot read machine model {path}: {exc}") from None
+
+
+CPU = MachineModel()
+H200 = MachineModel("h200", 790e12, 4.8e12, 4e-6, 25e-6, 1e-6, "default", 4e-6)
+
+
+def default_model() -> MachineModel:
+    """``H200`` when MLX's default device is a GPU, else ``CPU``."""
+    import mlx.core as mx
+
+    return H200 if mx.default_device() == mx.gpu else CPU
+
+
+# --------------------------------------------------------------------------- per-op figures
+
+
+@dataclass(frozen=True, slots=True)
+class OpCosts:
+    """Per computing equation (``analysis.ops`` order): fused device seconds (launches
+    left out), kernels started (0 for a view and inside a chain but its first), the
+    fusion group it belongs to (-1 for none), and the graph's liveness."""
+
+    device: tuple[float, ...]
+    kernels: tuple[int, ...]
+    group: tuple[int, ...]
+    lv: Liveness
+    internal: dict[str, int]  # value -> group, for values made and read only inside one chain
+
+
+def op_costs(g: Graph, m: MachineModel) -> OpCosts:
+    os_ = ops(g)
+    vs = g.vars()
+    lv = liveness(g)
+    groups = fusion_groups(g)
+    group = [-1] * len(os_)
+    for gi, grp in enumerate(groups):
+        for k in grp:
+            group[k] = gi
+    readers: dict[str, set[int]] = {}
+    for k, e in enumerate(os_):
+        for v in e.ins:
+            readers.setdefault(lv.root[v], set()).add(k)
+    outs = {lv.root[v] for v in g.outputs}
+    internal: dict[str, int] = {}
+    for k, e in enumerate(os_):
+        if group[k] < 0:
+            continue
+        for o in e.outs:
+            rs = readers.get(o.name, set())
+            if rs and o.name not in outs and all(group[r] == group[k] for r in rs):
+                internal[o.name] = group[k]
+    device, kernels = [], []
+    seen: set[int] = set()
+    read_in: dict[int, set[str]] = {}  # per chain: the buffers it has read already
+
+    def cost(v: str) -> int:
+        r = lv.root[v]
+        return min(vs[v].nbytes, lv.nbytes[r] if r in lv.defined or r not in lv.consts else vs[r].nbytes)
+
+    for k, e in enumerate(os_):
+        r, w = eqn_bytes(e, vs, lv)
+        if group[k] >= 0:  # bytes that stay inside the chain are not moved; a chain reads each input once
+            done = read_in.setdefault(group[k], set())
+            ins = list(dict.fromkeys(e.ins))
+            r -= sum(cost(v) for v in ins if v in internal or lv.root[v] in done)
+            done.update(lv.root[v] for v in ins)
+            w -= sum(lv.nbytes[o.name] for o in e.outs if o.name in internal)
+        device.append(max(eqn_flops(e, vs) / m.flops_per_s, max(r + w, 0) / m.bytes_per_s))
+        first = group[k] < 0 or group[k] not in seen
+        seen.add(group[k])
+        aliased = bool(e.outs) and is_view(e) and lv.root[e.outs[0].name] != e.outs[0].name
+        kernels.append(0 if aliased or not first else 1)
+    return OpCosts(tuple(device), tuple(kernels), tuple(group), lv, internal)
+
+
+# --------------------------------------------------------------------------- time
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentTime:
+    name: str
+    ops: int
+    host: float
+    device: float
+    boundary: float  # of device: reading activations from earlier segments
+    fusion_loss: float  # of device: chains split by a cut
+    kernels: int = 0  # kernels launched (a split chain's second launch included)
+    work: float = 0.0  # of device: all but the launches
+    pre: float = 0.0  # of host: before the device may start the segment
+
+    def retimed(self, m: MachineModel) -> SegmentTime:
+        """The same segment with ``m``'s per-kernel and per-segment figures (its
+        bandwidth and FLOP rate kept): what calibration fits."""
+        pre = m.dispatch_s + m.host_op_s * self.kernels
+        host = pre + m.encode_s * self.kernels
+        return replace(self, host=host, device=self.work + m.launch_s * self.kernels, pre=pre)
+
+
+@dataclass(frozen=True, slots=True)
+class TimePrediction:
+    total: float  # seconds: the pipeline's end
+    host: float  # seconds: all the host's dispatch
+    device: float  # seconds: all the device's work
+    segments: tuple[SegmentTime, ...]
+
+
+def _span_in_bytes(lv: Liveness, os_: list, a: int, b: int) -> int:
+    """Bytes of activations made before op ``a`` that ops ``[a, b)`` read."""
+    seen = {lv.root[v] for e in os_[a:b] for v in e.ins}
+    return sum(lv.nbytes[r] for r in seen if lv.defined.get(r, a) < a)
+
+
+def pipeline_time(host: list[float], device: list[float], pre: list[float] | None = None) -> float:
+    """The end of the two-stage pipeline (module docstring): the device starts segment
+    k when it is done with k-1 and the host has done ``pre[k]`` of its ``host[k]``
+    (all of it unless given), and ends it no sooner than the host does."""
+    h = d = 0.0
+    for k, (hk, dk) in enumerate(zip(host, device)):
+        start = max(d, h + (pre[k] if pre is not None else hk))
+        h += hk
+        d = max(start + dk, h)
+    return d
+
+
+def predict_time(g: Graph, m: MachineModel | None = None) -> TimePrediction:
+    """The predicted wall time of one call of ``g`` cut as it is."""
+    m = m or default_model()
+    os_ = ops(g)
+    oc = op_costs(g, m)
+    segs: list[SegmentTime] = []
+    k = 0
+    for s in segments(g):
+        n = sum(1 for e in g.eqns[s.start : s.stop] if not e.is_pseudo)
+        a, b = k, k + n
+        k = b
+        in_b = _span_in_bytes(oc.lv, os_, a, b)
+        loss, split = 0.0, 0
+        if a > 0 and 0 <= oc.group[a] == oc.group[a - 1]:  # a cut inside a fused chain
+            split = sum(
+                oc.lv.nbytes.get(v, 0) for v, gi in oc.internal.items() if gi == oc.group[a] and oc.lv.defined[v] < a
+            )
+            loss = 2 * split / m.bytes_per_s + m.launch_s
+        kern = sum(oc.kernels[a:b]) + (loss > 0)
+        work = sum(oc.device[a:b]) + in_b / m.bytes_per_s + (2 * split / m.bytes_per_s if loss else 0.0)
+        seg = SegmentTime(s.name, n, 0.0, 0.0, in_b / m.bytes_per_s, loss, kern, work)
+        segs.append(seg.retimed(m))
+    total = pipeline_time([s.host for s in segs], [s.device for s in segs], [s.pre for s in segs])
+    return TimePrediction(total, sum(s.host for s in segs), sum(s.device for s in segs), tuple(segs))
+
+
+# --------------------------------------------------------------------------- memory
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryPrediction:
+    weights: int  # parameters (graph inputs of kind "param")
+    inputs: int  # other graph inputs (arguments, KV-cache buffers)
+    activations: int  # the most bytes of computed buffers alive at once
+    constants: int  # captured constants
+
+    @property
+    def peak(self) -> int:
+        return self.weights + self.inputs + self.activations + self.constants
+
+
+def predict_memory(g: Graph) -> MemoryPrediction:
+    """MLX's peak allocation for one call of ``g`` (module docstring)."""
+    os_ = ops(g)
+    oc = op_costs(g, CPU)
+    lv = oc.lv
+    state = {i.var.name for i in g.inputs if i.kind == "state"}
+    end = {}  # a fused chain runs as one kernel at its last equation: its inputs live to there
+    for grp in fusion_groups(g):
+        for k in grp:
+            end[k] = grp[-1]
+    last: dict[str, int] = {}
+    for k, e in enumerate(os_):
+        for v in e.ins:
+            r = lv.root[v]
+            last[r] = max(last.get(r, -1), end.get(k, k))
+    frees: dict[int, list[str]] = {}
+    for v in lv.defined:
+        u = lv.n if lv.last_use[v] >= lv.n else last.get(v, lv.defined[v])
+        if u < lv.n:
+            frees.setdefault(u, []).append(v)
+    live: dict[str, int] = {}
+    cur = peak = 0
+    for k, e in enumerate(os_):
+        dying = {v for v in frees.get(k, []) if v in live}
+        for o in e.outs:
+            if lv.defined.get(o.name) != k or o.name in oc.internal:
+                continue
+            size = lv.nbytes[o.name]
+            if e.prim in _IN_PLACE and e.ins and last.get(lv.root[e.ins[0]]) == k and lv.root[e.ins[0]] in state:
+                continue  # a KV-cache update into the consumed state buffer: no new memory
+            donor = next((v for v in sorted(dying) if live[v] == size), None) if _donates(e) else None
+            if donor is not None:  # MLX writes the output into the dying input's buffer
+                dying.discard(donor)
+                cur -= live.pop(donor)
+            live[o.name] = size
+            cur += size
+        peak = max(peak, cur)
+        for v in frees.get(k, []):
+            if v in live:
+                cur -= live.pop(v)
+    weights = sum(i.var.nbytes for i in g.inputs if i.kind == "param")
+    other = sum(i.var.nbytes for i in g.inputs if i.kind != "param")
+    consts = sum(c.var.nbytes for c in g.consts)
+    return MemoryPrediction(weights, other, peak, consts)
+
+
+# updates MLX makes in place when their first input is donated (segc hands a call's
+# KV-cache buffers to the executor once the signature has run: docs/performance.md)
+_IN_PLACE = frozenset({"SliceUpdate", "DynamicSliceUpdate", "Scatter", "ScatterAxis"})
+
+
+def _donates(e: Eqn) -> bool:
+    """Elementwise equations (and the fused chains made of them) may write into an input
+    buffer that dies with them; matrix products, reductions and the rest allocate."""
+    p = lookup(e.prim)
+    return p.fusible and p.memory in ("compute", "move")
+
+
+def with_source(m: MachineModel, source: str) -> MachineModel:
+    return replace(m, source=source)

@@ -1,0 +1,175 @@
+"""Exact cut placement by dynamic programming over the legal cut points.
+
+- :func:`fewest_segments` (``memory:B``): the fewest segments whose working sets
+  (``analysis.span_peak``) each stay within ``B``, ties broken by the smallest largest
+  working set. A span's peak grows as its end moves later but not as its start moves
+  earlier (an earlier start turns inputs read from outside into values made inside),
+  so a greedy that extends each segment as far as it fits is not optimal; the DP over
+  (start point, end point) pairs is. For a fixed start the peaks are computed in one
+  sweep, stopped at the first end over budget (monotone in the end).
+- :class:`Optimal` (``optimal[:B]``): the plan of least predicted time
+  (``costmodel.predict_time``) under an optional working-set budget. The pipeline's
+  end ``D_k = max(max(D_{k-1}, H_{k-1} + p_k) + d_k, H_k)`` depends on the host's time ``H_k``, which
+  depends only on the number of segments so far and the point reached; so the DP runs
+  over (segments so far, point), with numpy over the previous point. At most
+  ``max_segments`` segments (64 unless told).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ..errors import ScheduleError
+from ..ir import Eqn, Graph
+from .analysis import Liveness, liveness, ops
+from .costmodel import MachineModel, default_model, op_costs
+from .legalize import legal_points
+from .plan import Plan, plan_at
+
+
+def span_peaks(lv: Liveness, os_: Sequence[Eqn], a: int, ends: Sequence[int], budget: float) -> dict[int, int]:
+    """``{b: span_peak(a, b)}`` for the ``ends`` after ``a`` (ascending), up to the first
+    over ``budget``; one sweep over ``os_[a:]``."""
+    want = sorted(b for b in ends if b > a)
+    out: dict[int, int] = {}
+    if not want:
+        return out
+    seen: set[str] = set()
+    outside = cur = peak = 0
+    wi = 0
+    frees: dict[int, int] = {}
+    for k in range(a, want[-1]):
+        for v in os_[k].ins:
+            r = lv.root[v]
+            if r not in seen and lv.defined.get(r, -1) < a:
+                seen.add(r)
+                outside += lv.nbytes[r]
+        for o in os_[k].outs:
+            if lv.defined.get(o.name) == k:
+                cur += lv.nbytes[o.name]
+                frees[lv.last_use[o.name]] = frees.get(lv.last_use[o.name], 0) + lv.nbytes[o.name]
+        peak = max(peak, cur)
+        cur -= frees.pop(k, 0)
+        if k + 1 == want[wi]:
+            if outside + peak > budget:
+                break
+            out[k + 1] = outside + peak
+            wi += 1
+    return out
+
+
+def fewest_segments(g: Graph, budget: int) -> list[int]:
+    """Cut points of the fewest segments each within ``budget`` bytes of working set."""
+    os_ = ops(g)
+    n = len(os_)
+    lv = liveness(g)
+    pts = [0, *legal_points(g), n]
+    best: dict[int, tuple[int, int]] = {0: (0, 0)}
+    back: dict[int, int] = {}
+    for a in pts[:-1]:
+        if a not in best:
+            continue
+        cnt, worst = best[a]
+        for b, peak in span_peaks(lv, os_, a, pts, budget).items():
+            cand = (cnt + 1, max(worst, peak))
+            if b not in best or cand < best[b]:
+                best[b], back[b] = cand, a
+    if n not in best:
+        first = next((b for b in pts[1:] if b not in best), n)
+        prev = max(p for p in best if p < first)
+        need = span_peaks(lv, os_, prev, [first], float("inf")).get(first, 0)
+        raise ScheduleError(
+            f"memory({budget}): no plan keeps every segment within {budget} B; equations "
+            f"#{os_[prev].id}..#{os_[first - 1].id} cannot be cut (a fused chain or one equation) and need {need} B"
+        )
+    cuts, b = [], n
+    while b > 0:
+        b = back[b]
+        if b > 0:
+            cuts.append(b)
+    return sorted(cuts)
+
+
+@dataclass(frozen=True)
+class Optimal:
+    """The least predicted time (``costmodel``) under a working-set budget (or none)."""
+
+    budget: int | None = None
+    model: MachineModel | None = None
+    max_segments: int = 64
+    info: dict = field(default_factory=dict, compare=False)
+
+    def __call__(self, g: Graph) -> Plan:
+        import numpy as np
+
+        m = self.model or default_model()
+        os_ = ops(g)
+        n = len(os_)
+        if n == 0:
+            return plan_at(g, "optimal", [])
+        oc = op_costs(g, m)
+        lv = oc.lv
+        pts = np.array([0, *legal_points(g), n])
+        q = len(pts)
+        idx = {int(p): i for i, p in enumerate(pts)}
+        dev = np.concatenate([[0.0], np.cumsum(np.array(oc.device) + m.launch_s * np.array(oc.kernels))])
+        # in_bytes[i, j]: activations made before pts[i] and read in [pts[i], pts[j])
+        rect = np.zeros((q + 1, q + 1))
+        readers: dict[str, list[int]] = {}
+        for k, e in enumerate(os_):
+            for v in dict.fromkeys(lv.root[x] for x in e.ins):
+                if v in lv.defined:
+                    readers.setdefault(v, []).append(k)
+        for v, rs in readers.items():
+            lo = lv.defined[v]
+            for t in rs:  # starts a in (lo, t] read v first at t; counted for ends b > t
+                i0 = int(np.searchsorted(pts, lo, side="right"))
+                i1 = int(np.searchsorted(pts, t, side="right"))
+                j0 = int(np.searchsorted(pts, t, side="right"))
+                if i0 < i1:
+                    rect[i0, j0] += lv.nbytes[v]
+                    rect[i1, j0] -= lv.nbytes[v]
+                lo = t
+        in_b = np.cumsum(np.cumsum(rect, axis=0), axis=1)[:q, :q]
+        d = dev[pts][None, :] - dev[pts][:, None] + in_b / m.bytes_per_s
+        ok = pts[None, :] > pts[:, None]
+        if self.budget is not None:
+            feas = np.zeros((q, q), dtype=bool)
+            for i, a in enumerate(pts[:-1]):
+                for b in span_peaks(lv, os_, int(a), [int(p) for p in pts], self.budget):
+                    feas[i, idx[b]] = True
+            ok &= feas
+        d = np.where(ok, d, np.inf)
+        kern = np.concatenate([[0.0], np.cumsum(np.array(oc.kernels, dtype=float))])
+        kp = kern[pts]
+        pre_at = m.encode_s * kp[:, None] + m.host_op_s * kp[None, :]  # host work before segment (i, j) starts
+        end_at = (m.host_op_s + m.encode_s) * kp
+        inf = np.full(q, np.inf)
+        D = [np.where(pts == 0, 0.0, np.inf)]
+        arg: list[np.ndarray] = [np.zeros(q, dtype=int)]
+        best_s, best_t = -1, np.inf
+        for s in range(1, max(1, self.max_segments) + 1):
+            start = np.maximum(D[-1][:, None], s * m.dispatch_s + pre_at)
+            cand = np.maximum(start + d, (s * m.dispatch_s + end_at)[None, :])
+            a = np.argmin(cand, axis=0)
+            row = cand[a, np.arange(q)]
+            D.append(np.where(np.isfinite(row), row, inf))
+            arg.append(a)
+            if D[-1][-1] < best_t:
+                best_s, best_t = s, float(D[-1][-1])
+            if not np.isfinite(D[-1]).any():
+                break
+        if best_s < 0:
+            raise ScheduleError(
+                f"optimal({self.budget}): no plan of at most {self.max_segments} segments keeps every segment "
+                f"within {self.budget} B"
+            )
+        cuts, j = [], q - 1
+        for s in range(best_s, 0, -1):
+            j = int(arg[s][j])
+            if j > 0:
+                cuts.append(int(pts[j]))
+        name = f"optimal({self.budget})" if self.budget is not None else "optimal"
+        info = {"predicted_s": best_t, "machine": m.name}
+        return plan_at(g, name, sorted(cuts), info=info)

@@ -1,0 +1,267 @@
+"""An experiment's results: rows as CSV, everything as JSON (with the environment: MLX
+version, device, segc's commit, the machine model), a summary per (model, workload)
+(Spearman's rank correlation of predicted and measured time across plans, the largest
+error of predicted peak memory, bit-identity), and plots (matplotlib, optional:
+``pip install 'segc[research]'``): predicted against measured time and memory,
+segments against time, and the Pareto front of time and memory."""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import json
+import platform
+import subprocess
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import SegcError
+from ..passes.costmodel import MachineModel
+from .sweep import spearman
+
+COLUMNS = (
+    "model",
+    "workload",
+    "strategy",
+    "plan",
+    "segments",
+    "moved",
+    "predicted_s",
+    "measured_median_s",
+    "measured_p25_s",
+    "measured_p75_s",
+    "measured_min_s",
+    "host_median_s",
+    "predicted_host_s",
+    "predicted_device_s",
+    "compile_s",
+    "predicted_peak_bytes",
+    "measured_peak_bytes",
+    "predicted_weights_bytes",
+    "predicted_inputs_bytes",
+    "predicted_activations_bytes",
+    "measured_resident_bytes",
+    "measured_activations_bytes",
+    "working_set_bytes",
+    "boundary_bytes",
+    "bit_identical",
+    "repeats",
+    "plan_file",
+    "error",
+)
+
+
+def environment() -> dict[str, Any]:
+    import importlib.metadata
+
+    import mlx.core as mx
+
+    try:
+        version: str | None = importlib.metadata.version("segc")
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+    env: dict[str, Any] = {
+        "mlx": getattr(mx, "__version__", None),
+        "device": str(mx.default_device()),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "segc": version,
+        "utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    try:
+        info = mx.device_info()
+        env["device_name"] = str(info.get("device_name", info.get("architecture", "")))
+        env["device_memory"] = int(info.get("memory_size", 0))
+    except Exception:  # not every backend reports one
+        pass
+    try:
+        root = Path(__file__).resolve().parents[2]
+        env["commit"] = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        env["commit"] = None
+    return env
+
+
+@dataclass
+class Results:
+    machine: MachineModel
+    experiment: dict[str, Any] = field(default_factory=dict)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    env: dict[str, Any] = field(default_factory=environment)
+
+    def groups(self) -> dict[tuple[str, str], list[dict[str, Any]]]:
+        out: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for r in self.rows:
+            out.setdefault((r["model"], r["workload"]), []).append(r)
+        return out
+
+    def summary(self) -> list[dict[str, Any]]:
+        """Per (model, workload): plans, rank correlation of predicted and measured time,
+        the largest relative error of predicted peak memory, whether every plan and the
+        eager run matched eager's bits, the fastest plan measured and predicted."""
+        out = []
+        for (m, w), rows in self.groups().items():
+            plans = [r for r in rows if "predicted_s" in r and "measured_median_s" in r]
+            errs = [
+                abs(r["predicted_peak_bytes"] - r["measured_peak_bytes"]) / r["measured_peak_bytes"]
+                for r in plans
+                if r.get("measured_peak_bytes")
+            ]
+            out.append(
+                {
+                    "model": m,
+                    "workload": w,
+                    "plans": len(plans),
+                    "spearman_time": spearman(
+                        [r["predicted_s"] for r in plans], [r["measured_median_s"] for r in plans]
+                    ),
+                    "max_peak_error": max(errs, default=None),
+                    "bit_identical": all(r.get("bit_identical") for r in rows if "error" not in r),
+                    "fastest_measured": min(plans, key=lambda r: r["measured_median_s"])["strategy"] if plans else None,
+                    "fastest_predicted": min(plans, key=lambda r: r["predicted_s"])["strategy"] if plans else None,
+                    "errors": [f"{r['strategy']}: {r['error']}" for r in rows if "error" in r],
+                }
+            )
+        return out
+
+    def to_json(self) -> str:
+        exp = {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.experiment.items()}
+        exp = {k: (str(v) if isinstance(v, Path) else v) for k, v in exp.items()}
+        d = {
+            "segc_experiment": 1,
+            "env": self.env,
+            "machine": asdict(self.machine),
+            "experiment": exp,
+            "summary": self.summary(),
+            "rows": self.rows,
+        }
+        return json.dumps(d, indent=1, default=str) + "\n"
+
+    def write_csv(self, path: str | Path) -> None:
+        with open(path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+            w.writeheader()
+            for r in self.rows:
+                w.writerow(r)
+
+    def write(self, out: str | Path, plots: Sequence[str] = ("png", "svg")) -> list[Path]:
+        """``results.csv``, ``results.json`` and, when matplotlib is installed and
+        ``plots`` names formats, one figure per (model, workload). The paths written."""
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        self.write_csv(out / "results.csv")
+        (out / "results.json").write_text(self.to_json())
+        paths = [out / "results.csv", out / "results.json"]
+        if plots:
+            paths += plot(self, out, plots)
+        return paths
+
+    def table(self) -> str:
+        """A markdown table of the rows."""
+        from ..units import fmt_bytes, fmt_seconds
+
+        head = "| model | workload | strategy | segments | predicted | measured (p25–p75) | predicted peak | measured peak | bits |"
+        lines = [head, "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+        for r in self.rows:
+            if "error" in r:
+                lines.append(f"| {r['model']} | {r['workload']} | `{r['strategy']}` | | | {r['error'][:60]} | | | |")
+                continue
+            meas = (
+                f"{fmt_seconds(r['measured_median_s'])} ({fmt_seconds(r['measured_p25_s'])}–"
+                f"{fmt_seconds(r['measured_p75_s'])})"
+                if "measured_median_s" in r
+                else ""
+            )
+            pred = fmt_seconds(r["predicted_s"]) if "predicted_s" in r else ""
+            pp = fmt_bytes(r["predicted_peak_bytes"]) if "predicted_peak_bytes" in r else ""
+            mp = fmt_bytes(r["measured_peak_bytes"]) if "measured_peak_bytes" in r else ""
+            bits = "yes" if r.get("bit_identical") else "NO"
+            lines.append(
+                f"| {r['model']} | {r['workload']} | `{r['strategy']}` | {r.get('segments', '')} | {pred} | {meas} "
+                f"| {pp} | {mp} | {bits} |"
+            )
+        return "\n".join(lines)
+
+
+def plot(res: Results, out: Path, formats: Sequence[str]) -> list[Path]:
+    """One figure of four panels per (model, workload); the paths written."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SegcError("plots need matplotlib: pip install 'segc[research]' (or pass no plot formats)") from None
+    written = []
+    for (m, w), rows in res.groups().items():
+        ok = [r for r in rows if "predicted_s" in r and "measured_median_s" in r]
+        if not ok:
+            continue
+        fig, ax = plt.subplots(2, 2, figsize=(11, 8.5))
+        fig.suptitle(f"{m}, {w} ({res.env.get('device')}, machine model {res.machine.name})")
+        top = max(max(r["predicted_s"], r["measured_median_s"]) for r in ok)
+        us, unit = (1.0, "s") if top >= 1 else (1e3, "ms") if top >= 1e-3 else (1e6, "us")
+        a = ax[0][0]
+        a.scatter([r["predicted_s"] * us for r in ok], [r["measured_median_s"] * us for r in ok])
+        for r in ok:
+            a.annotate(r["strategy"], (r["predicted_s"] * us, r["measured_median_s"] * us), fontsize=6)
+        a.set(xlabel=f"predicted time ({unit})", ylabel=f"measured median ({unit})", title="time")
+        a = ax[0][1]
+        mib = 1 / 2**20
+        a.scatter([r["predicted_peak_bytes"] * mib for r in ok], [r["measured_peak_bytes"] * mib for r in ok])
+        lo = min(min(r["predicted_peak_bytes"], r["measured_peak_bytes"]) for r in ok) * mib
+        hi = max(max(r["predicted_peak_bytes"], r["measured_peak_bytes"]) for r in ok) * mib
+        a.plot([lo, hi], [lo, hi], "k:", linewidth=0.8)
+        a.set(xlabel="predicted peak (MiB)", ylabel="mx.get_peak_memory (MiB)", title="peak memory")
+        a.ticklabel_format(useOffset=False)
+        a = ax[1][0]
+        srt = sorted(ok, key=lambda r: r["segments"])
+        a.errorbar(
+            [r["segments"] for r in srt],
+            [r["measured_median_s"] * us for r in srt],
+            yerr=[
+                [(r["measured_median_s"] - r["measured_p25_s"]) * us for r in srt],
+                [(r["measured_p75_s"] - r["measured_median_s"]) * us for r in srt],
+            ],
+            fmt="o",
+            label="measured (median, quartiles)",
+        )
+        a.plot([r["segments"] for r in srt], [r["predicted_s"] * us for r in srt], "x", label="predicted")
+        a.set(xlabel="segments", ylabel=f"time ({unit})", title="segments against time")
+        a.legend(fontsize=7)
+        a = ax[1][1]
+        pts = [(r["measured_median_s"] * us, r["working_set_bytes"] * mib, r["strategy"]) for r in ok]
+        a.scatter([p[0] for p in pts], [p[1] for p in pts], c="grey")
+        front = pareto([(p[0], p[1]) for p in pts])
+        a.plot([pts[i][0] for i in front], [pts[i][1] for i in front], "r-o", label="Pareto front")
+        for i in front:
+            a.annotate(pts[i][2], pts[i][:2], fontsize=6)
+        a.set(xlabel=f"measured time ({unit})", ylabel="largest segment working set (MiB)", title="time against memory")
+        a.legend(fontsize=7)
+        fig.tight_layout()
+        for fmt in formats:
+            p = out / f"plot_{_name(m)}_{_name(w)}.{fmt}"
+            fig.savefig(p)
+            written.append(p)
+        plt.close(fig)
+    return written
+
+
+def pareto(points: Sequence[tuple[float, float]]) -> list[int]:
+    """Indices of the points no other point beats on both coordinates (smaller is
+    better), by the first coordinate."""
+    order = sorted(range(len(points)), key=lambda i: points[i])
+    front, best = [], float("inf")
+    for i in order:
+        if points[i][1] < best:
+            front.append(i)
+            best = points[i][1]
+    return front
+
+
+def _name(text: str) -> str:
+    return "".join(c if c.isalnum() or c == "." else "-" for c in text).strip("-")

@@ -1,0 +1,131 @@
+"""Exact cut placement (issue 15): ``memory:B`` and ``optimal[:B]`` against brute force
+over every subset of the legal cut points, on random programs written as IR text. The
+brute force cuts the graph and measures each plan with the reference working sets of
+``conftest`` (``ref_segment_peaks``) and the cost model's ``predict_time`` applied to
+the cut graph, never with the DP under test. No MLX runs here."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+from conftest import examples, ref_segment_peaks
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from segc import ScheduleError
+from segc.ir import Graph, parse, segments
+from segc.passes import make_plan
+from segc.passes.costmodel import CPU, H200, MachineModel, predict_time
+from segc.passes.legalize import legal_points
+from segc.passes.optimal import Optimal
+from segc.passes.plan import apply_plan, plan_at
+from segc.passes.strategies import Memory
+
+WIDTHS = (4, 8, 16)
+
+
+@st.composite
+def programs(draw: Any) -> Graph:
+    """A random straight-line program over f32[4,w] values: elementwise chains (which
+    fuse), matrix products by parameters (which change the width), reductions."""
+    n = draw(st.integers(3, 11))
+    vals: list[tuple[str, int]] = [("a0", 8)]
+    params: list[str] = []
+    lines = []
+    for k in range(n):
+        kind = draw(st.sampled_from(["unary", "binary", "matmul", "matmul", "sum"]))
+        x, w = vals[draw(st.integers(0, len(vals) - 1))]
+        out = f"v{k}"
+        if kind == "unary":
+            lines.append(f"  %{out}: f32[4,{w}] = {draw(st.sampled_from(['Exp', 'Sin', 'Tanh']))}(%{x}) #{k}")
+        elif kind == "binary":
+            same = [v for v, ww in vals if ww == w]
+            y = same[draw(st.integers(0, len(same) - 1))]
+            lines.append(f"  %{out}: f32[4,{w}] = {draw(st.sampled_from(['Add', 'Multiply']))}(%{x}, %{y}) #{k}")
+        elif kind == "matmul":
+            w2 = draw(st.sampled_from(WIDTHS))
+            p = f"p{len(params)}"
+            params.append(f'%{p}: f32[{w},{w2}] param="w{len(params)}"')
+            lines.append(f"  %{out}: f32[4,{w2}] = Matmul(%{x}, %{p}) #{k}")
+            w = w2
+        else:
+            lines.append(f"  %{out}: f32[4,{w}] = Sum(%{x}) [[0]] #{k}")
+            lines[-1] = f"  %{out}: f32[4,{w}] = Negative(%{x}) #{k}"
+        vals.append((out, w))
+    outs = ", ".join(f"%{v}" for v, _ in vals[-2:] if v != "a0")
+    head = ", ".join(['%a0: f32[4,8] arg="0"', *params])
+    return parse(f"graph f({head}) {{\n" + "\n".join(lines) + f"\n  return ({outs})\n}}\n")
+
+
+def all_plans(g: Graph) -> list[tuple[tuple[int, ...], Graph]]:
+    pts = legal_points(g)
+    out = []
+    for r in range(len(pts) + 1):
+        for sub in itertools.combinations(pts, r):
+            out.append((sub, apply_plan(g, plan_at(g, "brute", sub))))
+    return out
+
+
+@settings(max_examples=examples(60), deadline=None, derandomize=True)
+@given(g=programs(), frac=st.floats(0.1, 1.2))
+def test_memory_dp_matches_brute_force(g: Graph, frac: float) -> None:
+    plans = all_plans(g)
+    (whole,) = ref_segment_peaks(plans[0][1])
+    budget = int(whole * frac)
+    feasible = [len(segments(cut)) for _, cut in plans if max(ref_segment_peaks(cut)) <= budget]
+    if not feasible:
+        with pytest.raises(ScheduleError, match="no plan keeps every segment"):
+            make_plan(g, Memory(budget))
+        return
+    cut = apply_plan(g, make_plan(g, Memory(budget)))
+    assert max(ref_segment_peaks(cut)) <= budget
+    assert len(segments(cut)) == min(feasible)  # the fewest segments any legal plan needs
+
+
+SLOW_HOST = MachineModel("slow-host", 1e9, 1e9, 1e-7, 1e-3, 1e-5)
+ENCODING = MachineModel("encoding", 1e9, 1e9, 1e-7, 1e-4, 1e-6, "by hand", 5e-6)
+
+
+@pytest.mark.parametrize("model", [CPU, H200, SLOW_HOST, ENCODING])
+@settings(max_examples=examples(25), deadline=None, derandomize=True)
+@given(g=programs(), frac=st.one_of(st.none(), st.floats(0.2, 1.2)))
+def test_optimal_matches_brute_force(model: MachineModel, g: Graph, frac: float | None) -> None:
+    plans = all_plans(g)
+    (whole,) = ref_segment_peaks(plans[0][1])
+    budget = None if frac is None else int(whole * frac)
+    times = [
+        predict_time(cut, model).total for _, cut in plans if budget is None or max(ref_segment_peaks(cut)) <= budget
+    ]
+    if not times:
+        with pytest.raises(ScheduleError):
+            make_plan(g, Optimal(budget, model))
+        return
+    cut = apply_plan(g, make_plan(g, Optimal(budget, model)))
+    assert budget is None or max(ref_segment_peaks(cut)) <= budget
+    assert predict_time(cut, model).total == pytest.approx(min(times), rel=1e-9, abs=1e-15)
+
+
+def test_relative_budgets_and_specs() -> None:
+    src = """\
+graph f(%a0: f32[4,8] arg="0", %p0: f32[8,8] param="w") {
+  %v0: f32[4,8] = Matmul(%a0, %p0) #0
+  segc.cut() ["l0"] #1
+  %v1: f32[4,8] = Matmul(%v0, %p0) #2
+  segc.cut() ["l1"] #3
+  %v2: f32[4,8] = Matmul(%v1, %p0) #4
+  return (%v2)
+}
+"""
+    g = parse(src)
+    # each layer reads its input (128 B) and the weight (256 B) and makes 128 B: 512 B
+    plan = make_plan(g, "memory:1x")
+    assert plan.info["budget"] == 512 and len(plan.cuts) == 2
+    assert make_plan(g, "memory:2x").info["budget"] == 1024
+    # the whole graph: a0 and the weight (384 B), and at most two 128 B values at once
+    assert len(make_plan(g, "memory:1.25x").cuts) == 0 and len(make_plan(g, "memory:1.2x").cuts) == 2
+    assert make_plan(g, "optimal").strategy == "optimal"
+    assert make_plan(g, "optimal:1x").strategy == "optimal(512)"
+    with pytest.raises(ScheduleError, match="bad argument"):
+        make_plan(g, "memory:lotsx")

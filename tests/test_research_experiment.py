@@ -1,0 +1,168 @@
+"""The experiment harness end to end (issue 15): a small sweep through the Python API
+and through ``segc experiment`` / ``segc calibrate`` produces CSV, JSON (with the
+environment), saved plans that re-run with eager MLX's bits, and plots; every plan is
+bit-identical to eager MLX; predicted peak memory is close to ``mx.get_peak_memory``.
+
+No timing is checked. The memory bound (20%) is looser than the issue's 15% for the
+reference model: on a tiny model MLX's allocator rounds small buffers up, a larger
+share of a few hundred KiB (docs/experiments.md gives the figures)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+from conftest import same_bits
+from mlx.utils import tree_flatten
+
+import segc
+from segc.errors import SegcError
+from segc.passes import Plan
+from segc.passes.costmodel import MachineModel
+from segc.research import Experiment, load_model, make_workload, run_experiment
+from segc.research.report import COLUMNS
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "llama:num_hidden_layers=2"
+STRATEGIES = ["none", "markers", "balanced:2..3", "memory:1x", "optimal", "optimal:1x"]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
+    out = tmp_path_factory.mktemp("sweep")
+    exp = Experiment(
+        models=[MODEL], workloads=["decode:16", "prefill:8"], strategies=STRATEGIES, repeats=2, warmup=1,
+        out=out, plots=(), progress=False,
+    )  # fmt: skip
+    return out, run_experiment(exp)
+
+
+def test_sweep_writes_csv_and_json(sweep: tuple[Path, object]) -> None:
+    out, res = sweep
+    with (out / "results.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert tuple(rows[0]) == COLUMNS
+    want = ["none", "markers", "balanced:2", "balanced:3", "memory:1x", "optimal", "optimal:1x", "eager"]
+    for w in ("decode:16", "prefill:8"):
+        assert [r["strategy"] for r in rows if r["workload"] == w] == want
+    assert all(r["bit_identical"] == "True" for r in rows), [
+        r["strategy"] for r in rows if r["bit_identical"] != "True"
+    ]
+    assert all(float(r["measured_median_s"]) > 0 and int(r["repeats"]) == 2 for r in rows)
+    d = json.loads((out / "results.json").read_text())
+    assert d["segc_experiment"] == 1 and d["env"]["mlx"] == mx.__version__ and "commit" in d["env"]
+    assert d["env"]["device"] == str(mx.default_device())
+    assert MachineModel(**d["machine"]) == res.machine  # type: ignore[attr-defined]
+    assert [(s["workload"], s["plans"], s["bit_identical"]) for s in d["summary"]] == [
+        ("decode:16", 7, True),
+        ("prefill:8", 7, True),
+    ]
+    assert len(d["rows"]) == 16
+
+
+def test_predicted_peak_memory_is_close_to_mlx(sweep: tuple[Path, object]) -> None:
+    """The call's own allocations (``mx.get_peak_memory()`` less what was alive before
+    it) against the predicted activations, relative to the predicted peak: in a test
+    process other tests' arrays are alive too, which ``segc experiment`` (a process of
+    its own) does not have."""
+    _, res = sweep
+    weights = sum(v.nbytes for _, v in tree_flatten(load_model(MODEL).parameters()))
+    for r in res.rows:  # type: ignore[attr-defined]
+        if "predicted_peak_bytes" in r:
+            resident = r["predicted_peak_bytes"] - r["predicted_activations_bytes"]
+            measured = resident + r["measured_activations_bytes"]
+            err = abs(r["predicted_peak_bytes"] - measured) / measured
+            assert err < 0.2, (r["workload"], r["strategy"], r["predicted_activations_bytes"], measured)
+            assert r["predicted_weights_bytes"] == weights
+            assert r["measured_resident_bytes"] >= resident  # the model and its inputs were alive
+
+
+def test_saved_plans_rerun_bit_identical(sweep: tuple[Path, object]) -> None:
+    out, res = sweep
+    model = load_model(MODEL)
+    wl = make_workload("prefill:8", model)
+    want = wl.reference(model)
+    for r in res.rows:  # type: ignore[attr-defined]
+        if r["workload"] == "prefill:8" and "plan_file" in r:
+            plan = Plan.load(out / r["plan_file"])
+            a, k = wl.args()
+            assert same_bits(segc.jit(model, boundaries="layers.*", strategy=plan)(*a, **k), want), r["strategy"]
+
+
+def test_sweep_plots(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib", reason="plots need matplotlib: pip install 'segc[research]'")
+    exp = Experiment(
+        models=[MODEL], workloads=["prefill:8"], strategies=["none", "balanced:2..3"], repeats=1, warmup=0,
+        out=tmp_path, plots=("png", "svg"), progress=False, eager=False,
+    )  # fmt: skip
+    run_experiment(exp)
+    for fmt in ("png", "svg"):
+        p = tmp_path / f"plot_llama-num-hidden-layers-2_prefill-8.{fmt}"
+        assert p.stat().st_size > 1000
+    assert (tmp_path / "plot_llama-num-hidden-layers-2_prefill-8.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _segc(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run(
+        [sys.executable, "-m", "segc", *args], capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT
+    )
+
+
+@pytest.mark.slow
+def test_cli_experiment_and_calibrate(tmp_path: Path) -> None:
+    p = _segc("calibrate", "--fit", "none", "--repeats", "2", "--out", str(tmp_path / "m.json"))
+    assert p.returncode == 0, p.stderr
+    m = MachineModel.load(tmp_path / "m.json")
+    assert m.flops_per_s > 0 and m.source.startswith("calibrated on")
+    p = _segc(
+        "experiment", "--model", MODEL, "--workload", "prefill:8", "--strategy", "balanced:1..2", "--repeats", "1",
+        "--machine", str(tmp_path / "m.json"), "--plots", "", "--quiet", "--out", str(tmp_path / "x"),
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert "| `balanced:2` | 2 |" in p.stdout and '"bit_identical": true' in p.stdout
+    assert (tmp_path / "x" / "results.csv").is_file() and (tmp_path / "x" / "plans").is_dir()
+
+
+@pytest.mark.parametrize(
+    ("args", "msg"),
+    [
+        (["--workload", "bogus:1"], "workload 'bogus:1'"),
+        (["--model", "nosuchmodel"], "model 'nosuchmodel'"),
+        (["--strategy", "balanced:9..2"], "needs LO <= HI"),
+        (["--repeats", "0"], "repeats must be >= 1"),
+    ],
+)
+def test_cli_experiment_bad_input(args: list[str], msg: str) -> None:
+    p = _segc("experiment", "--model", MODEL, "--quiet", "--plots", "", *args)
+    assert p.returncode == 2 and msg in p.stderr, p.stderr
+
+
+def test_models_from_a_file_and_bad_specs(tmp_path: Path) -> None:
+    src = tmp_path / "mine.py"
+    src.write_text(
+        "import mlx.nn as nn\n\n\nclass Two(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.embed = nn.Embedding(16, 8)\n        self.out = nn.Linear(8, 16)\n\n"
+        "    def __call__(self, x):\n        return self.out(self.embed(x))\n\n\ndef make():\n    return Two()\n\n\n"
+        "def not_a_module():\n    return 3\n"
+    )
+    model = load_model(f"{src}:make")
+    wl = make_workload("prefill:4", model)
+    a, k = wl.args()
+    assert same_bits(segc.jit(model, strategy="optimal")(*a, **k), wl.reference(model))
+    with pytest.raises(SegcError, match=r"returned a int, not an mlx\.nn\.Module"):
+        load_model(f"{src}:not_a_module")
+    with pytest.raises(SegcError, match="no function 'nope'"):
+        load_model(f"{src}:nope")
+    with pytest.raises(SegcError, match="does not exist"):
+        load_model(f"{tmp_path / 'missing.py'}:make")
+    with pytest.raises(SegcError, match="is not field=value"):
+        load_model("llama:hidden_size")
+    with pytest.raises(SegcError, match="the model takes no mlx-lm KV caches"):
+        make_workload("decode:4", model)
