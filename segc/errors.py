@@ -63,3 +63,9 @@ class WaitTimeout(SegcError):
 
 class SegcWarning(UserWarning):
     """segc did something other than asked, safely (e.g. ran a call eagerly)."""
+
+
+class PagingError(SegcError):
+    """Paging weights in failed, or cannot keep its promise: a tensor that cannot be
+    read (the message names the file and the tensor), or a memory budget too small for
+    one segment's working set (the message gives the smallest budget that works)."""
