@@ -12,7 +12,7 @@ from typing import Any
 import mlx.core as mx
 import pytest
 from conftest import bits, examples
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as hs
 
 pytest.importorskip("mlx_lm")
@@ -106,21 +106,34 @@ def test_paged_runs_are_the_resident_run(dirs: dict[str, Path], arch: str) -> No
     assert paged_run(drained, 16, 2, banded=True) == want[:3]
 
 
-@settings(max_examples=examples(4))
+@settings(max_examples=examples(6))
+@example(band=1, depth=0, evict="lru", chunk=16, source="disk", reclaim="host", convert="dispatch")
+@example(band=2, depth=2, evict="mru", chunk=8, source="host", reclaim="host", convert="thread")
 @given(
     band=hs.integers(1, 4),
     depth=hs.integers(0, 2),
     evict=hs.sampled_from(["lru", "mru"]),
     chunk=hs.sampled_from([8, 16, 37]),
     source=hs.sampled_from(["disk", "host"]),
+    reclaim=hs.sampled_from(["thread", "host"]),
+    convert=hs.sampled_from(["thread", "dispatch"]),
 )
 def test_paging_settings_keep_the_bits(
-    tmp_path_factory: pytest.TempPathFactory, band: int, depth: int, evict: str, chunk: int, source: str
+    tmp_path_factory: pytest.TempPathFactory,
+    band: int,
+    depth: int,
+    evict: str,
+    chunk: int,
+    source: str,
+    reclaim: str,
+    convert: str,
 ) -> None:
     path = _llama_dir(tmp_path_factory)
     want = resident(path, chunk, 2)
     budget = tight(path, chunk, 2, band=band)
-    pm = PagedModel(path, budget=budget, band=band, depth=depth, evict=evict, source=source)
+    pm = PagedModel(
+        path, budget=budget, band=band, depth=depth, evict=evict, source=source, reclaim=reclaim, convert=convert
+    )
     try:
         assert paged_run(pm, chunk, 2, banded=True) == want
     finally:

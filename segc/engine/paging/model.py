@@ -68,7 +68,14 @@ class PagedModel:
     no host drain) or ``"drain"`` (the host loads each page and waits for each band: the
     baseline); ``source``: ``"disk"`` or ``"host"`` (every tensor in host memory first);
     ``reader``: replaces the tensor reader (fault injection); ``timeout``: seconds any
-    wait may block."""
+    wait may block; ``reclaim``: who waits for a band's outputs before its page may go,
+    ``"thread"`` (a completer thread: the CPU's default), ``"host"`` (the dispatch
+    thread, ``depth`` bands late: the default elsewhere, where a helper thread may not
+    evaluate arrays) or ``"auto"``; ``convert``: who makes the pages' ``mx.array``s,
+    ``"thread"`` (the pager thread: the CPU's default) or ``"dispatch"`` (the pager
+    thread reads host copies, the dispatch thread copies them in at admit: the default
+    elsewhere, so that no MLX call runs off the dispatch thread). ``budget`` may be
+    changed between calls."""
 
     def __init__(
         self,
@@ -82,7 +89,14 @@ class PagedModel:
         source: str = "disk",
         reader: Reader | None = None,
         timeout: float = 10.0,
+        reclaim: str = "auto",
+        convert: str = "auto",
     ):
+        if reclaim not in ("auto", "thread", "host"):
+            raise ScheduleError(f"reclaim must be 'auto', 'thread' or 'host', got {reclaim!r}")
+        if convert not in ("auto", "thread", "dispatch"):
+            raise ScheduleError(f"convert must be 'auto', 'thread' or 'dispatch', got {convert!r}")
+        self.reclaim, self.convert = reclaim, convert
         if mode not in ("fenced", "drain"):
             raise ScheduleError(f"mode must be 'fenced' or 'drain', got {mode!r}")
         if source not in ("disk", "host"):
@@ -221,6 +235,8 @@ class PagedModel:
                 depth=self.depth,
                 evict=self.evict,
                 threaded=self.mode == "fenced",
+                reclaim_thread=None if self.reclaim == "auto" else self.reclaim == "thread",
+                convert_thread=None if self.convert == "auto" else self.convert == "thread",
                 timeout=self.timeout,
             )
         p.shrink(limit)

@@ -48,6 +48,7 @@ class _Held:
     arrays: dict[str, mx.array]
     nbytes: int
     last: int  # the last ticket that uses it
+    device: bool = True  # False: host copies (numpy), made mx.arrays at admit
 
 
 class Pager:
@@ -63,6 +64,7 @@ class Pager:
         evict: str = "lru",
         threaded: bool = True,
         reclaim_thread: bool | None = None,
+        convert_thread: bool | None = None,
         timeout: float = 10.0,
     ):
         if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
@@ -91,6 +93,9 @@ class Pager:
         self._stop = False
         self._thread: threading.Thread | None = None
         on_cpu = mx.default_device() == mx.cpu
+        # the pager thread makes the mx.arrays itself (CPU), or reads host copies that the
+        # dispatch thread turns into mx.arrays at admit (elsewhere: no MLX call off it)
+        self.convert_thread = on_cpu if convert_thread is None else convert_thread
         self._completer = (
             Completer(threaded=True) if (reclaim_thread if reclaim_thread is not None else on_cpu) else None
         )
@@ -130,6 +135,9 @@ class Pager:
         if self.error is not None:
             raise self.error
         held = self.held[self._owner[ticket]]
+        if not held.device:
+            held.arrays = {n: mx.array(a) for n, a in held.arrays.items()}  # type: ignore[arg-type]
+            held.device = True
         return held.arrays
 
     def complete(self, ticket: int, outputs: list[mx.array]) -> None:
@@ -213,8 +221,10 @@ class Pager:
             need = self.sizes[p]
             while self.resident_bytes + need > self.limit:
                 self._evict_one(t)
-            arrays = {n: self.source.read(n) for n in self.pages[p]}  # raises PagingError
-            h = self.held[p] = _Held(arrays, need, t)
+            on_device = self.convert_thread or not self.threaded
+            read = self.source.read if on_device else self.source.host
+            arrays = {n: read(n) for n in self.pages[p]}  # raises PagingError
+            h = self.held[p] = _Held(arrays, need, t, on_device)
             self.resident_bytes += need
             self.loaded_bytes += need
             self.peak_bytes = max(self.peak_bytes, self.resident_bytes)

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -128,11 +129,19 @@ class DiskSource:
 
     def read(self, name: str) -> mx.array:
         """Tensor ``name`` as an evaluated ``mx.array`` (bfloat16 as uint16 bits)."""
+        return self._get(name, mx.array)
+
+    def host(self, name: str) -> np.ndarray:
+        """Tensor ``name``'s bytes copied into host memory (a numpy array): read from the
+        medium without touching MLX, for :func:`to_device` on the dispatch thread."""
+        return self._get(name, np.array)
+
+    def _get(self, name: str, make: Callable[[np.ndarray], Any]) -> Any:
         info = self.tensors.get(name)
         if info is None:
             raise PagingError(f"{self.path}: no file holds tensor {name!r}")
         try:
-            return mx.array(self.raw(info))
+            return make(self.raw(info))
         except PagingError:
             raise
         except Exception as exc:
