@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import mlx.core as mx
 
@@ -136,7 +137,7 @@ class Pager:
             raise self.error
         held = self.held[self._owner[ticket]]
         if not held.device:
-            held.arrays = {n: mx.array(a) for n, a in held.arrays.items()}  # type: ignore[arg-type]
+            held.arrays = {n: mx.array(a) for n, a in held.arrays.items()}
             held.device = True
         return held.arrays
 
@@ -222,7 +223,7 @@ class Pager:
             while self.resident_bytes + need > self.limit:
                 self._evict_one(t)
             on_device = self.convert_thread or not self.threaded
-            read = self.source.read if on_device else self.source.host
+            read: Callable[[str], Any] = self.source.read if on_device else self.source.host
             arrays = {n: read(n) for n in self.pages[p]}  # raises PagingError
             h = self.held[p] = _Held(arrays, need, t, on_device)
             self.resident_bytes += need
