@@ -124,6 +124,7 @@ class PagedModel:
         self.pages: tuple[tuple[str, ...], ...] | None = None
         self.page_bytes: list[int] = []
         self.pager: Pager | None = None
+        self._need = 0
         self.on_segment: Hook | None = None  # called after each band's dispatch
         cache = self.make_cache()
         self._check(self._plan(mx.array([[0]], dtype=mx.uint32), cache), 1)  # refused up front
@@ -141,8 +142,8 @@ class PagedModel:
 
     def min_budget(self, x: mx.array, cache: list[Any], chunks: int = 1) -> int:
         """The smallest budget that runs ``x`` (``chunks`` chunks of its shape at once)."""
-        plan = self._plan(x, cache)
-        return max(self.page_bytes) + plan.reserve(chunks)
+        self._check(self._plan(x, cache), chunks, refuse=False)
+        return self._need
 
     def __call__(self, x: mx.array, cache: list[Any]) -> mx.array:
         """``model(x, cache=cache)``: one chunk (a prompt or a token) through every band."""
@@ -176,10 +177,12 @@ class PagedModel:
         return out
 
     def close(self) -> None:
-        """End the pager thread and drop every resident page."""
+        """End the pager thread, drop every resident page and unmap the files (the next
+        call maps them again)."""
         if self.pager is not None:
             self.pager.close()
             self.pager = None
+        self.source.close()
 
     # ------------------------------------------------------------------ internals
 
@@ -209,18 +212,25 @@ class PagedModel:
                 raise PagingError(f"{g.name}: its bands read other parameters than the first graph's")
         return plan
 
-    def _check(self, plan: CallPlan, chunks: int) -> int:
+    def _check(self, plan: CallPlan, chunks: int, *, refuse: bool = True) -> int:
         """The pager's limit for a call: the budget less the call's reserve; a budget too
         small for one band's working set is refused with the smallest that works."""
-        need = max(self.page_bytes) + plan.reserve(chunks)
+        # pages copied in on the dispatch thread: one tensor's host copy beside its array
+        on_cpu = mx.default_device() == mx.cpu
+        dispatch = self.mode == "fenced" and (self.convert == "dispatch" or (self.convert == "auto" and not on_cpu))
+        transient = max(self.source.tensors[n].nbytes for n in self.skeleton.slots) if dispatch else 0
+        reserve = plan.reserve(chunks) + transient
+        need = self._need = max(self.page_bytes) + reserve
+        if not refuse:
+            return self.budget - reserve
         self.stats.needed = max(self.stats.needed, need)
         if self.budget < need:
             raise PagingError(
                 f"a budget of {self.budget} bytes is too small: one band's working set needs {need} bytes "
-                f"(its page {max(self.page_bytes)}, activations and KV buffers {plan.reserve(chunks)}); "
+                f"(its page {max(self.page_bytes)}, activations and KV buffers {reserve}); "
                 f"the smallest budget that works is {need}"
             )
-        return self.budget - plan.reserve(chunks)
+        return self.budget - reserve
 
     def _pager(self, limit: int) -> Pager:
         assert self.pages is not None

@@ -85,6 +85,10 @@ class Pager:
         self.held: dict[int, _Held] = {}
         self.resident_bytes = 0
         self.peak_bytes = 0  # the most weight bytes held at once
+        self.host_bytes = 0  # bytes of host copies not yet made mx.arrays (the pager's own buffers)
+        self.peak_host_bytes = 0
+        self.convert_peak = 0  # MLX's active memory plus host copies, sampled while converting
+        self._counts = threading.Lock()  # guards host_bytes (both threads change it)
         self.loaded_bytes = 0  # bytes read in all
         self._owner: dict[int, int] = {}  # ticket -> page
         self._next = 0  # the next ticket number
@@ -137,8 +141,17 @@ class Pager:
             raise self.error
         held = self.held[self._owner[ticket]]
         if not held.device:
-            held.arrays = {n: mx.array(a) for n, a in held.arrays.items()}
+            for n in list(held.arrays):  # a tensor at a time: one host copy beside its array
+                a = held.arrays[n]
+                held.arrays[n] = mx.array(a)
+                total = mx.get_active_memory() + self.host_bytes
+                with self._counts:
+                    self.host_bytes -= a.nbytes
+                del a
+                self.convert_peak = max(self.convert_peak, total)
             held.device = True
+            with self._counts:  # the page's copies are gone: from here on, the next page's
+                self.peak_host_bytes = self.host_bytes
         return held.arrays
 
     def complete(self, ticket: int, outputs: list[mx.array]) -> None:
@@ -228,6 +241,10 @@ class Pager:
             h = self.held[p] = _Held(arrays, need, t, on_device)
             self.resident_bytes += need
             self.loaded_bytes += need
+            if not on_device:
+                with self._counts:
+                    self.host_bytes += need
+                    self.peak_host_bytes = max(self.peak_host_bytes, self.host_bytes)
             self.peak_bytes = max(self.peak_bytes, self.resident_bytes)
         h.last = t
         self.resident.signal(t + 1)
@@ -248,5 +265,8 @@ class Pager:
             return
         _, p = max(free) if self.evict == "mru" else min(free)
         h = self.held.pop(p)
+        if not h.device:
+            with self._counts:
+                self.host_bytes -= sum(a.nbytes for a in h.arrays.values() if not isinstance(a, mx.array))
         self.resident_bytes -= h.nbytes
         h.arrays.clear()
