@@ -161,6 +161,10 @@ class Pager:
             mx.eval(outputs)  # the host drains: the baseline
             self.reclaim.signal(ticket + 1)
         elif self._completer is not None:
+            # dispatched here first (some outputs are new arrays of the caches' commit, not
+            # yet scheduled): the completer thread must only wait, never schedule a graph
+            # while this thread dispatches (MLX segfaults; Completer's contract)
+            mx.async_eval(outputs)
             self._completer.signal_when_done(outputs, [(self.reclaim, ticket + 1)])
         else:
             self._pending.append((ticket, outputs))
