@@ -68,14 +68,7 @@ class PagedModel:
     no host drain) or ``"drain"`` (the host loads each page and waits for each band: the
     baseline); ``source``: ``"disk"`` or ``"host"`` (every tensor in host memory first);
     ``reader``: replaces the tensor reader (fault injection); ``timeout``: seconds any
-    wait may block; ``reclaim``: who waits for a band's outputs before its page may go,
-    ``"thread"`` (a completer thread: the CPU's default), ``"host"`` (the dispatch
-    thread, ``depth`` bands late: the default elsewhere, where a helper thread may not
-    evaluate arrays) or ``"auto"``; ``convert``: who makes the pages' ``mx.array``s,
-    ``"thread"`` (the pager thread: the CPU's default) or ``"dispatch"`` (the pager
-    thread reads host copies, the dispatch thread copies them in at admit: the default
-    elsewhere, so that no MLX call runs off the dispatch thread). ``budget`` may be
-    changed between calls."""
+    wait may block. ``budget`` may be changed between calls."""
 
     def __init__(
         self,
@@ -89,14 +82,7 @@ class PagedModel:
         source: str = "disk",
         reader: Reader | None = None,
         timeout: float = 10.0,
-        reclaim: str = "auto",
-        convert: str = "auto",
     ):
-        if reclaim not in ("auto", "thread", "host"):
-            raise ScheduleError(f"reclaim must be 'auto', 'thread' or 'host', got {reclaim!r}")
-        if convert not in ("auto", "thread", "dispatch"):
-            raise ScheduleError(f"convert must be 'auto', 'thread' or 'dispatch', got {convert!r}")
-        self.reclaim, self.convert = reclaim, convert
         if mode not in ("fenced", "drain"):
             raise ScheduleError(f"mode must be 'fenced' or 'drain', got {mode!r}")
         if source not in ("disk", "host"):
@@ -215,10 +201,9 @@ class PagedModel:
     def _check(self, plan: CallPlan, chunks: int, *, refuse: bool = True) -> int:
         """The pager's limit for a call: the budget less the call's reserve; a budget too
         small for one band's working set is refused with the smallest that works."""
-        # pages copied in on the dispatch thread: one tensor's host copy beside its array
-        on_cpu = mx.default_device() == mx.cpu
-        dispatch = self.mode == "fenced" and (self.convert == "dispatch" or (self.convert == "auto" and not on_cpu))
-        transient = max(self.source.tensors[n].nbytes for n in self.skeleton.slots) if dispatch else 0
+        # fenced: pages copied in on the dispatch thread, one tensor's host copy beside its array
+        fenced = self.mode == "fenced"
+        transient = max(self.source.tensors[n].nbytes for n in self.skeleton.slots) if fenced else 0
         reserve = plan.reserve(chunks) + transient
         need = self._need = max(self.page_bytes) + reserve
         if not refuse:
@@ -245,8 +230,6 @@ class PagedModel:
                 depth=self.depth,
                 evict=self.evict,
                 threaded=self.mode == "fenced",
-                reclaim_thread=None if self.reclaim == "auto" else self.reclaim == "thread",
-                convert_thread=None if self.convert == "auto" else self.convert == "thread",
                 timeout=self.timeout,
             )
         p.shrink(limit)
