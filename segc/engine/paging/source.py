@@ -2,13 +2,13 @@
 
 A safetensors file is an 8-byte little-endian header length, a JSON header (per tensor:
 dtype, shape, byte range) and the raw bytes. :func:`index` reads the headers only;
-:class:`DiskSource` maps each file (``np.memmap``) and makes a tensor an ``mx.array``
-with one copy from the mapped pages into MLX's memory. No MLX graph is built and
-nothing is evaluated there, so a pager thread may call it while the dispatch thread
-runs MLX (``mx.array`` from a host buffer only allocates and copies). bfloat16, which
-numpy lacks, comes back as ``uint16`` bits: :func:`as_dtype` views it on the dispatch
-thread. :class:`HostSource` keeps every tensor's bytes in host memory first (for a
-device with its own memory: the medium is then host RAM, not the disk).
+:class:`DiskSource` maps each file (``np.memmap``): :meth:`DiskSource.host` copies a
+tensor's bytes into a numpy array and makes no MLX call (the pager thread reads with it:
+MLX is not thread-safe), :meth:`DiskSource.read` makes an ``mx.array`` with one copy
+from the mapped pages (on the dispatch thread). bfloat16, which numpy lacks, comes back
+as ``uint16`` bits: :func:`as_dtype` views it on the dispatch thread. :class:`HostSource`
+keeps every tensor's bytes in host memory first (for a device with its own memory: the
+medium is then host RAM, not the disk).
 
 A reader (``reader(info) -> np.ndarray``, the tensor's bytes) may replace the default
 one, e.g. to inject a failure: any exception it raises comes back as a
