@@ -11,9 +11,10 @@ bands will run. Two :class:`~segc.runtime.events.Event` timelines record them:
 - ``reclaim`` reaches ``t + 1`` when ticket ``t``'s band has completed (its outputs
   exist): from then on its page may be evicted.
 
-**Every MLX call stays on the dispatch thread.** MLX 0.32.4 is not thread-safe: a
-completer thread evaluating a band's outputs while the dispatch thread dispatched the
-next band crashed the process (SIGSEGV) a few times in a hundred calls on the CPU. So
+**Every MLX call stays on the dispatch thread.** MLX 0.32.4 is not thread-safe: with a
+completer thread evaluating each band's outputs and the pager thread making
+``mx.array``s beside the dispatch thread, the process crashed (SIGSEGV) in 2 of 4 stress
+runs of the paging tests on the CPU. So
 the pager thread only reads bytes into host memory (numpy); the dispatch thread copies
 a page into MLX's memory at its admit fence, waits for a band's outputs when ``depth``
 later bands have been dispatched after it (the device keeps running those meanwhile),
