@@ -79,3 +79,9 @@ class SegcWarning(UserWarning):
 
 class ScheduleWarning(SegcWarning):
     """A schedule or plan that segc changed to make it legal (a cut moved off a fused chain)."""
+
+
+class PagingError(SegcError):
+    """Paging weights in failed, or cannot keep its promise: a tensor that cannot be
+    read (the message names the file and the tensor), or a memory budget too small for
+    one segment's working set (the message gives the smallest budget that works)."""

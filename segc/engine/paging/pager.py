@@ -1,0 +1,348 @@
+"""The pager: pages (the parameters of a band of layers) made resident ahead of the
+segments that read them, within a byte limit, and reclaimed once those segments' work
+has completed.
+
+The engine asks for *tickets*: ticket ``t`` is one use of one page, in the order the
+bands will run. Two :class:`~segc.runtime.events.Event` timelines record them:
+
+- ``resident`` reaches ``t + 1`` when ticket ``t``'s page has been read (or when the
+  pager failed: :meth:`Pager.admit` then raises its error); a band waits for it before
+  it is dispatched (the admit fence, with a timeout: ``WaitTimeout``);
+- ``reclaim`` reaches ``t + 1`` when ticket ``t``'s band has completed (its outputs
+  exist): from then on its page may be evicted.
+
+**Every MLX call stays on the dispatch thread.** MLX 0.32.4 is not thread-safe: with a
+completer thread evaluating each band's outputs and the pager thread making
+``mx.array``s beside the dispatch thread, the process crashed (SIGSEGV) in 2 of 4 stress
+runs of the paging tests on the CPU. So
+the pager thread only reads bytes into host memory (numpy); the dispatch thread copies
+a page into MLX's memory at its admit fence, waits for a band's outputs when ``depth``
+later bands have been dispatched after it (the device keeps running those meanwhile),
+and evicts (drops the arrays of) completed pages to make room for the pages the pager
+reads next. The pager thread waits for room, never evicts.
+
+Loading ticket ``t`` waits until ``reclaim >= t - depth`` (at most ``depth`` tickets
+ahead of the running one) and until the page fits under the limit. Which completed page
+goes is ``evict``: ``"mru"`` (the most recently used first: a cyclic decode keeps a
+prefix of the layers resident) or ``"lru"``. With ``threaded=False`` the dispatch thread
+reads each page itself at ``admit`` and waits for each band at ``complete`` (the
+host-draining baseline).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+
+from ...errors import PagingError, ScheduleError, WaitTimeout
+from ...runtime.events import Event
+from .source import DiskSource
+
+_END = 2**62  # both events jump here when the pager ends: no waiter is left hanging
+EVICT = ("lru", "mru")
+
+
+@dataclass
+class _Held:
+    nbytes: int
+    last: int  # the last ticket that uses it
+    arrays: dict[str, Any] = field(default_factory=dict)  # numpy host copies, then mx.arrays
+    ready: bool = False  # read in full
+    device: bool = False  # its arrays are mx.arrays
+
+
+class Pager:
+    """Pages ``pages[k]`` (lists of tensor names of ``source``) under ``limit`` bytes."""
+
+    def __init__(
+        self,
+        source: DiskSource,
+        pages: Sequence[Sequence[str]],
+        limit: int,
+        *,
+        depth: int = 1,
+        evict: str = "mru",
+        threaded: bool = True,
+        timeout: float = 10.0,
+    ):
+        if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
+            raise ScheduleError(f"prefetch depth must be an int >= 0, got {depth!r}")
+        if evict not in EVICT:
+            raise ScheduleError(f"evict must be one of {EVICT}, got {evict!r}")
+        self.source = source
+        self.pages = [list(p) for p in pages]
+        self.sizes = [sum(source.tensors[n].nbytes for n in p) for p in self.pages]
+        self.limit = limit
+        if self.sizes and max(self.sizes) > limit:
+            raise PagingError(f"a page of {max(self.sizes)} bytes does not fit under the pager's limit of {limit}")
+        self.depth, self.evict, self.threaded, self.timeout = depth, evict, threaded, timeout
+        self.resident = Event(name="resident")
+        self.reclaim = Event(name="reclaim")
+        self.error: PagingError | None = None
+        self.held: dict[int, _Held] = {}
+        self.resident_bytes = 0  # pages held or being read
+        self.peak_bytes = 0  # the most weight bytes held at once
+        self.loaded_bytes = 0  # bytes read in all
+        self.host_bytes = 0  # bytes of host copies not yet in MLX's memory (the pager's own buffers)
+        self.peak_host_bytes = 0
+        self.convert_peak = 0  # MLX's active memory plus host copies, sampled while copying in
+        self._owner: dict[int, int] = {}  # ticket -> page
+        self._next = 0  # the next ticket number
+        self._cv = threading.Condition()  # guards everything above that both threads change
+        self._queue: deque[int] = deque()  # tickets requested, not yet read
+        self._pending: deque[tuple[int, list[mx.array]]] = deque()  # dispatched, not yet waited for
+        self._stop = False
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------ dispatch thread
+
+    def request(self, pages: Sequence[int]) -> list[int]:
+        """Tickets for ``pages``, in the order their bands will run."""
+        with self._cv:
+            if self.error is not None:
+                raise self.error
+            tickets = []
+            for p in pages:
+                self._owner[self._next] = p
+                self._queue.append(self._next)
+                tickets.append(self._next)
+                self._next += 1
+            if self.threaded and (self._thread is None or not self._thread.is_alive()) and not self._stop:
+                self._thread = threading.Thread(target=self._run, name="segc-pager", daemon=True)
+                self._thread.start()
+            self._cv.notify_all()
+        return tickets
+
+    def admit(self, ticket: int, where: str) -> dict[str, mx.array]:
+        """Block until ``ticket``'s page has been read (at most ``timeout`` seconds:
+        ``WaitTimeout``), copy it into MLX's memory; its arrays by tensor name. Raises
+        the pager's error if it failed."""
+        if not self.threaded:
+            while self._queue and self._queue[0] <= ticket:
+                self._load_here(self._queue.popleft())
+        else:
+            self._wait_for(ticket - self.depth)  # outputs ``depth`` bands old: surely done
+            self._make_room(ticket + self.depth)
+            deadline = time.monotonic() + self.timeout
+            with self._cv:
+                while self.error is None and self.resident.value <= ticket:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise WaitTimeout("resident", ticket + 1, self.resident.value, self.timeout, where)
+                    if self._pending or self._room_wanted():  # the pager waits on us: help it
+                        self._cv.release()
+                        try:
+                            self._wait_for(ticket)
+                            self._make_room(ticket)
+                        finally:
+                            self._cv.acquire()
+                        continue
+                    self._cv.wait(left)
+        if self.error is not None:
+            raise self.error
+        held = self.held[self._owner[ticket]]
+        if not held.device:
+            self._copy_in(held)
+        return held.arrays
+
+    def _copy_in(self, held: _Held) -> None:
+        for n in list(held.arrays):  # a tensor at a time: one host copy beside its array
+            a = held.arrays[n]
+            held.arrays[n] = mx.array(a)
+            self.convert_peak = max(self.convert_peak, mx.get_active_memory() + self.host_bytes)
+            with self._cv:
+                self.host_bytes -= a.nbytes
+            del a
+        held.device = True
+        with self._cv:  # from here on, only the pages read ahead are host copies
+            self.peak_host_bytes = self.host_bytes
+
+    def complete(self, ticket: int, outputs: list[mx.array]) -> None:
+        """``ticket``'s band is dispatched and makes ``outputs``: once those exist its
+        page may be reclaimed. Waited for ``depth`` bands later (or now, unthreaded)."""
+        if not self.threaded:
+            mx.eval(outputs)  # the host drains: the baseline
+            self.reclaim.signal(ticket + 1)
+            return
+        self._pending.append((ticket, outputs))
+        self._wait_for(ticket + 1 - self.depth)
+        self._make_room(ticket + 1 + self.depth)  # room for the pages read ahead
+
+    def _wait_for(self, upto: int) -> None:
+        """Wait for the outputs of the dispatched tickets below ``upto``; signal reclaim."""
+        while self._pending and self._pending[0][0] < upto:
+            t, outs = self._pending.popleft()
+            mx.eval(outs)
+            with self._cv:
+                self.reclaim.signal(t + 1)
+                self._cv.notify_all()
+
+    def _room_wanted(self) -> bool:
+        t = self._queue[0] if self._queue else None
+        return (
+            t is not None
+            and self._owner[t] not in self.held
+            and self.resident_bytes + self.sizes[self._owner[t]] > self.limit
+        )
+
+    def _make_room(self, upto: int) -> None:
+        """Evict completed pages until the pages of the tickets not yet read, up to
+        ``upto``, fit beside the held ones."""
+        with self._cv:
+            need, seen = 0, set()
+            for t in self._queue:
+                p = self._owner[t]
+                if t > upto:
+                    break
+                if p not in self.held and p not in seen:
+                    seen.add(p)
+                    need += self.sizes[p]
+            done = self.reclaim.value
+            while self.resident_bytes + need > self.limit:
+                free = [(h.last, p) for p, h in self.held.items() if h.last < done and h.ready]
+                if not free:
+                    break
+                _, p = max(free) if self.evict == "mru" else min(free)
+                h = self.held.pop(p)
+                self.resident_bytes -= h.nbytes
+                if not h.device:
+                    self.host_bytes -= sum(a.nbytes for a in h.arrays.values())
+                h.arrays.clear()  # on this thread: MLX frees the page's memory here
+            self._cv.notify_all()
+
+    def shrink(self, limit: int) -> None:
+        """Set the limit and evict completed pages until the held ones fit (between calls)."""
+        self.finish()
+        with self._cv:
+            self.limit = limit
+            queue, self._queue = self._queue, deque()
+        try:
+            self._make_room(-1)
+            with self._cv:
+                while self.resident_bytes > limit and self.held:
+                    if not self._evict_any():
+                        break
+        finally:
+            with self._cv:
+                self._queue = queue
+
+    def _evict_any(self) -> bool:
+        done = self.reclaim.value
+        free = [(h.last, p) for p, h in self.held.items() if h.last < done and h.ready]
+        if not free:
+            return False
+        _, p = max(free) if self.evict == "mru" else min(free)
+        h = self.held.pop(p)
+        self.resident_bytes -= h.nbytes
+        if not h.device:
+            self.host_bytes -= sum(a.nbytes for a in h.arrays.values())
+        h.arrays.clear()
+        return True
+
+    def finish(self) -> None:
+        """Every dispatched ticket's outputs waited for and reclaimed (the end of a call)."""
+        self._wait_for(self._next)
+
+    def close(self) -> None:
+        """End the pager thread (it finishes the tensor it is reading) and drop every page."""
+        with self._cv:
+            self._stop = True
+            self._queue.clear()
+            self._cv.notify_all()
+        self.reclaim.signal(max(self.reclaim.value, _END))
+        if self._thread is not None:
+            self._thread.join(timeout=self.timeout)
+        self._pending.clear()
+        with self._cv:
+            self.held.clear()
+            self.resident_bytes = self.host_bytes = 0
+
+    # ------------------------------------------------------------ pager thread
+
+    def _run(self) -> None:
+        """Read the requested pages into host memory, in ticket order: no MLX call here."""
+        try:
+            while True:
+                with self._cv:
+                    while not self._queue and not self._stop:
+                        self._cv.wait()
+                    if self._stop:
+                        return
+                    t = self._queue[0]
+                    p = self._owner[t]
+                    deadline = time.monotonic() + self.timeout
+                    # at most ``depth`` tickets ahead of the running ones, and room for the page
+                    while not self._stop and (
+                        self.reclaim.value < t - self.depth
+                        or (p not in self.held and self.resident_bytes + self.sizes[p] > self.limit)
+                    ):
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            raise WaitTimeout(
+                                "reclaim",
+                                max(t - self.depth, 0),
+                                self.reclaim.value,
+                                self.timeout,
+                                f"the pager, before ticket {t}",
+                            )
+                        self._cv.wait(left)
+                    if self._stop:
+                        return
+                    self._queue.popleft()
+                    h = self.held.get(p)
+                    if h is not None:  # still resident (or being read for an earlier ticket)
+                        h.last = t
+                        if h.ready:
+                            self.resident.signal(t + 1)
+                            self._cv.notify_all()
+                            continue
+                    else:
+                        h = self.held[p] = _Held(self.sizes[p], t)
+                        self.resident_bytes += h.nbytes
+                        self.peak_bytes = max(self.peak_bytes, self.resident_bytes)
+                for n in self.pages[p]:
+                    if h.ready:
+                        break
+                    a = self.source.host(n)  # raises PagingError naming the file and tensor
+                    with self._cv:
+                        h.arrays[n] = a
+                        self.host_bytes += a.nbytes
+                        self.peak_host_bytes = max(self.peak_host_bytes, self.host_bytes)
+                with self._cv:
+                    h.ready = True
+                    self.loaded_bytes += h.nbytes
+                    self.resident.signal(t + 1)
+                    self._cv.notify_all()
+        except BaseException as exc:
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        err = exc if isinstance(exc, PagingError) else PagingError(f"the pager failed: {type(exc).__name__}: {exc}")
+        if err is not exc:
+            err.__cause__ = exc
+        with self._cv:
+            self.error = err
+            self.resident.signal(max(self.resident.value, _END))
+            self._cv.notify_all()
+
+    # ------------------------------------------------------------ unthreaded
+
+    def _load_here(self, t: int) -> None:
+        """The host-draining baseline: read ticket ``t``'s page on the dispatch thread."""
+        p = self._owner[t]
+        h = self.held.get(p)
+        if h is None:
+            while self.resident_bytes + self.sizes[p] > self.limit and self._evict_any():
+                pass
+            h = self.held[p] = _Held(self.sizes[p], t, {n: self.source.read(n) for n in self.pages[p]}, True, True)
+            self.resident_bytes += h.nbytes
+            self.loaded_bytes += h.nbytes
+            self.peak_bytes = max(self.peak_bytes, self.resident_bytes)
+        h.last = t
+        self.resident.signal(t + 1)

@@ -1,0 +1,317 @@
+"""Paging (docs/paging.md): a model run under a memory budget, its weights paged in band
+by band, gives the resident (eager mlx-lm) run's logits and caches bit for bit, for
+decode, chunked prefill and banded prefill, on a dense llama, a quantized llama and an
+MoE architecture; the budget is kept at every band; failures name the file and tensor."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import pytest
+from conftest import bits, examples
+from hypothesis import example, given, settings
+from hypothesis import strategies as hs
+
+pytest.importorskip("mlx_lm")
+
+from mlx.utils import tree_flatten
+from mlx_lm.models.cache import make_prompt_cache
+
+from segc.engine import load_local_model
+from segc.engine.paging import PagedModel, save_model_dir
+from segc.errors import PagingError, ScheduleError, WaitTimeout
+from segc.models.zoo import build, tiny_config
+
+ARCHS = {
+    "llama": ("llama", None, {"num_hidden_layers": 4}),
+    "llama-q4": ("llama", 4, {"num_hidden_layers": 4}),
+    "mixtral": ("mixtral", None, {"num_hidden_layers": 3}),
+}
+PROMPT = mx.array([[(7 * i + 3) % 128 for i in range(37)]], dtype=mx.uint32)
+
+
+def save(path: Path, arch: str, shard_bytes: int = 1 << 30) -> Path:
+    model_type, q, extra = ARCHS[arch]
+    cfg = tiny_config(model_type, **extra)
+    if q is not None:
+        cfg["quantization"] = {"group_size": 32, "bits": q}
+    return save_model_dir(build(model_type, bits=q, seed=5, **extra), cfg, path, shard_bytes=shard_bytes)
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    # several files per model, so pages cross files
+    return {a: save(tmp_path_factory.mktemp(a), a, shard_bytes=60_000) for a in ARCHS}
+
+
+def cache_bits(cache: list[Any]) -> list[Any]:
+    """Each cache's offset and buffers (mlx-lm's own bytes, the zeros past the offset too)."""
+    return [(int(c.offset), bits(c.keys), bits(c.values)) for c in cache]
+
+
+def resident(path: Path, chunk: int, steps: int) -> list[Any]:
+    """Eager mlx-lm with every weight resident: the chunked prefill's logits and caches,
+    then ``steps`` greedy decode steps'."""
+    model, _ = load_local_model(path)
+    cache = make_prompt_cache(model)
+    for s in range(0, PROMPT.shape[1], chunk):
+        logits = model(PROMPT[:, s : s + chunk], cache=cache)
+    out = [(bits(logits), cache_bits(cache))]
+    for _ in range(steps):
+        tok = mx.argmax(logits[:, -1:], axis=-1).astype(mx.uint32)
+        logits = model(tok, cache=cache)
+        out.append((bits(logits), cache_bits(cache)))
+    return out
+
+
+def paged_run(pm: PagedModel, chunk: int, steps: int, banded: bool) -> list[Any]:
+    cache = pm.make_cache()
+    logits = pm.prefill(PROMPT, cache, chunk=chunk, banded=banded)
+    out = [(bits(logits), cache_bits(cache))]
+    for _ in range(steps):
+        tok = mx.argmax(logits[:, -1:], axis=-1).astype(mx.uint32)
+        logits = pm(tok, cache)
+        out.append((bits(logits), cache_bits(cache)))
+    return out
+
+
+def tight(path: Path, chunk: int, steps: int, **options: Any) -> int:
+    """A budget that holds about two pages beside the largest working set of the run
+    (measured by a first run): pages are evicted and read again."""
+    pm = PagedModel(path, budget=1 << 40, **options)
+    try:
+        paged_run(pm, chunk, steps, banded=True)
+        paged_run(pm, chunk, 0, banded=False)
+        return pm.stats.needed + min(pm.page_bytes)
+    finally:
+        pm.close()
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_paged_runs_are_the_resident_run(dirs: dict[str, Path], arch: str) -> None:
+    want = resident(dirs[arch], 16, 4)
+    pm = PagedModel(dirs[arch], budget=tight(dirs[arch], 16, 4), timeout=30)
+    try:
+        assert paged_run(pm, 16, 4, banded=True) == want  # banded prefill, then decode
+        assert paged_run(pm, 16, 4, banded=False) == want  # chunked prefill, then decode
+        # every page of every band was read again and again: the budget forced evictions
+        assert pm.stats.loaded_bytes > 2 * pm.weight_bytes
+        assert pm.stats.peak_resident <= pm.budget
+    finally:
+        pm.close()
+    drained = PagedModel(dirs[arch], budget=pm.budget, mode="drain", evict="lru", depth=0)
+    assert paged_run(drained, 16, 2, banded=True) == want[:3]
+
+
+@settings(max_examples=examples(6))
+@example(band=1, depth=0, evict="lru", chunk=16, source="disk")
+@example(band=2, depth=2, evict="mru", chunk=8, source="host")
+@given(
+    band=hs.integers(1, 4),
+    depth=hs.integers(0, 2),
+    evict=hs.sampled_from(["lru", "mru"]),
+    chunk=hs.sampled_from([8, 16, 37]),
+    source=hs.sampled_from(["disk", "host"]),
+)
+def test_paging_settings_keep_the_bits(
+    tmp_path_factory: pytest.TempPathFactory,
+    band: int,
+    depth: int,
+    evict: str,
+    chunk: int,
+    source: str,
+) -> None:
+    path = _llama_dir(tmp_path_factory)
+    want = resident(path, chunk, 2)
+    budget = tight(path, chunk, 2, band=band)
+    pm = PagedModel(path, budget=budget, band=band, depth=depth, evict=evict, source=source)
+    try:
+        assert paged_run(pm, chunk, 2, banded=True) == want
+    finally:
+        pm.close()
+
+
+_LLAMA: list[Path] = []
+
+
+def _llama_dir(factory: pytest.TempPathFactory) -> Path:
+    if not _LLAMA:
+        _LLAMA.append(save(factory.mktemp("llama-settings"), "llama"))
+    return _LLAMA[0]
+
+
+BIG = {"num_hidden_layers": 8, "hidden_size": 256, "intermediate_size": 4096, "head_dim": 64}
+
+
+def test_a_model_four_times_the_budget_stays_under_it(tmp_path: Path) -> None:
+    """MLX's peak memory above the caller's, plus the pager's host copies, stays under
+    the budget at every band."""
+    cfg = tiny_config("llama", **BIG)
+    save_model_dir(build("llama", seed=1, **BIG), cfg, tmp_path)
+    pm = PagedModel(tmp_path, budget=1 << 40)
+    pm.budget = pm.weight_bytes // 4
+    needed = tight(tmp_path, 16, 7) - min(pm.page_bytes)  # the run's largest need
+    assert pm.budget >= needed, "the model's layers are too small beside its KV cache for the test"
+    peaks: list[int] = []
+
+    def measure(band: int, chunk: int, made: list[mx.array]) -> None:
+        mx.eval(made)  # this band's work is done: its peak is in
+        assert pm.pager is not None
+        # the sum of the two peaks bounds the peak of the sum
+        peaks.append(mx.get_peak_memory() - base + pm.pager.peak_host_bytes)
+        mx.reset_peak_memory()
+        pm.pager.peak_host_bytes = pm.pager.host_bytes
+
+    cache = pm.make_cache()
+    mx.synchronize()
+    base = mx.get_active_memory()  # the caller's arrays: the budget covers everything after
+    mx.reset_peak_memory()
+    pm.on_segment = measure
+    try:
+        logits = pm.prefill(PROMPT, cache, chunk=16)
+        for _ in range(3):
+            logits = pm(mx.argmax(logits[:, -1:], axis=-1).astype(mx.uint32), cache)
+        assert len(peaks) == 3 * 8 + 3 * 8
+        assert max(peaks) <= pm.budget, (max(peaks), pm.budget)
+        assert pm.pager is not None  # while a page's host copies become arrays, too
+        assert pm.pager.convert_peak - base <= pm.budget
+        pm.on_segment = None  # the fenced run, nothing drained: its overall peak
+        mx.synchronize()
+        mx.reset_peak_memory()
+        for _ in range(4):
+            logits = pm(mx.argmax(logits[:, -1:], axis=-1).astype(mx.uint32), cache)
+        mx.eval(logits)
+        assert pm.pager is not None
+        assert mx.get_peak_memory() - base + pm.pager.peak_host_bytes <= pm.budget
+        assert pm.stats.peak_resident < pm.weight_bytes // 4
+        assert pm.pager.convert_peak > 0
+    finally:
+        pm.close()
+
+
+def test_a_budget_too_small_is_refused_with_the_smallest_that_works(dirs: dict[str, Path]) -> None:
+    with pytest.raises(PagingError, match=r"smallest budget that works is (\d+)") as info:
+        PagedModel(dirs["llama"], budget=1000)
+    need = int(str(info.value).rsplit(" ", 1)[1])
+    with pytest.raises(PagingError, match="too small"):
+        PagedModel(dirs["llama"], budget=need - 1)
+    pm = PagedModel(dirs["llama"], budget=need)
+    try:
+        pm(mx.array([[3]], dtype=mx.uint32), pm.make_cache())
+        cache = pm.make_cache()
+        with pytest.raises(PagingError, match="smallest budget"):  # a longer call needs more
+            pm.prefill(PROMPT, cache, chunk=37)
+        assert [c.offset for c in cache] == [0] * 4
+    finally:
+        pm.close()
+    for bad in (0, -5, 1.5, True):
+        with pytest.raises(PagingError, match="budget"):
+            PagedModel(dirs["llama"], budget=bad)  # type: ignore[arg-type]
+    with pytest.raises(ScheduleError, match="mode"):
+        PagedModel(dirs["llama"], budget=need, mode="sometimes")
+    with pytest.raises(ScheduleError, match="evict"):
+        PagedModel(dirs["llama"], budget=need, evict="fifo")
+    with pytest.raises(ScheduleError, match="depth"):
+        PagedModel(dirs["llama"], budget=need, depth=-1)
+
+
+def _failing_reader(pm: PagedModel, victim: str) -> None:
+    base = pm.source._raw
+
+    def reader(info: Any) -> Any:
+        if info.name == victim:
+            raise OSError("injected read error")
+        return base(info)
+
+    pm.source.reader = reader
+
+
+@settings(max_examples=examples(5))
+@given(data=hs.data())
+def test_a_read_error_names_the_tensor_and_leaves_the_caller_whole(
+    tmp_path_factory: pytest.TempPathFactory, data: hs.DataObject
+) -> None:
+    path = _llama_dir(tmp_path_factory)
+    pm = PagedModel(path, budget=1 << 40, evict=data.draw(hs.sampled_from(["lru", "mru"])))
+    try:
+        cache = pm.make_cache()
+        logits = pm.prefill(PROMPT, cache, chunk=16, banded=False)
+        before = (bits(logits), cache_bits(cache))
+        victim = data.draw(hs.sampled_from(sorted(pm.source.tensors)))
+        pm.close()  # nothing resident: the next call reads every page again
+        _failing_reader(pm, victim)
+        pager_threads = {t for t in threading.enumerate() if t.name == "segc-pager"}
+        tok = mx.argmax(logits[:, -1:], axis=-1).astype(mx.uint32)
+        banded = data.draw(hs.booleans())
+        with pytest.raises(PagingError) as info:
+            if banded:
+                pm.prefill(PROMPT[:, :20], cache, chunk=8)
+            else:
+                pm(tok, cache)
+        msg = str(info.value)
+        assert repr(victim) in msg and pm.source.tensors[victim].file.name in msg, msg
+        assert (bits(logits), cache_bits(cache)) == before  # the caller's state, untouched
+        assert pm.pager is None  # the pager ended
+        assert not {t for t in threading.enumerate() if t.name == "segc-pager"} - pager_threads
+        pm.source.reader = None  # the medium is back: the next call runs, and is right
+        want = resident(path, 16, 1)[1]
+        assert (bits(pm(tok, cache)), cache_bits(cache)) == want
+    finally:
+        pm.close()
+
+
+def test_a_reader_that_hangs_is_a_wait_timeout(dirs: dict[str, Path]) -> None:
+    pm = PagedModel(dirs["llama"], budget=1 << 40, timeout=0.5)
+    release = threading.Event()
+    base = pm.source._raw
+
+    def stuck(info: Any) -> Any:
+        if "layers.2." in info.name:
+            release.wait(30)
+        return base(info)
+
+    pm.source.reader = stuck
+    cache = pm.make_cache()
+    try:
+        with pytest.raises(WaitTimeout) as info:
+            pm(mx.array([[1, 2, 3]], dtype=mx.uint32), cache)
+        assert info.value.event == "resident" and "band 2" in str(info.value)
+        assert [c.offset for c in cache] == [0] * 4
+    finally:
+        release.set()
+        pm.close()
+
+
+def test_missing_and_truncated_tensors_are_named(tmp_path: Path) -> None:
+    path = save(tmp_path / "m", "llama")
+    f = path / "model.safetensors"
+    data = f.read_bytes()
+    pm = PagedModel(path, budget=1 << 40)  # reads headers only
+    f.write_bytes(data[:-100])  # then the last tensor is cut short: found mid-run
+    cache = pm.make_cache()
+    try:
+        with pytest.raises(PagingError, match=r"reading tensor 'model\.layers\.3\..*' from .*model\.safetensors"):
+            pm.prefill(PROMPT, cache, chunk=16)
+        assert [c.offset for c in cache] == [0] * 4
+    finally:
+        pm.close()
+    with pytest.raises(PagingError, match=r"model\.layers\.3\..*model\.safetensors|model\.safetensors.*layers\.3"):
+        PagedModel(path, budget=1 << 40)  # and up front, the next time
+    other = save(tmp_path / "q", "llama-q4")  # the quantized model's files lack float weights
+    for g in other.glob("*.safetensors"):
+        g.replace(f)
+    with pytest.raises(PagingError, match=r"(?s)loading .*/m: .*model\.layers\.0\.mlp\.down_proj\.scales"):
+        PagedModel(path, budget=1 << 40)
+    weights = dict(tree_flatten(build("llama", num_hidden_layers=4).parameters()))
+    del weights["model.layers.2.mlp.up_proj.weight"]
+    mx.save_safetensors(str(f), weights)
+    with pytest.raises(PagingError, match=r"(?s)loading .*/m: .*model\.layers\.2\.mlp\.up_proj\.weight"):
+        PagedModel(path, budget=1 << 40)
+    with pytest.raises(PagingError, match="safetensors"):
+        PagedModel(tmp_path, budget=1 << 40)
+    (path / "config.json").unlink()
+    with pytest.raises(PagingError, match=r"config\.json"):
+        PagedModel(path, budget=1 << 40)
