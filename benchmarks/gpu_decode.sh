@@ -7,7 +7,8 @@
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_decode.sh [PARTS]
 #
 # PARTS: any of  dense quant moe runtime  (default: dense runtime). Logs go to $OUT.
-# VARIANTS (default eager,compile,segc,each,whole,drain), REPEATS (40), BENCH_LIMIT (400 s).
+# VARIANTS (default eager,compile,segc,each,whole,drain), REPEATS (40), ROUNDS (1),
+# BENCH_LIMIT (400 s).
 set -u
 OUT="${OUT:-/tmp/segc-gpu-out}"
 mkdir -p "$OUT"
@@ -18,7 +19,7 @@ bench() {  # name, extra arguments
   local name=$1
   shift
   timeout "${BENCH_LIMIT:-400}" $PY benchmarks/bench_llama.py --preset reference --repeats "${REPEATS:-40}" --warmup 5 \
-    --variants "${VARIANTS:-eager,compile,segc,each,whole,drain}" --isolate --json "$OUT/$name.json" "$@" >"$OUT/$name.txt" 2>&1
+    --variants "${VARIANTS:-eager,compile,segc,each,whole,drain}" --isolate --rounds "${ROUNDS:-1}" --json "$OUT/$name.json" "$@" >"$OUT/$name.txt" 2>&1
   echo "$name: rc=$?"
 }
 for p in $parts; do
