@@ -47,7 +47,7 @@ def test_help_imports_no_model_code_and_version() -> None:
         capture_output=True,
         text=True,
         timeout=60,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])},
     )
     assert res.stdout.strip() == "[]", res.stdout + res.stderr
     out = segc("--help").stdout
@@ -103,7 +103,11 @@ def test_svg_without_graphviz_is_one_clear_line(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=60,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "PATH": str(env_path)},
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+            "PATH": str(env_path),
+        },
     )
     assert res.returncode == 2
     assert res.stderr.count("\n") == 1 and "needs Graphviz's `dot`" in res.stderr

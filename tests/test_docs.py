@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import mlx.core as mx
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -114,6 +115,8 @@ def test_examples_run_and_outputs_match(doc: str) -> None:
             printed = buf.getvalue()
         elif b.output:
             assert printed is not None, f"{doc}:{b.line}: an output block with no python block before it"
+            if mx.default_device() != mx.cpu and "-- segment" in b.body:
+                continue  # printed IR: a GPU's graph keeps RMSNorm and RoPE whole, the docs show the CPU's
             assert b.body == printed, (
                 f"{doc}:{b.line}: the output block is not what the python block before it prints now;\n"
                 f"paste this instead:\n{printed}"
