@@ -271,3 +271,13 @@ def test_measure_segments_runs_each_segment() -> None:
     x = mx.ones((8, 8))
     times = measure_segments(g, [x, x], repeats=1)
     assert set(times) == {"l0", "l1", "tail"} and all(t > 0 for t in times.values())
+
+
+def test_measure_segments_reports_progress_per_segment() -> None:
+    def f(x: mx.array) -> mx.array:
+        return segc.boundary(x * 2, "a") + 1
+
+    g = segc.jit(f).lower(mx.ones((4,))).graph
+    seen: list[str] = []
+    times = measure_segments(g, [mx.ones((4,))], repeats=1, progress=seen.append)
+    assert seen == list(times) == ["a", "tail"]

@@ -229,7 +229,10 @@ def _compare(args: argparse.Namespace, target: Target, g: Any, specs: list[Any],
             from ..runtime import measure_segments
 
             print("segc passes: measuring each marker segment on this machine ...", file=sys.stderr)
-            times = measure_segments(g, target.flat_inputs(), repeats=5)
+            with progress(len(marker_points(g)) + 1, "measuring segments") as bar:
+                times = measure_segments(
+                    g, target.flat_inputs(), repeats=5, progress=lambda name: bar.advance(what=f"measured {name}")
+                )
             specs.append(Balanced(len(marker_points(g)) + 1, measured=times))
     rows = []
     with progress(len(specs), "strategies") as bar:
