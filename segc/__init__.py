@@ -2,7 +2,9 @@
 
 from .errors import IRError as IRError
 from .errors import MemoryLimitError as MemoryLimitError
+from .errors import PagingError as PagingError
 from .errors import ScheduleError as ScheduleError
+from .errors import ScheduleWarning as ScheduleWarning
 from .errors import SegcError as SegcError
 from .errors import SegcWarning as SegcWarning
 from .errors import SignatureError as SignatureError
@@ -32,7 +34,9 @@ __all__ = [
     "Jitted",
     "Lowered",
     "MemoryLimitError",
+    "PagingError",
     "ScheduleError",
+    "ScheduleWarning",
     "SegcError",
     "SegcWarning",
     "SignatureError",
