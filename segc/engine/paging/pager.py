@@ -99,6 +99,7 @@ class Pager:
         self._pending: deque[tuple[int, list[mx.array]]] = deque()  # dispatched, not yet waited for
         self._stop = False
         self._thread: threading.Thread | None = None
+        self._consumer = threading.current_thread()
 
     # ------------------------------------------------------------ dispatch thread
 
@@ -114,6 +115,7 @@ class Pager:
                 tickets.append(self._next)
                 self._next += 1
             if self.threaded and (self._thread is None or not self._thread.is_alive()) and not self._stop:
+                self._consumer = threading.current_thread()  # the thread that dispatches the bands
                 self._thread = threading.Thread(target=self._run, name="segc-pager", daemon=True)
                 self._thread.start()
             self._cv.notify_all()
@@ -276,22 +278,26 @@ class Pager:
                         return
                     t = self._queue[0]
                     p = self._owner[t]
-                    deadline = time.monotonic() + self.timeout
-                    # at most ``depth`` tickets ahead of the running ones, and room for the page
+                    # at most ``depth`` tickets ahead of the running ones, and room for the page.
+                    # The dispatch thread reclaims as it runs the bands, which may take long
+                    # (a band's first call compiles its kernels: seconds on a cold GPU), so
+                    # this wait has no deadline of its own: it ends when the dispatch thread
+                    # reclaims, when ``close()`` stops the pager, or when that thread is
+                    # gone (checked every ``timeout`` seconds); the dispatch thread's own
+                    # waits (``admit``) carry the timeouts a caller sees.
                     while not self._stop and (
                         self.reclaim.value < t - self.depth
                         or (p not in self.held and self.resident_bytes + self.sizes[p] > self.limit)
                     ):
-                        left = deadline - time.monotonic()
-                        if left <= 0:
+                        if not self._consumer.is_alive():
                             raise WaitTimeout(
                                 "reclaim",
                                 max(t - self.depth, 0),
                                 self.reclaim.value,
                                 self.timeout,
-                                f"the pager, before ticket {t}",
+                                f"the pager, before ticket {t} (the thread that dispatched the bands has ended)",
                             )
-                        self._cv.wait(left)
+                        self._cv.wait(self.timeout)
                     if self._stop:
                         return
                     self._queue.popleft()
