@@ -6,6 +6,7 @@ MoE architecture; the budget is kept at every band; failures name the file and t
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -323,3 +324,35 @@ def test_missing_and_truncated_tensors_are_named(tmp_path: Path) -> None:
     (path / "config.json").unlink()
     with pytest.raises(PagingError, match=r"config\.json"):
         PagedModel(path, budget=1 << 40)
+
+
+def test_the_pager_waits_for_a_slow_dispatch_thread_and_ends_with_a_dead_one(dirs: dict[str, Path]) -> None:
+    """The pager's wait for ``reclaim`` outlasts its ``timeout`` while the thread that
+    requested the pages lives (a band's first compile may take seconds), and ends with a
+    ``WaitTimeout`` naming the pager once that thread is gone: never a hang."""
+    from segc.engine.paging.pager import Pager
+    from segc.engine.paging.source import DiskSource
+
+    src = DiskSource(dirs["llama"])
+    names = sorted(src.tensors)
+    pages = [names[: len(names) // 3], names[len(names) // 3 : 2 * len(names) // 3], names[2 * len(names) // 3 :]]
+    pager = Pager(src, pages, limit=1 << 40, depth=0, timeout=0.2)
+
+    release = threading.Event()
+
+    def dispatch() -> None:
+        pager.request([0, 1, 2])  # ticket 1 waits until ticket 0 is reclaimed: never, here
+        release.wait(timeout=30)  # a dispatch thread busy for 5x the pager's timeout
+
+    t = threading.Thread(target=dispatch)
+    t.start()
+    try:
+        time.sleep(1.0)
+        assert pager._thread is not None and pager._thread.is_alive() and pager.error is None
+        release.set()
+        t.join(timeout=10)
+        pager._thread.join(timeout=10)  # the requesting thread is gone: the pager ends
+        assert not pager._thread.is_alive()
+        assert isinstance(pager.error, PagingError) and "reclaim" in str(pager.error), pager.error
+    finally:
+        pager.close()
