@@ -9,7 +9,7 @@ import mlx.core as mx
 import pytest
 from conftest import bits, state_close
 
-pytest.importorskip("mlx_lm")
+pytest.importorskip("mlx_lm", reason="the mlx-lm models need the lm extra (pip install segc[lm])")
 
 from mlx_lm.models.cache import make_prompt_cache
 

@@ -65,7 +65,7 @@ def test_a_bad_cache_size_is_refused() -> None:
 
 
 def test_quantized_kv_cache_runs_eagerly_with_one_warning() -> None:
-    pytest.importorskip("mlx_lm")
+    pytest.importorskip("mlx_lm", reason="the mlx-lm models need the lm extra (pip install segc[lm])")
     from mlx_lm.models.cache import QuantizedKVCache
 
     from segc.models import tiny_llama

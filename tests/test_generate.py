@@ -9,7 +9,7 @@ import pytest
 from conftest import same_bits
 from mlx.utils import tree_flatten
 
-pytest.importorskip("mlx_lm")
+pytest.importorskip("mlx_lm", reason="the mlx-lm models need the lm extra (pip install segc[lm])")
 
 from segc.cli import main
 from segc.engine import GenerationStats, generate_tokens, load_local_model

@@ -17,7 +17,7 @@ from conftest import bits, examples
 from hypothesis import given, settings
 from hypothesis import strategies as hst
 
-pytest.importorskip("mlx_lm")
+pytest.importorskip("mlx_lm", reason="the mlx-lm models need the lm extra (pip install segc[lm])")
 
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 

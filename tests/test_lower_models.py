@@ -27,7 +27,7 @@ import segc
 from segc.lower import RULES, check_supported
 from segc.models.zoo import build
 
-mlx_lm = pytest.importorskip("mlx_lm")
+mlx_lm = pytest.importorskip("mlx_lm", reason="the mlx-lm models need the lm extra (pip install segc[lm])")
 from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
 
 # on top of segc.models.zoo's tiny configurations: what widens the lowered graphs

@@ -8,7 +8,7 @@ import pytest
 from conftest import bits
 from mlx.utils import tree_flatten
 
-pytest.importorskip("mlx_lm")
+pytest.importorskip("mlx_lm", reason="the mlx-lm models need the lm extra (pip install segc[lm])")
 
 import segc
 from segc.models import tiny_llama

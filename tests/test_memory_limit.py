@@ -44,7 +44,7 @@ def test_a_segment_over_the_limit_is_refused_and_nothing_runs(limit: None) -> No
 
 
 def test_a_refused_decode_leaves_the_caches_as_they_were(limit: None) -> None:
-    pytest.importorskip("mlx_lm")
+    pytest.importorskip("mlx_lm", reason="the mlx-lm models need the lm extra (pip install segc[lm])")
     from mlx_lm.models.cache import make_prompt_cache
 
     from segc.models import tiny_llama

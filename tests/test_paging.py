@@ -16,7 +16,7 @@ from conftest import bits, examples
 from hypothesis import example, given, settings
 from hypothesis import strategies as hs
 
-pytest.importorskip("mlx_lm")
+pytest.importorskip("mlx_lm", reason="the mlx-lm models need the lm extra (pip install segc[lm])")
 
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache

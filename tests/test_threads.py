@@ -11,7 +11,7 @@ import mlx.core as mx
 import pytest
 from conftest import bits
 
-pytest.importorskip("mlx_lm")
+pytest.importorskip("mlx_lm", reason="the mlx-lm models need the lm extra (pip install segc[lm])")
 
 import segc
 from segc.models.zoo import build
