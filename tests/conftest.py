@@ -149,6 +149,24 @@ def _device_errors_stay_with_their_test() -> Iterator[None]:
         mx.synchronize()
 
 
+def cut_ids(g: Graph) -> tuple[list[int], list[int]]:
+    """(the last computing equation before each cut, the first computing equation after
+    each cut): the ids a boundary schedule's cut and wait nodes name."""
+    ends: list[int] = []
+    starts: list[int] = []
+    last, after = -1, False
+    for e in g.eqns:
+        if e.prim == CUT:
+            ends.append(last)
+            after = True
+        elif not e.is_pseudo:
+            last = e.id
+            if after:
+                starts.append(e.id)
+                after = False
+    return ends, starts
+
+
 def with_cuts(g: Graph, positions: Sequence[int]) -> Graph:
     """``g`` with a ``segc.cut`` before each equation index in ``positions``."""
     eqns: list[Eqn] = []

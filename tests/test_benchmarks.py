@@ -18,24 +18,28 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_bench_llama_tiny_reports_bit_identical_outputs(tmp_path: Path) -> None:
+def bench_llama(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict]:
+    """Run ``benchmarks/bench_llama.py --preset=tiny --warmup=0 --prefill=16 --context=32``
+    with ``args`` as a user would; its exit must be 0. Returns the process and its JSON."""
     out = tmp_path / "bench.json"
     cmd = [
         sys.executable,
         str(ROOT / "benchmarks" / "bench_llama.py"),
         "--preset=tiny",
-        "--repeats=1",
         "--warmup=0",
         "--prefill=16",
         "--context=32",
-        "--first-call-layers=2",
-        "--dispatch-calls=3",
+        *args,
         f"--json={out}",
     ]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240, cwd=ROOT)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=280, cwd=ROOT)
     assert p.returncode == 0, p.stdout + p.stderr
-    r = json.loads(out.read_text())
+    return p, json.loads(out.read_text())
+
+
+def test_bench_llama_tiny_reports_bit_identical_outputs(tmp_path: Path) -> None:
+    p, r = bench_llama(tmp_path, "--repeats=1", "--first-call-layers=2", "--dispatch-calls=3")
     assert r["segc_bit_identical"] is True
     assert set(r["workloads"]) == {"decode", "prefill"}
     for name, w in r["workloads"].items():
@@ -59,27 +63,16 @@ def test_bench_llama_tiny_reports_bit_identical_outputs(tmp_path: Path) -> None:
 def test_bench_llama_isolates_variants_and_compares_their_bytes(tmp_path: Path) -> None:
     """``--isolate``: a process per variant and round; the outputs compared byte for byte
     with eager's across processes; a quantized model (``--bits 4``) too."""
-    out = tmp_path / "iso.json"
-    cmd = [
-        sys.executable,
-        str(ROOT / "benchmarks" / "bench_llama.py"),
-        "--preset=tiny",
+    p, r = bench_llama(
+        tmp_path,
         "--repeats=2",
-        "--warmup=0",
-        "--prefill=16",
-        "--context=32",
         "--first-call-layers=0",
         "--no-dispatch",
         "--variants=eager,segc,fences",
         "--bits=4",
         "--isolate",
         "--rounds=2",
-        f"--json={out}",
-    ]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=280, cwd=ROOT)
-    assert p.returncode == 0, p.stdout + p.stderr
-    r = json.loads(out.read_text())
+    )
     assert r["rounds"] == 2 and r["segc_bit_identical"] is True and not r["errors"]
     assert p.stdout.count("[isolate] round") == 6  # 3 variants x 2 rounds, each a process
     for name, w in r["workloads"].items():

@@ -10,14 +10,14 @@ from typing import Any
 
 import mlx.core as mx
 import pytest
-from conftest import bits, same_bits
+from conftest import bits, cut_ids, same_bits
 
-pytest.importorskip("mlx_lm")
+pytest.importorskip("mlx_lm", reason="the mlx-lm models need the lm extra (pip install segc[lm])")
 
 import segc
 from segc.passes import Schedule
 from segc.passes.fences import CutNode, WaitNode
-from segc.runtime import Executor, resolve_commit
+from segc.runtime import resolve_commit
 from segc.runtime.events import Event
 
 X = mx.array([[3, 1, 4, 1, 5, 9, 2, 6]])
@@ -46,22 +46,6 @@ class Commits:
     @property
     def count(self) -> int:
         return sum(1 for what, _ in self.log if what == "commit")
-
-
-def _cut_ids(step: Any) -> tuple[list[int], list[int]]:
-    """(last computing equation of each layer, first computing equation after each cut)."""
-    g = step.trace(X).graph
-    ends, starts, last, after = [], [], None, False
-    for e in g.eqns:
-        if e.prim == "segc.cut":
-            ends.append(last)
-            after = True
-        elif not e.is_pseudo:
-            last = e.id
-            if after:
-                starts.append(e.id)
-                after = False
-    return ends, starts
 
 
 @pytest.mark.parametrize("commit", ["segment", "fences"])
@@ -106,7 +90,7 @@ def test_fences_commit_after_signals_and_before_waits(model: Any, monkeypatch: p
     dispatched since, runs while the host blocks), and nowhere else."""
     want = bits(model(X))
     step = segc.jit(model, boundaries="layers.*", commit="fences")
-    ends, starts = _cut_ids(step)
+    ends, starts = cut_ids(step.trace(X).graph)
     log: list = []
 
     class Noting(Event):
@@ -127,53 +111,6 @@ def test_fences_commit_after_signals_and_before_waits(model: Any, monkeypatch: p
     probes = ["commit"] if mx.default_device() == mx.cpu else []
     assert [what for what, _ in log] == ["commit", *probes, "commit", "wait"], log
     done.wait(1, timeout=10)
-
-
-def test_an_admit_wait_under_fences_commits_the_work_before_it(model: Any) -> None:
-    """The pager signals "admit" only once layer 0's completion arrived: with the
-    ``"fences"`` policy that needs layer 0 committed before the dispatch loop blocks."""
-    step = segc.jit(model, boundaries="layers.*", commit="fences")
-    want = bits(model(X))
-    ends, starts = _cut_ids(step)
-    done, admit = Event(name="done"), Event(name="admit")
-    sched = Schedule((CutNode(ends[0], ("done", 1)),), (WaitNode(starts[1], "admit", 1),), ("admit",))
-    step.set_boundary_schedule(sched, {"done": done, "admit": admit})
-
-    def pager() -> None:
-        done.wait(1, timeout=20)
-        admit.signal(1)
-
-    t = threading.Thread(target=pager)
-    t.start()
-    out = bits(step(X))
-    t.join(timeout=30)
-    assert not t.is_alive()
-    assert out == want
-
-
-def test_a_consumed_buffer_is_updated_in_place_without_per_segment_commits() -> None:
-    """Donation does not depend on a commit per segment: with ``"fences"`` the executor
-    still releases a buffer after its last reader, and MLX reuses it at the caller's eval."""
-    if mx.default_device() != mx.cpu:
-        pytest.skip("the slice update is not done in place on MLX 0.32.4's CUDA build (docs/gpu.md)")
-
-    def write_first(buf: mx.array, x: mx.array) -> mx.array:
-        buf[:1] = x
-        return buf
-
-    n = 1 << 20
-    x = mx.ones((1,))
-    ex = Executor(segc.jit(write_first).lower(mx.zeros((n,)), x).graph, commit="fences")
-    buf = mx.zeros((n,))
-    mx.eval(buf, x)
-    ins = [buf, x]
-    del buf
-    mx.reset_peak_memory()
-    base = mx.get_active_memory()
-    out = ex(ins, consume=True)
-    mx.eval(out)
-    assert mx.get_peak_memory() - base < 4 * n // 2
-    assert same_bits(out[0][:2], mx.array([1.0, 0.0]))
 
 
 def test_a_bad_policy_is_refused_where_it_is_given() -> None:

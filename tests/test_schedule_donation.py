@@ -9,9 +9,9 @@ from typing import Any
 
 import mlx.core as mx
 import pytest
-from conftest import same_bits
+from conftest import cut_ids, same_bits
 
-pytest.importorskip("mlx_lm")
+pytest.importorskip("mlx_lm", reason="the mlx-lm models need the lm extra (pip install segc[lm])")
 
 from mlx_lm.models.cache import make_prompt_cache
 
@@ -27,23 +27,6 @@ def _model() -> Any:
     return tiny_llama(hidden_size=256, num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=2)
 
 
-def _ids(step: Any, x: mx.array, cache: Any) -> tuple[list[int], list[int]]:
-    """(last computing equation of each layer, first computing equation after each cut)
-    of the decode graph."""
-    g = step.trace(x, cache=cache).graph
-    ends, starts, last, after = [], [], None, False
-    for e in g.eqns:
-        if e.prim == "segc.cut":
-            ends.append(last)
-            after = True
-        elif not e.is_pseudo:
-            last = e.id
-            if after:
-                starts.append(e.id)
-                after = False
-    return ends, starts
-
-
 def _ref(model: Any) -> Any:
     return model if mx.default_device() == mx.cpu else segc.jit(model)
 
@@ -57,7 +40,9 @@ def test_a_scheduled_decode_updates_its_caches_in_place() -> None:
     ref(prompt, cache=ref_cache)
     step = segc.jit(model, boundaries="layers.*")
     step(prompt, cache=cache)
-    ends, starts = _ids(step, mx.array([[1]]), cache)  # the decode graph: a cache that holds the prompt
+    ends, starts = cut_ids(
+        step.trace(mx.array([[1]]), cache=cache).graph
+    )  # the decode graph: a cache that holds the prompt
     done, admit = segc.Event(name="done"), segc.Event(2**40, name="admit")
     sched = Schedule(
         tuple(CutNode(i, ("done", n + 1)) for n, i in enumerate(ends)),
@@ -93,7 +78,7 @@ def test_a_timed_out_wait_leaves_donated_caches_as_they_were() -> None:
     for t in range(2):  # the decode graph has run: its next calls donate
         x = mx.array([[t + 1]])
         assert same_bits(step(x, cache=cache), ref(x, cache=ref_cache))
-    _, starts = _ids(step, mx.array([[1]]), cache)
+    _, starts = cut_ids(step.trace(mx.array([[1]]), cache=cache).graph)
     never = segc.Event(name="never")
     step.set_boundary_schedule(
         Schedule((), (WaitNode(starts[0], "never", 1),), ("never",)), {"never": never}, timeout=0.2

@@ -9,9 +9,9 @@ from typing import Any
 
 import mlx.core as mx
 import pytest
-from conftest import bits
+from conftest import bits, cut_ids
 
-pytest.importorskip("mlx_lm")
+pytest.importorskip("mlx_lm", reason="the mlx-lm models need the lm extra (pip install segc[lm])")
 
 import segc
 from segc.passes import Schedule
@@ -48,27 +48,12 @@ CPU_ONLY = pytest.mark.skipif(
 
 def layer_ends(step: Any) -> list[int]:
     """The id of the last computing equation of each layer's segment (the markers)."""
-    g = step.trace(X).graph
-    ends, last = [], None
-    for e in g.eqns:
-        if e.prim == "segc.cut":
-            ends.append(last)
-        elif not e.is_pseudo:
-            last = e.id
-    return ends
+    return cut_ids(step.trace(X).graph)[0]
 
 
 def first_ids(step: Any) -> list[int]:
     """The id of the first computing equation after each layer's cut."""
-    g = step.trace(X).graph
-    out, after_cut = [], False
-    for e in g.eqns:
-        if e.prim == "segc.cut":
-            after_cut = True
-        elif not e.is_pseudo and after_cut:
-            out.append(e.id)
-            after_cut = False
-    return out
+    return cut_ids(step.trace(X).graph)[1]
 
 
 @pytest.mark.parametrize(
@@ -100,11 +85,13 @@ def test_a_schedule_changes_no_bits_and_signals_in_order(model: Any, completion:
     assert bits(step(X)) == want
 
 
-def test_an_admit_wait_fences_real_work(model: Any) -> None:
+@pytest.mark.parametrize("commit", ["segment", "fences"])
+def test_an_admit_wait_fences_real_work(model: Any, commit: str) -> None:
     """Segment 2 (layer 2) waits for the host's "admit"; a pager thread signals it only
     once layer 0's completion signal arrived. Layer 2 completes only after the admit,
-    while the segments before it were free to run."""
-    step = segc.jit(model, boundaries="layers.*")
+    while the segments before it were free to run (with the ``"fences"`` commit policy
+    too: layer 0 must be committed before the dispatch loop blocks)."""
+    step = segc.jit(model, boundaries="layers.*", commit=commit)
     want = bits(step(X))
     ends, starts = layer_ends(step), first_ids(step)
     log: list = []
