@@ -13,7 +13,9 @@ One run times, interleaved round by round so that drift hits every variant alike
 * ``each`` / ``fences`` / ``geo`` -- (optional) ``segc`` with the commit policy fixed to
   ``"segment"`` (``mx.async_eval`` after every segment), ``"fences"`` (one commit, the
   caller's) or ``"geometric"`` (after segments 1, 2, 4, 8, ...); ``segc`` itself uses
-  the backend's default (``"auto"``).
+  the backend's default (``"auto"``);
+* ``fused`` / ``fusedfences`` -- (optional, CUDA only) ``segc`` and ``fences`` with
+  ``attention="on"``: the dynamic cache's masked decode attention as segc's fused kernel.
 
 ``--isolate`` runs every variant in a process of its own (MLX's kernel and CUDA-graph
 caches are per process, so one variant's commits cannot slow another down); the
@@ -92,8 +94,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     ),
 }
 
-VARIANTS = ("eager", "compile", "segc", "drain", "whole", "each", "fences", "geo")
-COMMIT = {"each": "segment", "fences": "fences", "geo": "geometric"}
+VARIANTS = ("eager", "compile", "segc", "drain", "whole", "each", "fences", "geo", "fused", "fusedfences")
+COMMIT = {"each": "segment", "fences": "fences", "geo": "geometric", "fusedfences": "fences"}
+FUSED = ("fused", "fusedfences")  # attention="on": segc's fused decode attention (CUDA)
 DEFAULT_VARIANTS = ("eager", "compile", "segc", "drain")
 
 # H200 figures used for the floors printed beside GPU timings (DESIGN.md)
@@ -283,6 +286,7 @@ def workload(
                     boundaries=None if v == "whole" else "layers.*",
                     drain=(v == "drain"),
                     commit=COMMIT.get(v, "auto"),
+                    attention="on" if v in FUSED else "auto",
                     validate=False,
                 )
                 jitted[v] = step
@@ -424,7 +428,7 @@ def isolated(argv: list[str], variants: tuple[str, ...], out_json: str | None, r
         and all(
             passes(w, v, r["device_kind"] == "gpu")
             for w in r["workloads"].values()
-            for v in ("segc", "drain", "whole", "each", "fences", "geo")
+            for v in ("segc", "drain", "whole", "each", "fences", "geo", *FUSED)
             if v in variants
         )
     )
@@ -745,6 +749,8 @@ def main(argv: list[str] | None = None) -> int:
     bad = [v for v in variants if v not in VARIANTS]
     if bad:
         ap.error(f"unknown variants {bad}")
+    if any(v in FUSED for v in variants) and not mx.cuda.is_available():
+        ap.error(f"variants {list(FUSED)} need MLX's CUDA backend (segc's fused attention kernel)")
     if a.isolate:
         args = list(sys.argv[1:] if argv is None else argv)
         for i, x in enumerate(args):  # the children get one variant each
@@ -847,7 +853,7 @@ def main(argv: list[str] | None = None) -> int:
     ok = not r["errors"] and all(
         passes(w, v, r["device_kind"] == "gpu") and v not in w["errors"]
         for w in r["workloads"].values()
-        for v in ("segc", "drain", "whole", "each", "fences", "geo")
+        for v in ("segc", "drain", "whole", "each", "fences", "geo", *FUSED)
         if v in variants
     )
     r["segc_bit_identical"] = ok

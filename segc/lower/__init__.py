@@ -14,6 +14,8 @@ from types import MappingProxyType
 
 # importing the family modules fills PRIMS
 from . import elementwise, fast, indexing, matmul, reductions, refused, shapes  # noqa: F401
+from .attention import ATTENTION as ATTENTION
+from .attention import attention_kernel as attention_kernel
 from .prim import PRIMS as PRIMS
 from .prim import Prim as Prim
 from .prim import describe as describe
@@ -30,12 +32,14 @@ REFUSED = MappingProxyType({n: p.refused for n, p in PRIMS.items() if p.refused 
 UNSUPPORTED = MappingProxyType({n: p.unsupported for n, p in PRIMS.items() if p.unsupported is not None})
 
 __all__ = [
+    "ATTENTION",
     "PRIMS",
     "REBUILT",
     "REFUSED",
     "RULES",
     "UNSUPPORTED",
     "Prim",
+    "attention_kernel",
     "check_supported",
     "check_types",
     "compile_loses",

@@ -8,13 +8,15 @@ already broadcast and cast: the trace records those steps as their own primitive
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import mlx.core as mx
 
 from ..errors import UnsupportedPrimitive
 from ..ir import Const, Eqn, Graph, Segment
+from .attention import AttentionMatch, find_attention
+from .attention import Kernel as Attention
 from .prim import Rule, lookup
 
 
@@ -47,11 +49,16 @@ def compile_loses(c: Const) -> bool:
     return (v == 0.0 or math.isnan(v)) and math.copysign(1.0, v) < 0
 
 
-def segment_fn(g: Graph, seg: Segment, const_args: Sequence[str] = ()) -> Callable[..., list[mx.array]]:
+def segment_fn(
+    g: Graph, seg: Segment, const_args: Sequence[str] = (), attention: Attention | None = None
+) -> Callable[..., list[mx.array]]:
     """A function of the segment's inputs, then of the constants named in ``const_args``,
-    returning its outputs by replaying its equations; other constants are captured."""
+    returning its outputs by replaying its equations; other constants are captured.
+    With ``attention`` (a kernel), each decomposed masked attention the segment holds
+    (``attention.py``) is computed by it instead."""
     consts = {c.var.name: c.value for c in g.consts if c.var.name not in const_args}
-    return replay_fn(seg.eqns(g), (*seg.inputs, *const_args), seg.outputs, consts)
+    shapes = {n: v.shape for n, v in g.vars().items()} if attention is not None else None
+    return replay_fn(seg.eqns(g), (*seg.inputs, *const_args), seg.outputs, consts, attention, shapes, g.eqns)
 
 
 def _rule(e: Eqn) -> Rule:
@@ -61,10 +68,36 @@ def _rule(e: Eqn) -> Rule:
     return p.rule
 
 
+def _fused(m: AttentionMatch, kernel: Attention) -> Rule:
+    def run(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
+        q, k, v, mask = ins
+        if mask.ndim > 2:  # a broadcast of one (rows, keys) mask: its first copy
+            mask = mask.reshape(-1, *mask.shape[-2:])[0]
+        return kernel(q, k, v, mask, m.scale)
+
+    return run
+
+
 def replay_fn(
-    eqns: Sequence[Eqn], in_names: Sequence[str], out_names: Sequence[str], consts: dict[str, Any]
+    eqns: Sequence[Eqn],
+    in_names: Sequence[str],
+    out_names: Sequence[str],
+    consts: dict[str, Any],
+    attention: Attention | None = None,
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+    context: Sequence[Eqn] = (),
 ) -> Callable[..., list[mx.array]]:
-    plan = [(_rule(e), e, e.ins, tuple(o.name for o in e.outs)) for e in eqns]
+    matches = find_attention(eqns, out_names, consts, shapes or {}, context) if attention is not None else []
+    skip = {i for m in matches for i in m.skip}
+    at = {m.last: m for m in matches}
+    plan: list[tuple[Rule, Eqn, Sequence[str], tuple[str, ...]]] = []
+    for e in eqns:
+        if e.id in at:
+            m = at[e.id]
+            assert attention is not None
+            plan.append((_fused(m, attention), e, (m.q, m.k, m.v, m.mask), (m.out,)))
+        elif e.id not in skip:
+            plan.append((_rule(e), e, e.ins, tuple(o.name for o in e.outs)))
 
     def run(*xs: mx.array) -> list[mx.array]:
         env: dict[str, Any] = dict(consts)

@@ -39,7 +39,7 @@ import mlx.core as mx
 
 from ..errors import MemoryLimitError, ScheduleError, SignatureError
 from ..ir import WINDOW, Graph, Segment, SegmentEffects, Var, segment_effects, segments, window_segments
-from ..lower import check_supported, check_types, compile_loses, segment_fn
+from ..lower import attention_kernel, check_supported, check_types, compile_loses, segment_fn
 from ..passes.analysis import eqn_flops
 from ..units import fmt_bytes
 from .aborted import Aborted
@@ -135,7 +135,14 @@ class Executor:
     """
 
     def __init__(
-        self, g: Graph, *, compile: bool = True, drain: bool = False, check: bool = True, commit: str = "auto"
+        self,
+        g: Graph,
+        *,
+        compile: bool = True,
+        drain: bool = False,
+        check: bool = True,
+        commit: str = "auto",
+        attention: Any = "auto",
     ):
         # a graph from elsewhere (parsed text) is type-checked against the rules; the
         # jit's own traced graphs are right by construction and skip it (check=False)
@@ -159,11 +166,12 @@ class Executor:
         fns = []
         vs = g.vars()
         fragile = {c.var.name for c in g.consts if compile_loses(c)}
+        kernel = attention_kernel(attention)
         const_args: list[tuple[str, ...]] = []
         for s in self.segments:
             used = dict.fromkeys(v for e in s.eqns(g) for v in e.ins if v in fragile)
             const_args.append(tuple(used))
-            fn = segment_fn(g, s, const_args[-1])
+            fn = segment_fn(g, s, const_args[-1], kernel)
             if compile and not _touches_empty(g, s, vs):
                 fn = mx.compile(fn)
             for o in s.outputs:

@@ -20,7 +20,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
-from ..errors import SegcWarning, StateError, TraceError
+from ..errors import SegcWarning, StateError, TraceError, UsageError
+from ..lower import ATTENTION
 from ..runtime import DISPATCH_LOCK, resolve_commit
 from ..runtime.fenced import WindowRun
 from ..trace import auto_boundaries, matching_modules, module_boundaries, trace, tracing
@@ -58,6 +59,7 @@ class Jitted(EngineHooks):
         static_argnames: str | Sequence[str] = (),
         drain: bool = False,
         commit: str = "auto",
+        attention: Any = "auto",
         name: str | None = None,
         state: Sequence[Any] | Callable[[], Sequence[Any]] | None = None,
         state_mode: str = "auto",
@@ -87,6 +89,9 @@ class Jitted(EngineHooks):
         self.drain = drain
         resolve_commit(commit)  # a bad policy is refused here, not at the first call
         self.commit = commit
+        if not callable(attention) and attention not in ATTENTION:
+            raise UsageError(f"attention must be one of {ATTENTION}, not {attention!r}")
+        self.attention = attention
         self.validate = validate  # check each new dynamic-cache graph against eager once
         self.strategy = strategy  # cut placement (segc.passes): None keeps the markers' cuts
         self.name = name or getattr(fn, "__qualname__", None) or type(fn).__name__
@@ -213,7 +218,7 @@ class Jitted(EngineHooks):
 
     def _compile(self, t: Traced) -> Compiled:
         """The miss path: lower and compile a fresh trace, and file it in the cache."""
-        c = t.lower(effects=self._effects).compile(drain=self.drain, commit=self.commit)
+        c = t.lower(effects=self._effects).compile(drain=self.drain, commit=self.commit, attention=self.attention)
         self.info.misses += 1
         # against the entry this call was expected to hit (the nearest cached signature)
         expected = t.signature.closest(list(self._cache)) if self._cache else self._last
@@ -373,7 +378,11 @@ def jit(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
     ``layers`` list), ``static_argnums``, ``static_argnames``,
     ``drain`` (host ``mx.eval`` after every segment: a baseline for benchmarks),
     ``commit`` (when segments are committed to the device: ``"auto"``, ``"segment"``,
-    ``"fences"``; see :mod:`segc.runtime.executor`), ``name``,
+    ``"fences"``; see :mod:`segc.runtime.executor`), ``attention`` (``"auto"``, ``"on"``,
+    ``"off"``: whether a dynamic KV cache's masked decode attention runs as segc's fused
+    CUDA kernel; ``"auto"``: only with ``SEGC_FUSED_ATTENTION=1`` on a CUDA GPU, see
+    :mod:`segc.lower.attention`),
+    ``name``,
     ``state`` (objects ``fn`` captures and mutates, e.g. KV caches; caches passed as
     arguments are found automatically), ``state_mode`` (``"auto"``: dynamic KV caches
     that do not retrace per token; ``"exact"``: every state object functionalized as

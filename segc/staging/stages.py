@@ -100,17 +100,27 @@ class Lowered:
     def __str__(self) -> str:
         return self.as_text()
 
-    def compile(self, *, drain: bool = False, commit: str = "auto") -> Compiled:
-        return Compiled(self, drain=drain, commit=commit)
+    def compile(self, *, drain: bool = False, commit: str = "auto", attention: Any = "auto") -> Compiled:
+        return Compiled(self, drain=drain, commit=commit, attention=attention)
 
 
 class Compiled:
     """A callable for one signature. Calling it with another signature raises."""
 
-    def __init__(self, lowered: Lowered, *, drain: bool = False, compile: bool = True, commit: str = "auto"):
+    def __init__(
+        self,
+        lowered: Lowered,
+        *,
+        drain: bool = False,
+        compile: bool = True,
+        commit: str = "auto",
+        attention: Any = "auto",
+    ):
         self.lowered = lowered
         self.graph = lowered.graph
-        self.executor = Executor(self.graph, compile=compile, drain=drain, check=False, commit=commit)
+        self.executor = Executor(
+            self.graph, compile=compile, drain=drain, check=False, commit=commit, attention=attention
+        )
         t = lowered.traced
         self.spec = t.spec
         self.signature = t.signature

@@ -1,0 +1,189 @@
+"""A fused masked decode attention for MLX's CUDA backend (``mx.fast.cuda_kernel``).
+
+MLX 0.32's CUDA SDPA refuses array masks, so a dynamic KV cache's attention (whole buffer,
+boolean mask) decomposes into about six kernels a layer, one of which copies the keys
+once per query head of a group. This computes ``attention.AttentionMatch`` in two
+kernels, split-K over the buffer as flash-decoding does:
+
+1. ``partial``: a block per (batch, KV head, chunk of ``CHUNK`` keys) scores every query
+   row of the group against the chunk's keys (each key read once for the whole group),
+   and writes the chunk's running max, sum of exponentials and weighted sum of values;
+2. ``combine``: a block per (batch, query head, row) merges the chunks.
+
+Everything is float32 until the one rounding to the output dtype. A row whose mask hides
+every key gets the mean of the values (what the fallback's softmax over equal scores
+gives). Only imported on a machine whose MLX has CUDA.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import mlx.core as mx
+
+CHUNK = 128  # keys per block of the first kernel
+THREADS = 128
+
+_HEADER = "#define NEG_INF (-__int_as_float(0x7f800000))\n"
+
+_PARTIAL = r"""
+    const int C = k_shape[2];            // the buffer's capacity: no kernel per capacity
+    const int S = (C + CHUNK - 1) / CHUNK;
+    const int blk = blockIdx.x;
+    const int s = blk % S;
+    const int bh = blk / S;              // b * HKV + hk
+    const int hk = bh % HKV;
+    const int b = bh / HKV;
+    const int t = threadIdx.x;
+    const int start = s * CHUNK;
+    const int n = min(CHUNK, C - start);
+    constexpr int R = REP * L;           // query rows of the group
+    __shared__ float qs[R][D];
+    __shared__ float sc[R][CHUNK];
+    const float sf = scale[0];
+    for (int i = t; i < R * D; i += NT) {
+        int r = i / D, d = i % D;
+        int h = r / L, l = r % L;
+        int hq = hk * REP + h;
+        qs[r][d] = static_cast<float>(q[((size_t)(b * HQ + hq) * L + l) * D + d]) * sf;
+    }
+    __syncthreads();
+    for (int j = t; j < CHUNK; j += NT) {
+        float acc[R];
+        #pragma unroll
+        for (int r = 0; r < R; ++r) acc[r] = 0.f;
+        if (j < n) {
+            const T* kr = k + ((size_t)bh * C + start + j) * D;
+            #pragma unroll 8
+            for (int d = 0; d < D; ++d) {
+                float kv = static_cast<float>(kr[d]);
+                #pragma unroll
+                for (int r = 0; r < R; ++r) acc[r] += qs[r][d] * kv;
+            }
+        }
+        #pragma unroll
+        for (int r = 0; r < R; ++r) {
+            int l = r % L;
+            int mrow = (M == 1) ? 0 : l;
+            bool ok = j < n && mask[(size_t)mrow * C + start + j];
+            sc[r][j] = ok ? acc[r] : NEG_INF;
+        }
+    }
+    __syncthreads();
+    // one warp per row: the chunk's max and sum of exponentials; scores become weights
+    const int warp = t / 32, lane = t % 32;
+    for (int r = warp; r < R; r += NT / 32) {
+        float m = NEG_INF;
+        for (int j = lane; j < CHUNK; j += 32) m = fmaxf(m, sc[r][j]);
+        for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, o));
+        float sum = 0.f;
+        for (int j = lane; j < CHUNK; j += 32) {
+            float p = (m == NEG_INF) ? 0.f : expf(sc[r][j] - m);
+            sc[r][j] = p;
+            sum += p;
+        }
+        for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffff, sum, o);
+        if (lane == 0) {
+            int h = r / L, l = r % L;
+            size_t row = ((size_t)(b * HQ + hk * REP + h) * L + l);
+            pm[row * S + s] = m;
+            pl[row * S + s] = sum;
+        }
+    }
+    __syncthreads();
+    for (int i = t; i < R * D; i += NT) {
+        int r = i / D, d = i % D;
+        float acc = 0.f;
+        const T* vc = v + ((size_t)bh * C + start) * D + d;
+        for (int j = 0; j < n; ++j) acc += sc[r][j] * static_cast<float>(vc[(size_t)j * D]);
+        int h = r / L, l = r % L;
+        size_t row = ((size_t)(b * HQ + hk * REP + h) * L + l);
+        po[(row * S + s) * D + d] = acc;
+    }
+"""
+
+_COMBINE = r"""
+    const int C = v_shape[2];
+    const int S = (C + CHUNK - 1) / CHUNK;
+    const size_t row = blockIdx.x;       // (b * HQ + hq) * L + l
+    const int d = threadIdx.x;
+    float mx_ = NEG_INF;
+    for (int s = 0; s < S; ++s) mx_ = fmaxf(mx_, pm[row * S + s]);
+    float res;
+    if (mx_ == NEG_INF) {
+        const int hq = (row / L) % HQ, b = row / L / HQ;
+        const T* vc = v + ((size_t)(b * HKV + hq / REP) * C) * D + d;
+        float acc = 0.f;
+        for (int j = 0; j < C; ++j) acc += static_cast<float>(vc[(size_t)j * D]);
+        res = acc / C;
+    } else {
+        float num = 0.f, den = 0.f;
+        for (int s = 0; s < S; ++s) {
+            float w = expf(pm[row * S + s] - mx_);
+            den += pl[row * S + s] * w;
+            num += po[(row * S + s) * D + d] * w;
+        }
+        res = num / den;
+    }
+    out[row * D + d] = static_cast<T>(res);
+"""
+
+
+@functools.cache
+def _kernels() -> tuple[Any, Any]:
+    partial = mx.fast.cuda_kernel(
+        name="segc_attention_partial",
+        input_names=["q", "k", "v", "mask", "scale"],
+        output_names=["po", "pm", "pl"],
+        source=_PARTIAL,
+        header=_HEADER,
+    )
+    combine = mx.fast.cuda_kernel(
+        name="segc_attention_combine",
+        input_names=["po", "pm", "pl", "v"],
+        output_names=["out"],
+        source=_COMBINE,
+        header=_HEADER,
+    )
+    return partial, combine
+
+
+def cuda_attention(q: mx.array, k: mx.array, v: mx.array, mask: mx.array, scale: float) -> mx.array:
+    """``softmax(scale * q @ k^T, where=mask) @ v`` for ``q`` of ``(B, Hq, L, D)``, ``k``
+    and ``v`` of ``(B, Hkv, C, D)``, ``mask`` boolean with ``C`` last and one row or ``L``."""
+    b, hq, lq, d = q.shape
+    hkv, cap = k.shape[1], k.shape[2]
+    rep = hq // hkv
+    m = mask.reshape(-1, cap)
+    nchunks = (cap + CHUNK - 1) // CHUNK
+    partial, combine = _kernels()
+    tmpl: list[tuple[str, Any]] = [
+        ("T", q.dtype),
+        ("D", d),
+        ("L", lq),
+        ("M", m.shape[0]),
+        ("REP", rep),
+        ("HQ", hq),
+        ("HKV", hkv),
+        ("CHUNK", CHUNK),
+        ("NT", THREADS),
+    ]
+    rows = b * hq * lq
+    po, pm, pl = partial(
+        inputs=[q, k, v, m, mx.array([scale], dtype=mx.float32)],
+        template=tmpl,
+        grid=(b * hkv * nchunks * THREADS, 1, 1),
+        threadgroup=(THREADS, 1, 1),
+        output_shapes=[(rows * nchunks * d,), (rows * nchunks,), (rows * nchunks,)],
+        output_dtypes=[mx.float32, mx.float32, mx.float32],
+    )
+    (out,) = combine(
+        inputs=[po, pm, pl, v],
+        template=tmpl,
+        grid=(rows * d, 1, 1),
+        threadgroup=(d, 1, 1),
+        output_shapes=[(b, hq, lq, d)],
+        output_dtypes=[q.dtype],
+    )
+    return out

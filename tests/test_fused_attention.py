@@ -1,0 +1,226 @@
+"""The fused masked decode attention (segc/lower/attention.py): which equations it finds
+in a traced decode step, what it computes, and that segc lowers to it only where asked.
+
+On the CPU segc never uses it by default (the decomposition *is* eager MLX's computation
+there, so bits are kept); these tests pass the float32 reference as the kernel to check
+the matching and the replay around it. The CUDA kernel itself is checked on a CUDA
+machine only (the last tests; MLX's CPU build has no ``mx.fast.cuda_kernel`` to run).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from mlx_lm.models.cache import make_prompt_cache
+
+import segc
+from segc.errors import UsageError
+from segc.lower import attention_kernel
+from segc.lower.attention import find_attention, reference_attention
+from segc.models import tiny_llama
+from segc.staging.validate import VALIDATE_TOL
+
+pytestmark = pytest.mark.timeout(120)
+
+CUDA = mx.cuda.is_available() and mx.default_device() == mx.gpu
+# MLX's float32 matmuls on CUDA round their inputs like TF32: off the CPU, float32 is
+# compared with the bound segc documents for the GPU (VALIDATE_TOL), not float32's rounding
+F32_TOL = 1e-5 if mx.default_device() == mx.cpu else VALIDATE_TOL
+
+
+def _f64_attention(q, k, v, mask, scale):
+    """Softmax attention in float64 with numpy, written from the definition (a row that
+    masks every key averages the values, as a softmax over equal scores does)."""
+    qn, kn, vn = (np.array(x.astype(mx.float32)).astype(np.float64) for x in (q, k, v))
+    _, hq, lq, _ = qn.shape
+    hkv, cap = kn.shape[1], kn.shape[2]
+    kn = np.repeat(kn, hq // hkv, axis=1)
+    vn = np.repeat(vn, hq // hkv, axis=1)
+    s = scale * qn @ kn.swapaxes(-1, -2)
+    m = np.broadcast_to(np.array(mask).reshape(-1, cap), (lq, cap))
+    m = np.where(m.any(axis=-1, keepdims=True), m, True)
+    s = np.where(m, s, -np.inf)
+    w = np.exp(s - s.max(axis=-1, keepdims=True))
+    return (w / w.sum(axis=-1, keepdims=True)) @ vn
+
+
+@given(
+    st.sampled_from([(4, 4), (8, 2), (6, 3), (4, 1)]),
+    st.sampled_from([32, 64]),
+    st.integers(1, 3),
+    st.integers(1, 70),
+    st.data(),
+)
+def test_the_reference_is_softmax_attention(heads, d, lq, cap, data):
+    hq, hkv = heads
+    mx.random.seed(data.draw(st.integers(0, 1000)))
+    q = mx.random.normal((1, hq, lq, d))
+    k = mx.random.normal((1, hkv, cap, d))
+    v = mx.random.normal((1, hkv, cap, d))
+    rows = data.draw(st.sampled_from([1, lq]))
+    mask = mx.array(
+        np.array(data.draw(st.lists(st.booleans(), min_size=rows * cap, max_size=rows * cap))).reshape(rows, cap)
+    )
+    got = np.array(reference_attention(q, k, v, mask, d**-0.5)).astype(np.float64)
+    tol = 1e-5 if mx.default_device() == mx.cpu else VALIDATE_TOL
+    np.testing.assert_allclose(got, _f64_attention(q, k, v, mask, d**-0.5), rtol=tol, atol=tol)
+
+
+def _decode_graph(heads: int, kv_heads: int, layers: int = 2, dtype=mx.float32):
+    model = tiny_llama(
+        hidden_size=128,
+        num_hidden_layers=layers,
+        intermediate_size=256,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        vocab_size=64,
+        dtype=dtype,
+    )
+    cache = make_prompt_cache(model)
+    step = segc.jit(model, boundaries="layers.*")
+    step(mx.array([[1, 2, 3, 4, 5]]), cache=cache)
+    mx.eval([c.state for c in cache])
+    return model, cache, step
+
+
+@pytest.mark.parametrize(("heads", "kv_heads"), [(8, 2), (4, 4), (4, 1)])
+def test_every_layer_s_decode_attention_is_found(heads, kv_heads):
+    layers = 3
+    _, cache, step = _decode_graph(heads, kv_heads, layers)
+    lowered = step.lower(mx.array([[7]]), cache=cache)
+    g = lowered.graph
+    consts = {c.var.name: c.value for c in g.consts}
+    shapes = {n: v.shape for n, v in g.vars().items()}
+    found = find_attention(g.eqns, g.outputs, consts, shapes)
+    assert len(found) == layers  # one attention per layer, from the config
+    # segment by segment, as the replay looks (the mask and the scale's broadcast are
+    # made once, in the first layer's segment, and read by the others as inputs)
+    assert len(lowered.segments) == layers + 1
+    per_segment = [find_attention(s.eqns(g), s.outputs, consts, shapes, g.eqns) for s in lowered.segments]
+    assert [len(f) for f in per_segment] == [1] * layers + [0]
+    vs = g.vars()
+    by_state = {i.var.name: i.path for i in g.inputs}
+    for m in found:
+        assert vs[m.q].shape == (1, heads, 1, 128 // heads)
+        assert vs[m.k].shape == vs[m.v].shape == (1, kv_heads, 256, 128 // heads)
+        assert vs[m.mask].dtype == "bool" and vs[m.mask].shape[-1] == 256
+        assert m.scale == pytest.approx((128 // heads) ** -0.5, rel=1e-2)
+    # the keys and values are this call's updated buffers, one layer's each
+    written = {e.outs[0].name: e.ins[0] for e in g.eqns if e.prim == "DynamicSliceUpdate"}
+    assert sorted(by_state[written[m.k]] for m in found) == sorted(f"state[{i}].keys" for i in range(layers))
+    assert sorted(by_state[written[m.v]] for m in found) == sorted(f"state[{i}].values" for i in range(layers))
+
+
+def test_a_prefill_and_a_read_softmax_are_not_matched():
+    _, _, step = _decode_graph(8, 2)
+    cache = make_prompt_cache(step.module)
+    g = step.lower(mx.array([[1, 2, 3, 4, 5, 6, 7, 8] * 3]), cache=cache).graph
+    consts = {c.var.name: c.value for c in g.consts}
+    assert find_attention(g.eqns, g.outputs, consts, {n: v.shape for n, v in g.vars().items()}) == []
+
+    def probs(q, k, v, off):
+        m = (off + mx.arange(1)[:, None]) >= mx.arange(16)[None]
+        s = mx.where(m, (q * 0.5).reshape(1, 2, 2, 1, 8) @ k[:, :, None].swapaxes(-1, -2), mx.finfo(mx.float32).min)
+        p = mx.softmax(s, axis=-1, precise=True)
+        return (p @ v[:, :, None]).reshape(1, 4, 1, 8), p  # the weights are read: no match
+
+    args = (mx.ones((1, 4, 1, 8)), mx.ones((1, 2, 16, 8)), mx.ones((1, 2, 16, 8)), mx.array(3))
+    g2 = segc.jit(probs).lower(*args).graph
+    consts2 = {c.var.name: c.value for c in g2.consts}
+    assert find_attention(g2.eqns, g2.outputs, consts2, {n: v.shape for n, v in g2.vars().items()}) == []
+    g3 = segc.jit(lambda *a: probs(*a)[0]).lower(*args).graph
+    consts3 = {c.var.name: c.value for c in g3.consts}
+    assert len(find_attention(g3.eqns, g3.outputs, consts3, {n: v.shape for n, v in g3.vars().items()})) == 1
+
+
+@pytest.mark.parametrize(("heads", "kv_heads"), [(8, 2), (4, 4)])
+def test_a_decode_step_with_the_kernel_matches_eager_within_rounding(heads, kv_heads):
+    """The reference in place of the kernel: every layer's attention runs through it, and
+    the logits stay within float32 rounding of eager mlx-lm's (the kernel rounds once, at
+    the end, where the decomposition rounds after each step)."""
+    model, _, _ = _decode_graph(heads, kv_heads, layers=2)
+    calls = []
+
+    def counting(q, k, v, mask, scale):
+        calls.append(q.shape)
+        return reference_attention(q, k, v, mask, scale)
+
+    fused = segc.jit(model, boundaries="layers.*", attention=counting, validate=False)
+    cache, eager_cache = make_prompt_cache(model), make_prompt_cache(model)
+    fused(mx.array([[1, 2, 3, 4, 5]]), cache=cache)
+    model(mx.array([[1, 2, 3, 4, 5]]), cache=eager_cache)
+    calls.clear()  # a short prefill may match too (a boolean causal mask): decode only
+    for tok in (7, 9, 11):
+        want = model(mx.array([[tok]]), cache=eager_cache)
+        got = fused(mx.array([[tok]]), cache=cache)
+        np.testing.assert_allclose(np.array(got), np.array(want), rtol=F32_TOL, atol=F32_TOL)
+        assert cache[0].offset == eager_cache[0].offset
+    # traced when the decode graph was compiled (layers of one shape may share a trace),
+    # not per token: the buffer's capacity did not change
+    assert calls and set(calls) == {(1, heads, 1, 128 // heads)} and len(calls) <= 2
+
+
+@pytest.mark.parametrize("attention", [reference_attention, "off"], ids=["kernel", "decomposed"])
+def test_segmented_and_unsegmented_agree_bit_for_bit(attention):
+    """segc's promise, also where a kernel replaces eager's decomposition: cutting changes
+    no bit."""
+    model, _, _ = _decode_graph(8, 2, layers=3)
+    segmented = segc.jit(model, boundaries="layers.*", attention=attention, validate=False)
+    whole = segc.jit(model, attention=attention, validate=False)
+    c1, c2 = make_prompt_cache(model), make_prompt_cache(model)
+    prompt = mx.array([[1, 2, 3, 4, 5]])
+    segmented(prompt, cache=c1)
+    whole(prompt, cache=c2)
+    assert len(segmented.lower(mx.array([[7]]), cache=c1).segments) > 1
+    for tok in (7, 9):
+        a = segmented(mx.array([[tok]]), cache=c1)
+        b = whole(mx.array([[tok]]), cache=c2)
+        assert np.array(a).tobytes() == np.array(b).tobytes()
+        assert np.array(c1[2].keys).tobytes() == np.array(c2[2].keys).tobytes()
+
+
+def test_attention_settings_are_checked():
+    with pytest.raises(UsageError, match="attention must be one of"):
+        attention_kernel("fast")
+    with pytest.raises(UsageError, match="attention must be one of"):
+        segc.jit(lambda x: x, attention="fast")
+    if not CUDA:
+        with pytest.raises(UsageError, match="CUDA"):
+            attention_kernel("on")
+        assert attention_kernel("auto") is None  # the CPU keeps eager's decomposition
+    assert attention_kernel("off") is None
+
+
+@pytest.mark.skipif(not CUDA, reason="the CUDA kernel runs only on MLX's CUDA build with a GPU")
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16])
+def test_the_cuda_kernel_on_a_decode_step(dtype):
+    from segc.lower.cuda_attention import cuda_attention
+
+    model, _, _ = _decode_graph(8, 2, layers=3, dtype=dtype)
+    step = segc.jit(model, boundaries="layers.*", attention="on", validate=False)
+    whole = segc.jit(model, attention="on", validate=False)
+    cache = make_prompt_cache(model)
+    step(mx.array([[1, 2, 3, 4, 5]]), cache=cache)
+    cache2 = make_prompt_cache(model)
+    whole(mx.array([[1, 2, 3, 4, 5]]), cache=cache2)
+    eager_cache = make_prompt_cache(model)
+    model(mx.array([[1, 2, 3, 4, 5]]), cache=eager_cache)
+    tol = VALIDATE_TOL if dtype == mx.float32 else 2e-2
+    for tok in (7, 9):
+        got = step(mx.array([[tok]]), cache=cache)
+        one = whole(mx.array([[tok]]), cache=cache2)
+        want = model(mx.array([[tok]]), cache=eager_cache)
+        # segmented and unsegmented: the same kernel, the same bits (segc's GPU promise)
+        assert np.array(got.astype(mx.float32)).tobytes() == np.array(one.astype(mx.float32)).tobytes()
+        np.testing.assert_allclose(
+            np.array(got.astype(mx.float32)), np.array(want.astype(mx.float32)), rtol=tol, atol=tol
+        )
+    q = mx.random.normal((1, 8, 1, 64)).astype(dtype)
+    k = mx.random.normal((1, 2, 300, 64)).astype(dtype)
+    v = mx.random.normal((1, 2, 300, 64)).astype(dtype)
+    mask = mx.arange(300)[None] <= 200
+    got = np.array(cuda_attention(q, k, v, mask, 0.125).astype(mx.float32))
+    np.testing.assert_allclose(got, _f64_attention(q, k, v, mask, 0.125), rtol=tol, atol=tol)
