@@ -17,7 +17,8 @@ of each process's median call. Three statistics, per set of plans:
   measurement over the same draws (5% and 95%).
 
 A correlation below the target with a ceiling below it too is noise; with a ceiling
-above it, the model is wrong (:func:`verdict`).
+above it, the model is wrong (:func:`verdict`). The bootstrap needs timings to resample:
+under :data:`ENOUGH` (processes and calls each) there is no verdict.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any
 import numpy as np
 
 Times = Sequence[Sequence[float]]  # per process, per call
+ENOUGH = (3, 5)  # the fewest processes (or, in one process, calls) and calls per process for a verdict
 
 
 def measured(times: Times) -> float:
@@ -98,7 +100,9 @@ def noise(
     plans: Sequence[Times], predicted: Sequence[float] | None = None, draws: int = 1000, seed: int = 0
 ) -> dict[str, Any]:
     """The statistics of the module docstring for a set of plans (at least three)."""
-    out: dict[str, Any] = {"unit": "process medians" if min(len(t) for t in plans) >= 2 else "calls"}
+    procs, calls = min(len(t) for t in plans), min(len(x) for t in plans for x in t)
+    out: dict[str, Any] = {"unit": "process medians" if procs >= 2 else "calls"}
+    out["enough"] = (procs >= ENOUGH[0] or (procs == 1 and calls >= ENOUGH[0])) and calls >= ENOUGH[1]
     out["separable_pairs"] = separable_pairs(plans)
     meds = [measured(t) for t in plans]
     out["plan_spread"] = float((max(meds) - min(meds)) / min(meds))
@@ -120,12 +124,15 @@ def noise(
     return out
 
 
-def verdict(rho: float | None, ceiling: float | None, target: float = 0.8) -> str:
-    """Reads a rank correlation against the measurement's own noise."""
+def verdict(rho: float | None, ceiling: float | None, target: float = 0.8, enough: bool = True) -> str:
+    """Reads a rank correlation against the measurement's own noise (``enough``: were
+    there timings enough to estimate it)."""
     if rho is None or ceiling is None:
         return "n/a"
     if rho >= target:
         return f"meets {target}"
+    if not enough:
+        return f"too few timings to tell noise from the model (at least {ENOUGH[0]} processes of {ENOUGH[1]} calls)"
     if ceiling < target:
         return f"noise: the measurement's own ceiling is {ceiling:.2f} < {target}"
     return f"model: the measured order is reproducible (ceiling {ceiling:.2f}) and the prediction misses it"

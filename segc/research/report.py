@@ -231,7 +231,7 @@ def _noise(plans: list[dict[str, Any]]) -> dict[str, Any]:
         rho, ceiling = _rho(held), h.get("ceiling")
     else:
         rho, ceiling = _rho(timed), stats.get("ceiling")
-    return {"noise": stats, "verdict": verdict(rho, ceiling)}
+    return {"noise": stats, "verdict": verdict(rho, ceiling, enough=stats["enough"])}
 
 
 def plot(res: Results, out: Path, formats: Sequence[str]) -> list[Path]:

@@ -42,7 +42,9 @@ def test_noise_tells_clear_differences_from_noise() -> None:
     blur = noise(_plans([1.0, 1.0001, 1.0002, 1.0003, 1.0004], 0.5))
     assert blur["self_spearman"] < 0.8 and blur["ceiling"] < 0.9 and blur["separable_pairs"] < 0.5
     one = noise(_plans([1.0, 2.0, 3.0], 0.01, processes=1))
-    assert one["unit"] == "calls" and one["process_spread"] is None
+    assert one["unit"] == "calls" and one["process_spread"] is None and one["enough"]
+    assert clear["enough"] and not noise(_plans([1.0, 2.0, 3.0], 0.01, processes=2))["enough"]
+    assert not noise(_plans([1.0, 2.0, 3.0], 0.01, calls=4))["enough"]
 
 
 def test_verdict() -> None:
@@ -50,6 +52,8 @@ def test_verdict() -> None:
     assert verdict(0.3, 0.6).startswith("noise")
     assert verdict(0.3, 0.95).startswith("model")
     assert verdict(None, 0.9) == verdict(0.9, None) == "n/a"
+    assert verdict(0.3, 0.95, enough=False).startswith("too few timings")
+    assert verdict(0.9, 0.95, enough=False) == "meets 0.8"
 
 
 def _row(workload: str, strategy: str, pred: float, meas: float, calib: bool | None, held: bool) -> dict[str, Any]:
