@@ -1,15 +1,26 @@
 """Predicted against measured, for every cut-placement strategy (issue 15).
 
-Calibrates a machine model on this machine (microbenchmarks, then the overheads fitted
-on a small llama), runs a sweep of every strategy over the given model and workloads
-(``segc.research``), and prints the table, the summary and the checks of the issue:
-Spearman's rank correlation of predicted and measured time across plans (>= 0.8), the
-largest error of predicted peak memory against ``mx.get_peak_memory`` (<= 15%), and
-bit-identity with eager MLX. Results (CSV, JSON, plans, plots) go to ``--out``; the
-summary as JSON to ``--json``.
+Runs a sweep of strategies over one model and its workloads (``segc.research``) and
+prints the table, the summary and the checks of the issue: Spearman's rank correlation
+of predicted and measured time across plans (>= 0.8), the largest error of predicted
+peak memory against ``mx.get_peak_memory`` (<= 15%), and bit-identity with eager MLX.
 
-    python benchmarks/bench_experiment.py --out out/experiment --json out/experiment.json   # the H200 run
-    python benchmarks/bench_experiment.py --model small --workloads decode:128,prefill:64 --repeats 10
+The machine model: the built-in one of this device (``--machine FILE`` for a saved one,
+``--microbench`` to measure its rates here first, ``--fit MODEL`` to fit its overheads on
+another model first); then, with ``--calibration`` plans (the default: none, markers,
+every:4, balanced:2), its overheads and throughput are fitted to those plans' measured
+times on the model under study and every plan is predicted again; the correlation is
+reported over every plan and over the held-out ones (the others). ``--processes N``
+times every plan in N fresh processes (the median of their medians) and the summary
+says whether the measured differences exceed the noise. ``--commit segment`` times the
+seed's commit per segment instead of the runtime's default policy; ``--commit
+auto,segment`` runs the experiment once for each.
+
+Results (CSV, JSON, plans, plots) go to ``--out``; with ``--json``, every run's results,
+fitted models and checks also go to that one file.
+
+    python benchmarks/bench_experiment.py --processes 4 --repeats 10 --commit auto,segment --json x.json
+    python benchmarks/bench_experiment.py --model small --workloads decode:128,prefill:64 --processes 5 --repeats 10
 """
 
 from __future__ import annotations
@@ -20,10 +31,11 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 
-from segc.passes.costmodel import MachineModel
+from segc.passes.costmodel import MachineModel, default_model
 from segc.research import Experiment, run_experiment
 from segc.research.calibrate import calibrate, fit_overheads
 
@@ -38,6 +50,11 @@ EVERY = [
     "optimal:1x",
     "min_boundary_bytes",
 ]
+CALIBRATION = "none,markers,every:4,balanced:2"
+
+
+def _list(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
 
 
 def main() -> int:
@@ -45,80 +62,133 @@ def main() -> int:
     p.add_argument("--model", default="reference")
     p.add_argument("--workloads", default="decode:1024,prefill:512")
     p.add_argument("--strategies", default=",".join(EVERY), help="comma list (ranges allowed)")
+    p.add_argument("--calibration", default=CALIBRATION, help="calibration plans (comma list; '' for none)")
+    p.add_argument("--processes", type=int, default=1, help="fresh timing processes per plan")
+    p.add_argument(
+        "--commit", default="auto", help="the runtime's commit policy (auto, segment, fences, geometric); a comma list "
+        "runs the experiment once per policy"
+    )  # fmt: skip
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--machine", metavar="FILE", help="a saved machine model instead of calibrating")
-    p.add_argument(
-        "--fit", default="small", help="the model the overheads are fitted on ('none': microbenchmarks only)"
-    )
+    p.add_argument("--machine", metavar="FILE", help="a saved machine model instead of the built-in one")
+    p.add_argument("--microbench", action="store_true", help="measure the bandwidth and FLOP rate here first")
+    p.add_argument("--fit", default="none", help="fit the overheads on this model first (before any calibration)")
     p.add_argument("--fit-workloads", default="decode:256,prefill:128")
-    p.add_argument("--out", default="out/experiment")
+    p.add_argument("--out", default="out/experiment", help="a folder; with several policies, one folder in it each")
     p.add_argument("--plots", default="png,svg")
-    p.add_argument("--json", metavar="FILE", help="write the summary and checks here")
+    p.add_argument("--json", metavar="FILE", help="write the results, fitted models and checks here (one file)")
     args = p.parse_args()
 
     t0 = time.perf_counter()
-    if args.machine:
-        machine = MachineModel.load(args.machine)
-    else:
+    commits = _list(args.commit)
+    machine = MachineModel.load(args.machine) if args.machine else default_model()
+    if args.microbench:
         machine = calibrate()
-        if args.fit != "none":
-            machine = fit_overheads(machine, args.fit, workloads=tuple(args.fit_workloads.split(",")))
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    machine.save(Path(args.out) / "machine.json")
-    t_cal = time.perf_counter() - t0
-    print(f"machine model ({t_cal:.1f} s): {machine}", flush=True)
-    plots = [f for f in args.plots.split(",") if f]
+    if args.fit != "none":
+        machine = fit_overheads(machine, args.fit, workloads=tuple(_list(args.fit_workloads)), commit=commits[0])
+    print(f"machine model ({time.perf_counter() - t0:.1f} s): {machine}", flush=True)
+    plots = _list(args.plots)
     if plots and importlib.util.find_spec("matplotlib") is None:
         print("matplotlib is not installed: no plots (pip install 'segc[research]')", flush=True)
         plots = []
-    exp = Experiment(
-        models=[args.model],
-        workloads=args.workloads.split(","),
-        strategies=args.strategies.split(","),
-        repeats=args.repeats,
-        warmup=args.warmup,
-        machine=machine,
-        out=args.out,
-        plots=plots,
-    )
-    res = run_experiment(exp)
-    print(res.table())
-    checks = []
-    for s in res.summary():
-        rho, err = s["spearman_time"], s["max_peak_error"]
-        checks.append(
-            {
-                "model": s["model"],
-                "workload": s["workload"],
-                "plans": s["plans"],
-                "spearman_time": rho,
-                "spearman_ok": rho is not None and rho >= 0.8,
-                "max_peak_error": err,
-                "peak_ok": err is not None and err <= 0.15,
-                "bit_identical": s["bit_identical"],
-                "errors": s["errors"],
-            }
+    runs = []
+    for commit in commits:
+        t1 = time.perf_counter()
+        exp = Experiment(
+            models=[args.model],
+            workloads=_list(args.workloads),
+            strategies=_list(args.strategies),
+            calibration=_list(args.calibration),
+            processes=args.processes,
+            commit=commit,
+            repeats=args.repeats,
+            warmup=args.warmup,
+            machine=machine,
+            out=Path(args.out) / f"commit-{commit}" if len(commits) > 1 else args.out,
+            plots=plots,
+            progress=sys.stderr.isatty(),
         )
-        rho_s = "n/a" if rho is None else f"{rho:.2f}"
-        err_s = "n/a" if err is None else f"{100 * err:.1f}%"
-        print(
-            f"{s['workload']}: {s['plans']} plans, Spearman(predicted, measured) {rho_s} (>= 0.8: "
-            f"{checks[-1]['spearman_ok']}), largest peak-memory error {err_s} (<= 15%: {checks[-1]['peak_ok']}), "
-            f"bit-identical {s['bit_identical']}, fastest measured {s['fastest_measured']}, predicted "
-            f"{s['fastest_predicted']}"
-        )
-    total = time.perf_counter() - t0
-    print(f"{total:.0f} s in all on {mx.default_device()}")
-    if args.json:
-        Path(args.json).write_text(
-            json.dumps({"env": res.env, "machine": vars_of(machine), "checks": checks, "seconds": total}, indent=1)
-        )
+        res = run_experiment(exp)
+        checks = report(res)
+        took = time.perf_counter() - t1
+        print(f"commit policy {commit} ({res.experiment['commit_policy']} here): {took:.0f} s", flush=True)
+        runs.append(json.loads(res.to_json()) | {"commit": commit, "checks": checks, "seconds": took})
+        if args.json:  # everything in one file, after every run (a time limit keeps the runs done)
+            Path(args.json).write_text(json.dumps({"runs": runs, "seconds": time.perf_counter() - t0}, indent=1))
+    print(f"{time.perf_counter() - t0:.0f} s in all on {mx.default_device()}")
     return 0
 
 
-def vars_of(m: MachineModel) -> dict:
-    return json.loads(m.to_json())
+def report(res: Any) -> list[dict[str, Any]]:
+    """Print the table, the fitted models and the checks; the checks."""
+    print(res.table())
+    for m, fit in res.fitted.items():
+        mm = next(iter(fit["machines"].values()))
+        rates = ", ".join(f"{w} x{1 / sc:.3g}" for w, sc in fit["scales"].items())
+        print(
+            f"fitted on {m} ({', '.join(fit['plans'])}; {fit['observations']} timings): throughput of the base rates "
+            f"{rates}; launch {_us(mm['launch_s'])}, dispatch {_us(mm['dispatch_s'])}, host per kernel "
+            f"{_us(mm['host_op_s'])}, commit {_us(mm['commit_s'])} (fitted: {', '.join(fit['free'])})"
+        )
+    checks = [check(s) for s in res.summary()]
+    for c in checks:
+        print(line(c))
+    return checks
+
+
+def check(s: dict[str, Any]) -> dict[str, Any]:
+    rho, held, err = s["spearman_time"], s["spearman_heldout"], s["max_peak_error"]
+    n = s["noise"] or {}
+    return {
+        "model": s["model"],
+        "workload": s["workload"],
+        "plans": s["plans"],
+        "spearman_time": rho,
+        "spearman_ok": rho is not None and rho >= 0.8,
+        "heldout_plans": s["heldout_plans"],
+        "spearman_heldout": held,
+        "spearman_heldout_ok": held is not None and held >= 0.8,
+        "spearman_ci": n.get("spearman_ci"),
+        "self_spearman": n.get("self_spearman"),
+        "ceiling": n.get("ceiling"),
+        "heldout_ceiling": (n.get("heldout") or {}).get("ceiling"),
+        "separable_pairs": n.get("separable_pairs"),
+        "plan_spread": n.get("plan_spread"),
+        "process_spread": n.get("process_spread"),
+        "verdict": s["verdict"],
+        "max_peak_error": err,
+        "peak_ok": err is not None and err <= 0.15,
+        "bit_identical": s["bit_identical"],
+        "fastest_measured": s["fastest_measured"],
+        "fastest_predicted": s["fastest_predicted"],
+        "errors": s["errors"],
+    }
+
+
+def line(c: dict[str, Any]) -> str:
+    def f(x: float | None, fmt: str = "{:.2f}") -> str:
+        return "n/a" if x is None else fmt.format(x)
+
+    ci = c["spearman_ci"]
+    held = (
+        f"; held out ({c['heldout_plans']} plans) {f(c['spearman_heldout'])} (>= 0.8: {c['spearman_heldout_ok']}, "
+        f"ceiling {f(c['heldout_ceiling'])})"
+        if c["heldout_plans"] is not None
+        else ""
+    )
+    return (
+        f"{c['workload']}: {c['plans']} plans, Spearman(predicted, measured) {f(c['spearman_time'])} "
+        f"(90% CI {f(ci[0]) if ci else 'n/a'}..{f(ci[1]) if ci else 'n/a'}; >= 0.8: {c['spearman_ok']}){held}; "
+        f"noise: self-agreement {f(c['self_spearman'])}, ceiling {f(c['ceiling'])}, separable pairs "
+        f"{f(c['separable_pairs'], '{:.0%}')}, plans spread {f(c['plan_spread'], '{:.1%}')}, processes spread "
+        f"{f(c['process_spread'], '{:.1%}')} -> {c['verdict']}; largest peak-memory error "
+        f"{f(c['max_peak_error'], '{:.1%}')} (<= 15%: {c['peak_ok']}), bit-identical {c['bit_identical']}, fastest "
+        f"measured {c['fastest_measured']}, predicted {c['fastest_predicted']}"
+    )
+
+
+def _us(s: float) -> str:
+    return f"{s * 1e6:.3g} us"
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import segc
 from segc.errors import SegcError
 from segc.passes import Plan
 from segc.passes.costmodel import MachineModel
+from segc.passes.plan import apply_plan
 from segc.research import Experiment, load_model, make_workload, run_experiment
 from segc.research.report import COLUMNS
 
@@ -88,6 +89,68 @@ def test_predicted_peak_memory_is_close_to_mlx(sweep: tuple[Path, object]) -> No
             assert r["measured_resident_bytes"] >= resident  # the model and its inputs were alive
 
 
+def test_calibrated_sweep_timed_in_processes(tmp_path: Path) -> None:
+    """Two calibration plans (``markers`` added to the sweep), timed with the other plans
+    in two fresh processes under a commit per segment: the fit uses them, ``every:1``
+    (the same cuts as ``markers``) is not held out, ``balanced:2`` is."""
+    exp = Experiment(
+        models=[MODEL], workloads=["prefill:8"], strategies=["none", "every:1", "balanced:2"],
+        calibration=["none", "markers"], processes=2, repeats=2, warmup=0, commit="segment", out=tmp_path,
+        plots=(), progress=False,
+    )  # fmt: skip
+    res = run_experiment(exp)
+    rows = {r["strategy"]: r for r in res.rows}
+    assert list(rows) == ["none", "every:1", "balanced:2", "markers", "eager"]
+    assert all(r["bit_identical"] for r in rows.values())
+    for r in rows.values():
+        assert r["processes"] == 2 and [len(t) for t in r["times_s"]] == [2, 2] and r["repeats"] == 2
+        assert r["process_low_s"] <= r["measured_median_s"] <= r["process_high_s"]
+    plans = ["none", "every:1", "balanced:2", "markers"]
+    assert [rows[p]["calibration"] for p in plans] == [True, False, False, True]
+    assert [rows[p]["held_out"] for p in plans] == [False, False, True, False]
+    assert [rows[p]["commits"] for p in plans] == [rows[p]["segments"] for p in plans]  # a commit per segment
+    fit = res.fitted[MODEL]
+    assert fit["plans"] == ["markers", "none"] and fit["observations"] == 2 and "commit_s" not in fit["free"]
+    assert all("prior_predicted_s" in rows[p] for p in plans)
+    (s,) = res.summary()
+    assert s["heldout_plans"] == 1 and s["spearman_heldout"] is None  # one plan ranks nothing
+    d = json.loads((tmp_path / "results.json").read_text())
+    assert d["fitted"][MODEL]["machines"]["prefill:8"]["device"] == ("gpu" if mx.default_device() == mx.gpu else "cpu")
+    assert d["experiment"]["commit_policy"] == "segment"
+
+
+def test_the_fit_reads_calibration_plans_only() -> None:
+    """``calibrate`` on rows written by hand: whatever the held-out rows measured, the
+    fitted model is the same; change a calibration row's time and it changes."""
+    from segc.ir import parse
+    from segc.passes.costmodel import CPU
+    from segc.passes.plan import plan_at
+    from segc.research.calibrated import Prepared, calibrate
+    from segc.research.models import Workload
+
+    lines = [f"  %v{k}: f32[4,8] = Matmul(%v{k - 1}, %p0) #{k}" for k in range(1, 8)]
+    g = parse(
+        'graph f(%v0: f32[4,8] arg="0", %p0: f32[8,8] param="w") {\n' + "\n".join(lines) + "\n  return (%v7)\n}\n"
+    )
+
+    def prep(times: dict[str, float]) -> Prepared:
+        p = Prepared(Workload("w", mx.array([[1]])), [], [], {}, {})
+        for name, cuts in {"c1": [], "c2": [2, 4, 6], "c3": [3], "h1": [1, 2, 3, 4, 5, 6], "h2": [5]}.items():
+            plan = plan_at(g, name, cuts)
+            row = {"model": "m", "workload": "w", "strategy": name, "calibration": name[0] == "c"}
+            row |= {"predicted_s": 0.0, "measured_median_s": times[name]}
+            p.rows.append(row)
+            p.cuts[id(row)], p.plans[id(row)] = apply_plan(g, plan), plan
+        return p
+
+    base = {"c1": 1e-4, "c2": 2e-4, "c3": 1.2e-4, "h1": 3e-4, "h2": 1e-4}
+    a = calibrate(CPU, "segment", [prep(base)])
+    b = calibrate(CPU, "segment", [prep(base | {"h1": 5.0, "h2": 1e-9})])
+    c = calibrate(CPU, "segment", [prep(base | {"c2": 5e-4})])
+    assert a == b and a["plans"] == ["c1", "c2", "c3"]
+    assert a["machines"] != c["machines"]
+
+
 def test_saved_plans_rerun_bit_identical(sweep: tuple[Path, object]) -> None:
     out, res = sweep
     model = load_model(MODEL)
@@ -142,6 +205,8 @@ def test_cli_experiment_and_calibrate(tmp_path: Path) -> None:
         (["--model", "nosuchmodel"], "model 'nosuchmodel'"),
         (["--strategy", "balanced:9..2"], "needs LO <= HI"),
         (["--repeats", "0"], "repeats must be >= 1"),
+        (["--processes", "0"], "processes must be >= 1"),
+        (["--commit", "every"], "commit must be one of"),
     ],
 )
 def test_cli_experiment_bad_input(args: list[str], msg: str) -> None:

@@ -1,8 +1,9 @@
 """Calibrate a machine model for the cost model on this machine (JSON).
 
-Microbenchmarks give the bandwidth and FLOP rate; then the per-kernel and per-segment
-figures (and one factor on the rates) are fitted to whole calls of a small llama under a
-few plans (``--fit none`` skips that). The JSON goes to ``--out`` (default: stdout) and
+Microbenchmarks give the bandwidth and FLOP rate; then the per-kernel, per-segment and
+per-commit figures (and one factor on the rates) are fitted to whole calls of a small
+llama under a few plans (``--fit none`` skips that). To fit to the model under study,
+use ``segc experiment --calibration``. The JSON goes to ``--out`` (default: stdout) and
 is read by ``segc experiment --machine FILE`` and ``segc.passes.costmodel.MachineModel.load``.
 
 Examples::
@@ -30,6 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--workloads", default="decode:64,prefill:32", help="workloads of the fit (comma list)")
     p.add_argument("--size", default="auto", choices=["auto", "small", "large"], help="microbenchmark sizes")
+    p.add_argument("--commit", default="auto", help="the runtime's commit policy the fit's plans run under")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         m = calibrate(args.name, repeats=args.repeats, size=args.size)
         if args.fit != "none":
             wls = tuple(w.strip() for w in args.workloads.split(",") if w.strip())
-            m = fit_overheads(m, args.fit, workloads=wls, repeats=args.repeats)
+            m = fit_overheads(m, args.fit, workloads=wls, repeats=args.repeats, commit=args.commit)
     except SegcError as exc:
         print(f"segc calibrate: {exc}", file=sys.stderr)
         return 2

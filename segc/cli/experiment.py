@@ -13,6 +13,8 @@ Examples::
     segc experiment --model reference --workload decode:1024 --workload prefill:512 \\
         --strategy none --strategy markers --strategy balanced:2..18:4 --out h200/
     segc experiment --machine cpu.json --repeats 30 --out results/
+    segc experiment --calibration none --calibration markers --calibration every:4 \\
+        --calibration balanced:2 --processes 5 --repeats 10 --out results/   # fitted, held out
 """
 
 from __future__ import annotations
@@ -33,6 +35,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--boundaries", default="layers.*", help="marker globs ('' for none)")
     p.add_argument("--machine", metavar="FILE", help="a machine model from segc calibrate (default: built in)")
     p.add_argument("--calibrate", action="store_true", help="calibrate a machine model first (as segc calibrate)")
+    p.add_argument(
+        "--calibration",
+        action="append",
+        metavar="STRATEGY",
+        help="fit the machine model to this plan's measured times, per model (repeatable); the others are held out",
+    )
+    p.add_argument("--processes", type=int, default=1, help="time in this many fresh processes, one after another")
+    p.add_argument("--commit", default="auto", help="the runtime's commit policy: auto, segment, fences, geometric")
     p.add_argument("--out", metavar="DIR", help="results.csv, results.json, plans/ and plots here")
     p.add_argument("--plots", default="png,svg", help="plot formats (comma list; '' for none)")
     p.add_argument("--no-eager", action="store_true", help="leave out the eager row")
@@ -64,6 +74,9 @@ def run(args: argparse.Namespace) -> int:
             plots=[f for f in args.plots.split(",") if f.strip()],
             progress=not args.quiet,
             eager=not args.no_eager,
+            commit=args.commit,
+            processes=args.processes,
+            calibration=args.calibration or (),
         )
         res = run_experiment(exp)
     except SegcError as exc:

@@ -24,6 +24,16 @@ is done: ``H_k = H_{k-1} + h_k``, ``D_k = max(max(D_{k-1}, H_{k-1} + p_k) + d_k,
 (``encode = 0``: ``max(D_{k-1}, H_k) + d_k``); the prediction is ``D_last``. More segments start the device earlier (less of the host's work is ahead of
 it) and cost ``dispatch + launch`` each: the trade-off a plan makes.
 
+That is the pipeline when every segment is committed (the commit policy ``"segment"``,
+the CPU's). Under another policy (``commits.py``) a segment's work waits on the host
+until the next commit, and each commit costs the host ``commit`` more (on MLX's CUDA
+build, building and launching a CUDA graph): for a segment ``c`` that commits,
+``R = H_{c-1} + p_c + commit`` is when the device may start every segment since the
+last commit, ``H_c = H_{c-1} + h_c + commit``, and
+``D_c = max(max(D_prev, R) + (d of those segments), H_c)``; the call's ``mx.eval``
+commits the last segment. ``predict_time(g, m, commit=...)`` takes the policy; a plan
+of more segments then pays for the commits the policy makes after them.
+
 **Memory**, as MLX allocates it: the weights and other graph inputs stay resident (the
 model holds them) and are reported apart from the activations. Activations are
 simulated in program order: a buffer is allocated when its equation runs and freed
@@ -42,13 +52,16 @@ small machine, ``H200`` for the GPU in bf16.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
+from typing import Any
 
 from ..errors import ScheduleError
 from ..ir import Eqn, Graph, segments
 from ..lower.prim import lookup
 from .analysis import Liveness, Machine, eqn_bytes, eqn_flops, is_view, liveness, ops
+from .commits import DEVICES, commit_count, commit_flags
 from .legalize import fusion_groups
 
 
@@ -64,6 +77,8 @@ class MachineModel:
     host_op_s: float = 0.3e-6  # host: per kernel of a segment, before the device may start it
     source: str = "default"  # "default", or what calibrated it
     encode_s: float = 0.0  # host: per kernel, while the device already runs the segment's first ones
+    commit_s: float = 0.0  # host: per commit (commits.py); the device starts the committed work after it
+    device: str = "cpu"  # "cpu" or "gpu": what the commit policy "auto" means here
 
     def roofline(self) -> Machine:
         return Machine(self.name, self.flops_per_s, self.bytes_per_s)
@@ -84,10 +99,12 @@ class MachineModel:
             m = MachineModel(**{k: v for k, v in d.items() if k in known})
         except (ValueError, TypeError, AttributeError) as exc:
             raise ScheduleError(f"cannot read machine model: {exc}") from None
+        if m.device not in DEVICES:
+            raise ScheduleError(f"machine model: device must be one of {DEVICES}, got {m.device!r}")
         for f in fields(m):
             v = getattr(m, f.name)
-            low = 0 if f.name == "encode_s" else 1e-300
-            if f.name not in ("name", "source") and not (isinstance(v, int | float) and v >= low):
+            low = 0 if f.name in ("encode_s", "commit_s") else 1e-300
+            if f.name not in ("name", "source", "device") and not (isinstance(v, int | float) and v >= low):
                 raise ScheduleError(f"machine model: {f.name} must be a positive number, got {v!r}")
         return m
 
@@ -103,7 +120,8 @@ class MachineModel:
 
 
 CPU = MachineModel()
-H200 = MachineModel("h200", 790e12, 4.8e12, 4e-6, 25e-6, 1e-6, "default", 4e-6)
+# MLX's CUDA build: ~20 us per compiled segment without a commit, ~100-170 us per commit
+H200 = MachineModel("h200", 790e12, 4.8e12, 4e-6, 20e-6, 1e-6, "default", 4e-6, 130e-6, "gpu")
 
 
 def default_model() -> MachineModel:
@@ -189,6 +207,7 @@ class SegmentTime:
     kernels: int = 0  # kernels launched (a split chain's second launch included)
     work: float = 0.0  # of device: all but the launches
     pre: float = 0.0  # of host: before the device may start the segment
+    commit: bool = True  # the dispatch loop commits right after it (the last segment: the caller's mx.eval)
 
     def retimed(self, m: MachineModel) -> SegmentTime:
         """The same segment with ``m``'s per-kernel and per-segment figures (its
@@ -201,9 +220,10 @@ class SegmentTime:
 @dataclass(frozen=True, slots=True)
 class TimePrediction:
     total: float  # seconds: the pipeline's end
-    host: float  # seconds: all the host's dispatch
+    host: float  # seconds: all the host's dispatch, commits included
     device: float  # seconds: all the device's work
     segments: tuple[SegmentTime, ...]
+    commits: int = 0  # commits in one call (commits.commit_count)
 
 
 def _span_in_bytes(lv: Liveness, os_: list, a: int, b: int) -> int:
@@ -212,26 +232,49 @@ def _span_in_bytes(lv: Liveness, os_: list, a: int, b: int) -> int:
     return sum(lv.nbytes[r] for r in seen if lv.defined.get(r, a) < a)
 
 
-def pipeline_time(host: list[float], device: list[float], pre: list[float] | None = None) -> float:
+def pipeline_time(
+    host: Sequence[Any],
+    device: Sequence[Any],
+    pre: Sequence[Any] | None = None,
+    commits: Sequence[bool] | None = None,
+    commit_s: Any = 0.0,
+    maximum: Callable[[Any, Any], Any] = max,
+) -> Any:
     """The end of the two-stage pipeline (module docstring): the device starts segment
     k when it is done with k-1 and the host has done ``pre[k]`` of its ``host[k]``
-    (all of it unless given), and ends it no sooner than the host does."""
-    h = d = 0.0
+    (all of it unless given) and committed it, and ends it no sooner than the host
+    does. ``commits`` (default: every segment) says which segments are committed
+    right after them, each commit costing the host ``commit_s``; the last always is.
+    The figures may be numpy arrays (``maximum=np.maximum``): one pipeline per element,
+    as calibration evaluates many machine models at once."""
+    h: Any = 0.0
+    d: Any = 0.0
+    queued: Any = 0.0  # device work dispatched since the last commit
+    last = len(host) - 1
     for k, (hk, dk) in enumerate(zip(host, device)):
-        start = max(d, h + (pre[k] if pre is not None else hk))
-        h += hk
-        d = max(start + dk, h)
+        if commits is not None and not commits[k] and k < last:
+            h = h + hk
+            queued = queued + dk
+            continue
+        release = h + (pre[k] if pre is not None else hk) + commit_s
+        h = h + hk + commit_s
+        d = maximum(maximum(d, release) + queued + dk, h)
+        queued = 0.0
     return d
 
 
-def predict_time(g: Graph, m: MachineModel | None = None) -> TimePrediction:
-    """The predicted wall time of one call of ``g`` cut as it is."""
+def predict_time(g: Graph, m: MachineModel | None = None, commit: str = "segment") -> TimePrediction:
+    """The predicted wall time of one call of ``g`` cut as it is, its segments
+    committed as the runtime's ``commit`` policy does (``commits.py``; ``"auto"``
+    follows ``m.device``). The default, a commit per segment, is the pipeline that the
+    ``optimal`` strategy minimises."""
     m = m or default_model()
     os_ = ops(g)
     oc = op_costs(g, m)
+    flags = commit_flags(g, commit, m.device)
     segs: list[SegmentTime] = []
     k = 0
-    for s in segments(g):
+    for s, flag in zip(segments(g), flags):
         n = sum(1 for e in g.eqns[s.start : s.stop] if not e.is_pseudo)
         a, b = k, k + n
         k = b
@@ -244,10 +287,19 @@ def predict_time(g: Graph, m: MachineModel | None = None) -> TimePrediction:
             loss = 2 * split / m.bytes_per_s + m.launch_s
         kern = sum(oc.kernels[a:b]) + (loss > 0)
         work = sum(oc.device[a:b]) + in_b / m.bytes_per_s + (2 * split / m.bytes_per_s if loss else 0.0)
-        seg = SegmentTime(s.name, n, 0.0, 0.0, in_b / m.bytes_per_s, loss, kern, work)
+        seg = SegmentTime(s.name, n, 0.0, 0.0, in_b / m.bytes_per_s, loss, kern, work, commit=flag)
         segs.append(seg.retimed(m))
-    total = pipeline_time([s.host for s in segs], [s.device for s in segs], [s.pre for s in segs])
-    return TimePrediction(total, sum(s.host for s in segs), sum(s.device for s in segs), tuple(segs))
+    return timed(segs, m)
+
+
+def timed(segs: Sequence[SegmentTime], m: MachineModel) -> TimePrediction:
+    """The prediction for segments already costed (``SegmentTime``), their commits as
+    flagged, with ``m``'s per-commit cost."""
+    flags = [s.commit for s in segs]
+    total = pipeline_time([s.host for s in segs], [s.device for s in segs], [s.pre for s in segs], flags, m.commit_s)
+    n = commit_count(tuple(flags))
+    host = sum(s.host for s in segs) + n * m.commit_s
+    return TimePrediction(total, host, sum(s.device for s in segs), tuple(segs), n)
 
 
 # --------------------------------------------------------------------------- memory

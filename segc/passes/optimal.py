@@ -8,7 +8,8 @@
   (start point, end point) pairs is. For a fixed start the peaks are computed in one
   sweep, stopped at the first end over budget (monotone in the end).
 - :class:`Optimal` (``optimal[:B]``): the plan of least predicted time
-  (``costmodel.predict_time``) under an optional working-set budget. The pipeline's
+  (``costmodel.predict_time``, a commit after every segment: the policy ``"segment"``)
+  under an optional working-set budget. The pipeline's
   end ``D_k = max(max(D_{k-1}, H_{k-1} + p_k) + d_k, H_k)`` depends on the host's time ``H_k``, which
   depends only on the number of segments so far and the point reached; so the DP runs
   over (segments so far, point), with numpy over the previous point. At most
@@ -146,12 +147,13 @@ class Optimal:
         pre_at = m.encode_s * kp[:, None] + m.host_op_s * kp[None, :]  # host work before segment (i, j) starts
         end_at = (m.host_op_s + m.encode_s) * kp
         inf = np.full(q, np.inf)
+        seg_s = m.dispatch_s + m.commit_s  # per segment: a commit after each (the policy "segment")
         D = [np.where(pts == 0, 0.0, np.inf)]
         arg: list[np.ndarray] = [np.zeros(q, dtype=int)]
         best_s, best_t = -1, np.inf
         for s in range(1, max(1, self.max_segments) + 1):
-            start = np.maximum(D[-1][:, None], s * m.dispatch_s + pre_at)
-            cand = np.maximum(start + d, (s * m.dispatch_s + end_at)[None, :])
+            start = np.maximum(D[-1][:, None], s * seg_s + pre_at)
+            cand = np.maximum(start + d, (s * seg_s + end_at)[None, :])
             a = np.argmin(cand, axis=0)
             row = cand[a, np.arange(q)]
             D.append(np.where(np.isfinite(row), row, inf))

@@ -12,8 +12,8 @@ measurement (a few seconds), on MLX's default device:
   against 1: the host's time per segment.
 
 Each figure is the median of ``repeats`` runs after a warm-up. ``encode_s`` (host time
-per kernel that overlaps the device's work) is 0 here; :func:`fit_overheads` fits it,
-with the others, to whole calls of a real model.
+per kernel that overlaps the device's work) and ``commit_s`` are 0 here;
+:func:`fit_overheads` fits the overheads to whole calls of a real model (``fit.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import mlx.core as mx
@@ -117,6 +118,7 @@ def calibrate(
         dispatch_s,
         host_op_s,
         f"calibrated on {mx.default_device()} ({dtype}), MLX {getattr(mx, '__version__', '?')}",
+        device="gpu" if gpu else "cpu",
     )
 
 
@@ -130,72 +132,43 @@ def fit_overheads(
     strategies: tuple[str, ...] = ("none", "markers", "every:2", "every:4", "balanced:2", "balanced:5"),
     repeats: int = 7,
     boundaries: str = "layers.*",
+    commit: str = "auto",
 ) -> MachineModel:
-    """``machine`` with its per-kernel (``launch_s``, ``host_op_s``, ``encode_s``) and per-segment
-    (``dispatch_s``) figures fitted to whole calls of a real model under a few plans,
-    with one factor on the bandwidth and FLOP rate (real kernels reach less than the
-    microbenchmarks): over a grid, the least squared log error of the pipeline's
-    prediction, split per workload into the plans' differences from their mean (what
-    ranks plans; weight 1) and the mean itself (the level; weight 0.1). Small kernels on a real model cost more than a chain of tiny
-    products shows (on the CPU about ten times more)."""
-    import dataclasses
-    import math
-
-    import numpy as np
-
+    """``machine`` with its per-kernel (``launch_s``, ``host_op_s``), per-segment
+    (``dispatch_s``) and per-commit (``commit_s``) figures and one factor on its rates
+    fitted to whole calls of a real model under a few plans, timed round-robin in this
+    process under the runtime's ``commit`` policy (``fit.fit_machine``). Small kernels
+    on a real model cost more than a chain of tiny products shows (on the CPU about ten
+    times more). To fit to the model under study, with the fit's plans held apart from
+    the ones evaluated, use ``Experiment(calibration=...)``."""
     from ..passes import make_plan
     from ..passes.costmodel import predict_time
     from ..passes.plan import apply_plan
+    from ..runtime import resolve_commit
     from ..staging import jit
+    from .fit import Observation, fit_machine
     from .models import load_model, make_workload
+    from .timing import round_robin, warm
 
     net = load_model(model)
-    cases: list[tuple[str, list, float]] = []
+    policy = resolve_commit(commit)
+    obs: list[Observation] = []
     for w in workloads:
         wl = make_workload(w, net)
+        wl.fresh = None
         a, k = wl.args()
         g = jit(net, boundaries=boundaries).trace(*a, **k).graph
-        runs = []
+        cuts, fns = [], []
         for spec in strategies:
-            plan = make_plan(g, spec)
-            fn = jit(net, boundaries=boundaries, strategy=plan)
-            runs.append((predict_time(apply_plan(g, plan), machine).segments, fn))
-        times: list[list[float]] = [[] for _ in runs]
-        for _ in range(repeats + 1):  # round-robin, so drift hits every plan alike; the first warms up
-            for i, (_, fn) in enumerate(runs):
-                a, k = wl.args()
-                t0 = time.perf_counter()
-                mx.eval(fn(*a, **k), wl.sync())
-                times[i].append(time.perf_counter() - t0)
-        cases += [(w, list(segs), statistics.median(ts[1:])) for (segs, _), ts in zip(runs, times)]
-    # every combination of the grid at once: launch, host per kernel, dispatch, work scale
-    grid = np.logspace(-7, -3, 17)  # 0.1 us .. 1 ms
-    enc = np.concatenate([[0.0], np.logspace(-7, -4, 7)])
-    L, H, D, W, E = (x.ravel() for x in np.meshgrid(grid, grid, grid, np.logspace(-0.5, 1.0, 10), enc, indexing="ij"))
-    err = np.zeros_like(L)
-    for w in dict.fromkeys(wk for wk, _, _ in cases):
-        # per workload: the plans' differences (what ranks them) in full, the level at a tenth
-        es = []
-        for _, segs, t in (c for c in cases if c[0] == w):
-            h = np.zeros_like(L)
-            d = np.zeros_like(L)
-            for sg in segs:
-                start = np.maximum(d, h + D + H * sg.kernels)
-                h = h + D + (H + E) * sg.kernels
-                d = np.maximum(start + W * sg.work + L * sg.kernels, h)
-            es.append(np.log(d) - math.log(t))
-        mean = sum(es) / len(es)
-        err += sum((e - mean) ** 2 for e in es) + 0.1 * len(es) * mean**2
-    i = int(np.argmin(err))
-    m = MachineModel(
-        machine.name,
-        machine.flops_per_s / float(W[i]),
-        machine.bytes_per_s / float(W[i]),
-        float(L[i]),
-        float(D[i]),
-        float(H[i]),
-        machine.source,
-        float(E[i]),
-    )
-    src = f"{machine.source}; overheads fitted on {model} {', '.join(workloads)} ({len(cases)} calls)"
-    return dataclasses.replace(m, source=src)
+            plan = make_plan(g, spec, model=machine)
+            cuts.append(apply_plan(g, plan))
+            fns.append(jit(net, boundaries=boundaries, strategy=plan, validate=False, commit=commit))
+        for fn in fns:
+            warm(fn, wl, 2)
+        timed = round_robin(fns, wl, repeats)
+        for spec, cut, t in zip(strategies, cuts, timed):
+            segs = predict_time(cut, machine, policy).segments
+            obs.append(Observation(w, segs, statistics.median(t.times), spec))
+    fit = fit_machine(machine, obs, scales="shared")  # one scale: the model it is used for is another
+    src = f"{machine.source}; overheads fitted on {model} {', '.join(workloads)} ({len(obs)} plans)"
+    return replace(fit.machine, source=src)

@@ -8,21 +8,31 @@ model predicts (``segc.passes.costmodel``). Then every plan runs through ``segc.
 real asynchronous pipeline: its first call (trace, passes, lowering, MLX's compile and
 the run) is the compile time; its output is compared bit for bit with eager MLX's; its
 peak memory is ``mx.get_peak_memory()`` over one call with nothing else alive but the
-model, its inputs and caches; then the plans are timed round-robin (each round calls
-every plan once, so drift hits all alike), each call ``y = f(); mx.eval(y, caches)``.
-An ``eager`` row times the model called directly. MLX gives no per-kernel device timer
-from Python, so times are whole calls (median, quartiles) and the host's share (until
-the call returns).
+model, its inputs and caches; then the plans are timed round-robin (``timing.py``), in
+this process or in ``processes`` fresh ones (the median over processes of each one's
+median; ``noise.py`` says whether the differences exceed the noise), each call
+``y = f(); mx.eval(y, caches)`` under the runtime's ``commit`` policy. An ``eager`` row
+times the model called directly. MLX gives no per-kernel device timer from Python, so
+times are whole calls (median, quartiles) and the host's share (until the call returns).
+
+With ``calibration`` plans (strategies, timed like the others and added to the sweep
+where it lacks them), the machine model's overheads and throughput are fitted per model
+to those plans' measured times (``fit.py``, every workload at once) and every plan is
+predicted again with the fitted model; the plans that are none of the calibration plans
+(nor the same cuts as one) are the held-out ones, whose rank correlation the summary
+reports apart. An ``optimal`` plan is made with the machine model given, before the
+fit.
 """
 
 from __future__ import annotations
 
 import gc
 import re
+import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +40,18 @@ import mlx.core as mx
 
 from .. import dtypes
 from ..errors import SegcError
-from ..passes import Plan, make_plan
-from ..passes.analysis import analyze
-from ..passes.costmodel import MachineModel, default_model, predict_memory, predict_time
+from ..passes import make_plan
+from ..passes.commits import COMMITS
+from ..passes.costmodel import MachineModel, default_model
 from ..passes.plan import apply_plan
+from ..runtime import resolve_commit
 from ..staging import jit
+from .calibrated import Prepared, calibrate, mark_held_out, predict_row
 from .models import load_model, make_workload
+from .noise import measured
 from .report import Results
 from .sweep import expand_all, spread
+from .timing import Job, Timed, round_robin, time_in_processes, warm
 
 DEFAULT_STRATEGIES = ("none", "markers", "every:2", "balanced:2..18:4", "memory:0.5x..2x:0.5x", "optimal", "optimal:1x")
 
@@ -57,6 +71,9 @@ class Experiment:
     plots: Sequence[str] = ("png", "svg")
     progress: bool = True
     eager: bool = True
+    commit: str = "auto"  # the runtime's commit policy for every plan (segc.jit(commit=...))
+    processes: int = 1  # > 1: time in that many fresh processes, one after another
+    calibration: Sequence[str] = ()  # strategies whose measured times the machine model is fitted to
     log: Callable[[str], None] | None = field(default=None, repr=False)
 
     def check(self) -> None:
@@ -64,6 +81,10 @@ class Experiment:
             raise SegcError(f"repeats must be >= 1 and warmup >= 0, got {self.repeats} and {self.warmup}")
         if not self.models or not self.workloads or not self.strategies:
             raise SegcError("an experiment needs at least one model, workload and strategy")
+        if self.processes < 1:
+            raise SegcError(f"processes must be >= 1, got {self.processes}")
+        if self.commit not in COMMITS:
+            raise SegcError(f"commit must be one of {COMMITS}, not {self.commit!r}")
 
 
 class Progress:
@@ -97,21 +118,39 @@ def _bits(x: Any) -> list[tuple]:
 def run_experiment(exp: Experiment) -> Results:
     """Run the sweep; write the results (and plans, plots) to ``exp.out`` if given."""
     exp.check()
+    policy = resolve_commit(exp.commit)
+    gpu = mx.default_device() == mx.gpu
     machine = exp.machine or default_model()
+    if machine.device != ("gpu" if gpu else "cpu"):  # "auto" commits as the device it runs on does
+        machine = replace(machine, device="gpu" if gpu else "cpu")
     specs = expand_all(exp.strategies)
+    calib = expand_all(exp.calibration)
+    specs += [c for c in calib if c not in specs]
     out = Path(exp.out) if exp.out is not None else None
     if out is not None:
         (out / "plans").mkdir(parents=True, exist_ok=True)
     res = Results(machine=machine, experiment={k: v for k, v in vars(exp).items() if k not in ("machine", "log")})
     res.experiment["strategies_expanded"] = specs
+    res.experiment["commit_policy"] = policy
     n_plans = len(specs) + exp.eager
-    bar = Progress(len(exp.models) * len(exp.workloads) * n_plans * (2 + exp.repeats), exp.progress)
+    timing = n_plans * exp.repeats if exp.processes == 1 else exp.processes / len(exp.workloads)
+    bar = Progress(int(len(exp.models) * len(exp.workloads) * (2 * n_plans + timing)), exp.progress)
     try:
         for mspec in exp.models:
             model = load_model(mspec)
+            preps = []
             for wspec in exp.workloads:
-                res.rows.extend(_one(exp, machine, specs, mspec, model, wspec, out, bar))
-            del model
+                prep = _prepare(exp, machine, policy, specs, set(calib), mspec, model, wspec, out, bar)
+                if exp.processes == 1:
+                    _time_here(exp, prep, bar)
+                preps.append(prep)
+            if exp.processes > 1:
+                _time_apart(exp, mspec, preps, bar)
+            if calib:
+                res.fitted[mspec] = calibrate(machine, policy, preps)
+            for prep in preps:
+                res.rows.extend(prep.rows)
+            del model, preps
             gc.collect()
     finally:
         bar.close()
@@ -120,16 +159,18 @@ def run_experiment(exp: Experiment) -> Results:
     return res
 
 
-def _one(
+def _prepare(
     exp: Experiment,
     machine: MachineModel,
+    policy: str,
     specs: list[str],
+    calib: set[str],
     mspec: str,
     model: Any,
     wspec: str,
     out: Path | None,
     bar: Progress,
-) -> list[dict[str, Any]]:
+) -> Prepared:
     wl = make_workload(wspec, model)
     ref = wl.reference(model)
     want = _bits(ref)  # held as host bytes: no MLX memory
@@ -137,18 +178,21 @@ def _one(
     wl.fresh = None  # nor the eager copy of the caches
     args, kw = wl.args()
     g = jit(model, boundaries=exp.boundaries or None).trace(*args, **kw).graph
-    rows: list[dict[str, Any]] = []
-    runs: list[tuple[dict[str, Any], Callable[..., Any]]] = []
+    prep = Prepared(wl, [], [], {}, {})
     for spec in specs:
         row: dict[str, Any] = {"model": mspec, "workload": wspec, "strategy": spec}
-        rows.append(row)
+        if calib:
+            row["calibration"] = spec in calib
+        prep.rows.append(row)
         try:
             plan = make_plan(g, spec, model=machine)
         except SegcError as exc:
             row["error"] = str(exc)
-            bar.step(f"{spec}: no plan", 2 + exp.repeats)
+            bar.step(f"{spec}: no plan", 2)
             continue
-        _predict(row, g, plan, machine)
+        cut = apply_plan(g, plan)
+        prep.cuts[id(row)], prep.plans[id(row)] = cut, plan
+        predict_row(row, cut, plan, machine, policy)
         if out is not None:
             path = out / "plans" / f"{_slug(mspec)}_{_slug(wspec)}_{_slug(spec)}.json"
             plan.save(path)
@@ -156,7 +200,7 @@ def _one(
         # validate=False: a GPU's dynamic KV cache differs from eager in the last bits, and
         # validation would time exact mode instead (docs/performance.md); the row's bit
         # check against eager says so
-        fn = jit(model, boundaries=exp.boundaries or None, strategy=plan, validate=False)
+        fn = jit(model, boundaries=exp.boundaries or None, strategy=plan, validate=False, commit=exp.commit)
         t0 = time.perf_counter()
         a, k = wl.args()
         try:
@@ -164,24 +208,24 @@ def _one(
             mx.eval(y, wl.sync())
         except Exception as exc:  # reported in the row; the sweep goes on
             row["error"] = f"{type(exc).__name__}: {exc}"
-            bar.step(f"{spec}: failed", 2 + exp.repeats)
+            bar.step(f"{spec}: failed", 2)
             continue
         row["compile_s"] = time.perf_counter() - t0
         row["bit_identical"] = _bits(y) == want
         del y
-        runs.append((row, fn))
+        prep.runs.append((row, fn))
         bar.step(f"{wspec} {spec}: compiled")
+    if calib:
+        mark_held_out(prep)
     if exp.eager:
         row = {"model": mspec, "workload": wspec, "strategy": "eager", "plan": "eager (mlx-lm, no segc)"}
-        rows.append(row)
+        prep.rows.append(row)
         a, k = wl.args()
         row["bit_identical"] = _bits(model(*a, **k)) == want
-        runs.append((row, model))
+        prep.runs.append((row, model))
         bar.step(f"{wspec} eager")
-    for row, fn in runs:  # warm up, then peak memory over one call with nothing else alive
-        for _ in range(exp.warmup):
-            a, k = wl.args()
-            mx.eval(fn(*a, **k), wl.sync())
+    for row, fn in prep.runs:  # warm up, then peak memory over one call with nothing else alive
+        warm(fn, wl, exp.warmup)
         gc.collect()
         mx.synchronize()
         mx.clear_cache()
@@ -192,46 +236,52 @@ def _one(
         row["measured_peak_bytes"] = mx.get_peak_memory()
         row["measured_activations_bytes"] = row["measured_peak_bytes"] - row["measured_resident_bytes"]
         bar.step(f"{wspec} {row['strategy']}: memory")
-    times: dict[int, list[float]] = {id(r): [] for r, _ in runs}
-    host: dict[int, list[float]] = {id(r): [] for r, _ in runs}
-    for _ in range(exp.repeats):
-        for row, fn in runs:
-            a, k = wl.args()
-            t0 = time.perf_counter()
-            y = fn(*a, **k)
-            t1 = time.perf_counter()
-            mx.eval(y, wl.sync())
-            t2 = time.perf_counter()
-            times[id(row)].append(t2 - t0)
-            host[id(row)].append(t1 - t0)
-            del y
-            bar.step(f"{wspec} {row['strategy']}: timing")
-    for row, _ in runs:
-        s = spread(times[id(row)])
-        row.update({f"measured_{k}_s": v for k, v in s.items() if k != "max"})
-        row["host_median_s"] = spread(host[id(row)])["median"]
-        row["repeats"] = len(times[id(row)])
-    return rows
+    return prep
 
 
-def _predict(row: dict[str, Any], g: Any, plan: Plan, machine: MachineModel) -> None:
-    cut = apply_plan(g, plan)
-    tp = predict_time(cut, machine)
-    mp = predict_memory(cut)
-    st = analyze(cut, machine.roofline())
-    row.update(
-        {
-            "plan": plan.strategy,
-            "segments": len(tp.segments),
-            "moved": len(plan.moved),
-            "predicted_s": tp.total,
-            "predicted_host_s": tp.host,
-            "predicted_device_s": tp.device,
-            "predicted_peak_bytes": mp.peak,
-            "predicted_weights_bytes": mp.weights,
-            "predicted_inputs_bytes": mp.inputs + mp.constants,
-            "predicted_activations_bytes": mp.activations,
-            "working_set_bytes": st.max_segment_peak,
-            "boundary_bytes": st.boundary_bytes,
-        }
+def _time_here(exp: Experiment, prep: Prepared, bar: Progress) -> None:
+    rows = [r for r, _ in prep.runs]
+    timed = round_robin(
+        [fn for _, fn in prep.runs],
+        prep.workload,
+        exp.repeats,
+        step=lambda i: bar.step(f"{prep.workload.name} {rows[i]['strategy']}: timing"),
     )
+    for row, t in zip(rows, timed):
+        _record(row, [t])
+
+
+def _time_apart(exp: Experiment, mspec: str, preps: list[Prepared], bar: Progress) -> None:
+    """Time every workload's runs in ``exp.processes`` fresh processes (``timing.py``)."""
+    wls: list[tuple[str, list[str | None]]] = []
+    runs = []
+    for prep in preps:
+        plans = [prep.plans[id(r)].to_json() if id(r) in prep.plans else None for r, _ in prep.runs]
+        wls.append((prep.workload.name, plans))
+        runs.append([r for r, _ in prep.runs])
+        prep.runs = []  # nothing of this process's plans stays alive while others time
+    gc.collect()
+    mx.synchronize()
+    mx.clear_cache()
+    job = Job(mspec, exp.boundaries, exp.commit, exp.repeats, exp.warmup, wls)
+    got = time_in_processes(
+        job, exp.processes, done=lambda p, s: bar.step(f"timing process {p + 1}/{exp.processes} ({s:.0f} s)")
+    )
+    for rows, timed in zip(runs, got):
+        for row, t in zip(rows, timed):
+            _record(row, t)
+
+
+def _record(row: dict[str, Any], timed: list[Timed]) -> None:
+    """A row's measured time from its calls in each process (``noise.measured``)."""
+    calls = [x for t in timed for x in t.times]
+    s = spread(calls)
+    row.update({f"measured_{k}_s": v for k, v in s.items() if k not in ("max", "median")})
+    row["measured_median_s"] = measured([t.times for t in timed])
+    row["host_median_s"] = statistics.median(x for t in timed for x in t.host)
+    row["repeats"] = len(timed[0].times)
+    row["processes"] = len(timed)
+    if len(timed) >= 2:
+        meds = [statistics.median(t.times) for t in timed]
+        row["process_low_s"], row["process_high_s"] = min(meds), max(meds)
+    row["times_s"] = [t.times for t in timed]

@@ -19,6 +19,7 @@ from typing import Any
 
 from ..errors import SegcError
 from ..passes.costmodel import MachineModel
+from .noise import noise, verdict
 from .sweep import spearman
 
 COLUMNS = (
@@ -27,12 +28,18 @@ COLUMNS = (
     "strategy",
     "plan",
     "segments",
+    "commits",
     "moved",
+    "calibration",
+    "held_out",
     "predicted_s",
+    "prior_predicted_s",
     "measured_median_s",
     "measured_p25_s",
     "measured_p75_s",
     "measured_min_s",
+    "process_low_s",
+    "process_high_s",
     "host_median_s",
     "predicted_host_s",
     "predicted_device_s",
@@ -48,6 +55,7 @@ COLUMNS = (
     "boundary_bytes",
     "bit_identical",
     "repeats",
+    "processes",
     "plan_file",
     "error",
 )
@@ -92,6 +100,7 @@ class Results:
     experiment: dict[str, Any] = field(default_factory=dict)
     rows: list[dict[str, Any]] = field(default_factory=list)
     env: dict[str, Any] = field(default_factory=environment)
+    fitted: dict[str, dict[str, Any]] = field(default_factory=dict)  # model -> the calibration's fit
 
     def groups(self) -> dict[tuple[str, str], list[dict[str, Any]]]:
         out: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -100,8 +109,10 @@ class Results:
         return out
 
     def summary(self) -> list[dict[str, Any]]:
-        """Per (model, workload): plans, rank correlation of predicted and measured time,
-        the largest relative error of predicted peak memory, whether every plan and the
+        """Per (model, workload): plans, rank correlation of predicted and measured time
+        over every plan and over the held-out ones (a calibrated experiment), the
+        measurement's noise (``noise.py``) and what it makes of the correlation, the
+        largest relative error of predicted peak memory, whether every plan and the
         eager run matched eager's bits, the fastest plan measured and predicted."""
         out = []
         for (m, w), rows in self.groups().items():
@@ -116,9 +127,9 @@ class Results:
                     "model": m,
                     "workload": w,
                     "plans": len(plans),
-                    "spearman_time": spearman(
-                        [r["predicted_s"] for r in plans], [r["measured_median_s"] for r in plans]
-                    ),
+                    "spearman_time": _rho(plans),
+                    **_held_out(plans),
+                    **_noise(plans),
                     "max_peak_error": max(errs, default=None),
                     "bit_identical": all(r.get("bit_identical") for r in rows if "error" not in r),
                     "fastest_measured": min(plans, key=lambda r: r["measured_median_s"])["strategy"] if plans else None,
@@ -135,6 +146,7 @@ class Results:
             "segc_experiment": 1,
             "env": self.env,
             "machine": asdict(self.machine),
+            "fitted": self.fitted,
             "experiment": exp,
             "summary": self.summary(),
             "rows": self.rows,
@@ -161,7 +173,8 @@ class Results:
         return paths
 
     def table(self) -> str:
-        """A markdown table of the rows."""
+        """A markdown table of the rows: a calibration plan marked so, the commits where
+        fewer than the segments, the range of the per-process medians in brackets."""
         from ..units import fmt_bytes, fmt_seconds
 
         head = "| model | workload | strategy | segments | predicted | measured (p25–p75) | predicted peak | measured peak | bits |"
@@ -176,15 +189,49 @@ class Results:
                 if "measured_median_s" in r
                 else ""
             )
+            if "process_low_s" in r:
+                meas += f" [{fmt_seconds(r['process_low_s'])}–{fmt_seconds(r['process_high_s'])}]"
             pred = fmt_seconds(r["predicted_s"]) if "predicted_s" in r else ""
             pp = fmt_bytes(r["predicted_peak_bytes"]) if "predicted_peak_bytes" in r else ""
             mp = fmt_bytes(r["measured_peak_bytes"]) if "measured_peak_bytes" in r else ""
             bits = "yes" if r.get("bit_identical") else "NO"
+            name = f"`{r['strategy']}`" + (" (calibration)" if r.get("calibration") else "")
+            segs = str(r.get("segments", ""))
+            if r.get("commits", 0) < r.get("segments", 0):
+                segs += f" ({r['commits']} commits)"
             lines.append(
-                f"| {r['model']} | {r['workload']} | `{r['strategy']}` | {r.get('segments', '')} | {pred} | {meas} "
-                f"| {pp} | {mp} | {bits} |"
+                f"| {r['model']} | {r['workload']} | {name} | {segs} | {pred} | {meas} | {pp} | {mp} | {bits} |"
             )
         return "\n".join(lines)
+
+
+def _rho(plans: list[dict[str, Any]]) -> float | None:
+    return spearman([r["predicted_s"] for r in plans], [r["measured_median_s"] for r in plans])
+
+
+def _held_out(plans: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rank correlation over the plans no calibration used (none without calibration)."""
+    if not any("calibration" in r for r in plans):
+        return {"heldout_plans": None, "spearman_heldout": None}
+    held = [r for r in plans if r.get("held_out")]
+    return {"heldout_plans": len(held), "spearman_heldout": _rho(held)}
+
+
+def _noise(plans: list[dict[str, Any]]) -> dict[str, Any]:
+    """``noise.noise`` over every plan and over the held-out ones, and the verdict on
+    the correlation that matters (held-out where there is a calibration)."""
+    timed = [r for r in plans if r.get("times_s")]
+    if len(timed) < 3:
+        return {"noise": None, "verdict": "n/a"}
+    stats = noise([r["times_s"] for r in timed], [r["predicted_s"] for r in timed])
+    held = [r for r in timed if r.get("held_out")]
+    if any("calibration" in r for r in timed) and len(held) >= 3:
+        h = noise([r["times_s"] for r in held], [r["predicted_s"] for r in held])
+        stats["heldout"] = h
+        rho, ceiling = _rho(held), h.get("ceiling")
+    else:
+        rho, ceiling = _rho(timed), stats.get("ceiling")
+    return {"noise": stats, "verdict": verdict(rho, ceiling, enough=stats["enough"])}
 
 
 def plot(res: Results, out: Path, formats: Sequence[str]) -> list[Path]:

@@ -41,6 +41,7 @@ from ..errors import MemoryLimitError, ScheduleError, SignatureError
 from ..ir import WINDOW, Graph, Segment, SegmentEffects, Var, segment_effects, segments, window_segments
 from ..lower import attention_kernel, check_supported, check_types, compile_loses, segment_fn
 from ..passes.analysis import eqn_flops
+from ..passes.commits import COMMIT_FLOPS, COMMITS
 from ..units import fmt_bytes
 from .aborted import Aborted
 from .fenced import Fences, Timeline, WindowRun, run_effects
@@ -88,8 +89,8 @@ def _getter(cells: tuple[int, ...]) -> Callable[[list], tuple]:
 # (the check reads the limit through two calls: nothing a limit could refuse is that small)
 _MEMORY_LIMIT_FLOOR = 1 << 20
 
-COMMITS = ("auto", "segment", "fences", "geometric")
-COMMIT_FLOPS = 1e9  # "auto" on a GPU: a segment with this much work is committed at once
+# the policies' names and the GPU's work threshold are the cost model's too
+# (segc.passes.commits); the decisions below are the runtime's own
 
 
 def resolve_commit(commit: str) -> str:

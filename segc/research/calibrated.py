@@ -1,0 +1,92 @@
+"""The plans of one model and workload as an experiment holds them (:class:`Prepared`),
+their predictions (:func:`predict_row`), which of them are held out from calibration
+(:func:`mark_held_out`), and the calibration: the machine model fitted to the
+calibration plans' measured times (``fit.py``), then every plan predicted again with it
+(:func:`calibrate`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..ir import Graph
+from ..passes import Plan
+from ..passes.analysis import analyze
+from ..passes.costmodel import MachineModel, predict_memory, predict_time
+from .fit import Observation, fit_machine
+from .models import Workload
+
+
+@dataclass
+class Prepared:
+    """One model and workload, planned, predicted, compiled, checked and measured for
+    memory; ``runs`` the rows to time with their functions (the eager row: the model),
+    ``cuts`` and ``plans`` each planned row's cut graph and plan (by ``id(row)``)."""
+
+    workload: Workload
+    rows: list[dict[str, Any]]
+    runs: list[tuple[dict[str, Any], Callable[..., Any]]]
+    cuts: dict[int, Graph]
+    plans: dict[int, Plan]
+
+
+def mark_held_out(prep: Prepared) -> None:
+    """``held_out``: a planned row that is no calibration plan, nor cuts as one does."""
+
+    def key(p: Plan) -> tuple:
+        return tuple(c.after for c in p.cuts), p.order
+
+    seen = {key(prep.plans[id(r)]) for r in prep.rows if r.get("calibration") and id(r) in prep.plans}
+    for r in prep.rows:
+        if id(r) in prep.plans:
+            r["held_out"] = not r.get("calibration") and key(prep.plans[id(r)]) not in seen
+
+
+def calibrate(machine: MachineModel, policy: str, preps: list[Prepared]) -> dict[str, Any]:
+    """Fit ``machine`` to the calibration rows of every workload, then predict every
+    planned row with the fitted model (``prior_predicted_s``: the prediction before)."""
+    obs = []
+    for prep in preps:
+        for r in prep.rows:
+            if r.get("calibration") and "measured_median_s" in r and id(r) in prep.cuts:
+                segs = predict_time(prep.cuts[id(r)], machine, policy).segments
+                obs.append(Observation(r["workload"], segs, r["measured_median_s"], r["strategy"]))
+    fit = fit_machine(machine, obs)
+    for prep in preps:
+        m = fit.machines.get(prep.workload.name)
+        for r in prep.rows:
+            if id(r) in prep.cuts and m is not None:
+                r["prior_predicted_s"] = r["predicted_s"]
+                predict_row(r, prep.cuts[id(r)], prep.plans[id(r)], m, policy)
+    return {
+        "machines": {w: asdict(m) for w, m in fit.machines.items()},
+        "free": list(fit.free),
+        "scales": fit.scales,
+        "loss": fit.loss,
+        "plans": sorted({o.name for o in obs}),
+        "observations": fit.observations,
+    }
+
+
+def predict_row(row: dict[str, Any], cut: Graph, plan: Plan, machine: MachineModel, policy: str) -> None:
+    tp = predict_time(cut, machine, policy)
+    mp = predict_memory(cut)
+    st = analyze(cut, machine.roofline())
+    row.update(
+        {
+            "plan": plan.strategy,
+            "segments": len(tp.segments),
+            "commits": tp.commits,
+            "moved": len(plan.moved),
+            "predicted_s": tp.total,
+            "predicted_host_s": tp.host,
+            "predicted_device_s": tp.device,
+            "predicted_peak_bytes": mp.peak,
+            "predicted_weights_bytes": mp.weights,
+            "predicted_inputs_bytes": mp.inputs + mp.constants,
+            "predicted_activations_bytes": mp.activations,
+            "working_set_bytes": st.max_segment_peak,
+            "boundary_bytes": st.boundary_bytes,
+        }
+    )

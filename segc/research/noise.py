@@ -1,0 +1,138 @@
+"""Is a measured difference between plans more than noise?
+
+A plan's timings are ``times[process][call]``: calls in one process, over one or more
+processes (``Experiment.processes``). Its measured time is the median over processes
+of each process's median call. Three statistics, per set of plans:
+
+- **separable pairs**: the fraction of plan pairs whose interquartile ranges do not
+  overlap, the ranges taken over every call of every process (so that a process's
+  luck widens them);
+- **self-agreement**: Spearman's rank correlation between two independent bootstrap
+  replicates of the measurement, the median over draws. A draw resamples the processes
+  with replacement (the same ones for every plan: plans timed in one process share its
+  luck) and each chosen process's calls, then takes each plan's median of medians. It
+  estimates how well a second run would rank the plans as this one did; a predictor
+  that knew the true times would reach about its square root (the **ceiling**);
+- **confidence interval** of Spearman's correlation of the predictions with the
+  measurement over the same draws (5% and 95%).
+
+A correlation below the target with a ceiling below it too is noise; with a ceiling
+above it, the model is wrong (:func:`verdict`). The bootstrap needs timings to resample:
+under :data:`ENOUGH` (processes and calls each) there is no verdict.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+Times = Sequence[Sequence[float]]  # per process, per call
+ENOUGH = (3, 5)  # the fewest processes (or, in one process, calls) and calls per process for a verdict
+
+
+def measured(times: Times) -> float:
+    """The median over processes of each process's median call."""
+    return statistics.median(statistics.median(p) for p in times)
+
+
+def units(times: Times) -> list[float]:
+    """The samples whose spread is the noise: per-process medians, or the calls of the
+    only process."""
+    return [statistics.median(p) for p in times] if len(times) >= 2 else list(times[0])
+
+
+def separable_pairs(plans: Sequence[Times]) -> float | None:
+    """The fraction of pairs of plans whose interquartile ranges (over every call) do
+    not overlap."""
+    iqr = []
+    for t in plans:
+        u = sorted(x for p in t for x in p)
+        q = statistics.quantiles(u, n=4, method="inclusive") if len(u) >= 2 else [u[0]] * 3
+        iqr.append((q[0], q[2]))
+    pairs = [(a, b) for i, a in enumerate(iqr) for b in iqr[i + 1 :]]
+    if not pairs:
+        return None
+    return sum(1 for a, b in pairs if a[1] < b[0] or b[1] < a[0]) / len(pairs)
+
+
+def _array(plans: Sequence[Times]) -> np.ndarray:
+    """plans x processes x calls, cut to the fewest processes and calls any plan has."""
+    p = min(len(t) for t in plans)
+    c = min(len(x) for t in plans for x in t[:p])
+    return np.array([[list(x[:c]) for x in t[:p]] for t in plans], dtype=float)
+
+
+def bootstrap(plans: Sequence[Times], draws: int, rng: np.random.Generator) -> np.ndarray:
+    """``draws`` x plans: each plan's median of per-process medians in a resample
+    (module docstring)."""
+    a = _array(plans)
+    n, p, c = a.shape
+    procs = rng.integers(0, p, size=(draws, 1, p, 1))
+    calls = rng.integers(0, c, size=(draws, n, p, c))
+    sel = a[np.arange(n)[None, :, None, None], procs, calls]
+    return np.median(np.median(sel, axis=3), axis=2)
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    """Ranks from 0 along the last axis, ties sharing their average rank (as
+    ``sweep.ranks``: plans that are the same plan are predicted alike)."""
+    less = (x[..., None, :] < x[..., :, None]).sum(axis=-1)
+    same = (x[..., None, :] == x[..., :, None]).sum(axis=-1)
+    return less + (same - 1) / 2
+
+
+def spearman_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Spearman's correlation of each row of ``x`` with the same row of ``y`` (either may
+    be one row, broadcast)."""
+    rx, ry = _ranks(x), _ranks(y)
+    rx = rx - rx.mean(axis=-1, keepdims=True)
+    ry = ry - ry.mean(axis=-1, keepdims=True)
+    den = np.sqrt((rx**2).sum(axis=-1) * (ry**2).sum(axis=-1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 0, (rx * ry).sum(axis=-1) / np.where(den > 0, den, 1), np.nan)
+
+
+def noise(
+    plans: Sequence[Times], predicted: Sequence[float] | None = None, draws: int = 1000, seed: int = 0
+) -> dict[str, Any]:
+    """The statistics of the module docstring for a set of plans (at least three)."""
+    procs, calls = min(len(t) for t in plans), min(len(x) for t in plans for x in t)
+    out: dict[str, Any] = {"unit": "process medians" if procs >= 2 else "calls"}
+    out["enough"] = (procs >= ENOUGH[0] or (procs == 1 and calls >= ENOUGH[0])) and calls >= ENOUGH[1]
+    out["separable_pairs"] = separable_pairs(plans)
+    meds = [measured(t) for t in plans]
+    out["plan_spread"] = float((max(meds) - min(meds)) / min(meds))
+    spreads = [(max(u) - min(u)) / measured(t) for t in plans if len(t) >= 2 for u in [units(t)]]
+    out["process_spread"] = float(statistics.median(spreads)) if spreads else None
+    if len(plans) < 3:
+        return out
+    rng = np.random.default_rng(seed)
+    a, b = bootstrap(plans, draws, rng), bootstrap(plans, draws, rng)
+    rs = spearman_rows(a, b)
+    rs = rs[np.isfinite(rs)]  # a draw of equal medians ranks nothing
+    self_rho = float(np.median(rs)) if rs.size else None
+    out["self_spearman"] = self_rho
+    out["ceiling"] = math.sqrt(max(self_rho, 0.0)) if self_rho is not None else None
+    if predicted is not None:
+        rho = spearman_rows(np.asarray(predicted, dtype=float)[None, :], a)
+        rho = rho[np.isfinite(rho)]
+        out["spearman_ci"] = [float(q) for q in np.quantile(rho, [0.05, 0.95])] if rho.size else None
+    return out
+
+
+def verdict(rho: float | None, ceiling: float | None, target: float = 0.8, enough: bool = True) -> str:
+    """Reads a rank correlation against the measurement's own noise (``enough``: were
+    there timings enough to estimate it)."""
+    if rho is None or ceiling is None:
+        return "n/a"
+    if rho >= target:
+        return f"meets {target}"
+    if not enough:
+        return f"too few timings to tell noise from the model (at least {ENOUGH[0]} processes of {ENOUGH[1]} calls)"
+    if ceiling < target:
+        return f"noise: the measurement's own ceiling is {ceiling:.2f} < {target}"
+    return f"model: the measured order is reproducible (ceiling {ceiling:.2f}) and the prediction misses it"

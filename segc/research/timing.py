@@ -1,0 +1,158 @@
+"""Timing plans: whole calls ``y = f(); mx.eval(y, caches)``, round-robin over the plans
+(each round calls every plan once, so drift hits all alike), in this process or in
+fresh ones.
+
+On a GPU the same compiled variant can run tens of percent faster or slower from one
+process to the next (docs/performance.md), more than plans differ; so
+:func:`time_in_processes` runs the round-robin in ``processes`` fresh Python processes
+one after another (``python -m segc.research.timing JOB OUT``), each loading the model,
+re-applying the saved plans to its own trace, compiling and warming them up, starting
+its rounds at a different plan; the experiment reports the median over processes of
+each process's median (``noise.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+
+from ..errors import SegcError
+from .models import Workload
+
+
+@dataclass
+class Timed:
+    """One plan's calls in one process: whole-call seconds and the host's share (until
+    the call returned)."""
+
+    times: list[float] = field(default_factory=list)
+    host: list[float] = field(default_factory=list)
+
+
+def warm(fn: Callable[..., Any], wl: Workload, calls: int) -> None:
+    for _ in range(calls):
+        a, k = wl.args()
+        mx.eval(fn(*a, **k), wl.sync())
+
+
+def round_robin(
+    fns: Sequence[Callable[..., Any]],
+    wl: Workload,
+    repeats: int,
+    *,
+    rotate: int = 0,
+    step: Callable[[int], None] | None = None,
+) -> list[Timed]:
+    """``repeats`` rounds, each calling every function once, starting at ``rotate``."""
+    out = [Timed() for _ in fns]
+    order = [(rotate + i) % len(fns) for i in range(len(fns))] if fns else []
+    for _ in range(repeats):
+        for i in order:
+            a, k = wl.args()
+            t0 = time.perf_counter()
+            y = fns[i](*a, **k)
+            t1 = time.perf_counter()
+            mx.eval(y, wl.sync())
+            t2 = time.perf_counter()
+            out[i].times.append(t2 - t0)
+            out[i].host.append(t1 - t0)
+            del y
+            if step is not None:
+                step(i)
+    return out
+
+
+@dataclass
+class Job:
+    """What one timing process runs: per workload, the plans as JSON (``None``: the model
+    itself, eager)."""
+
+    model: str
+    boundaries: str
+    commit: str
+    repeats: int
+    warmup: int
+    workloads: list[tuple[str, list[str | None]]]
+    rotate: int = 0
+
+
+def time_in_processes(
+    job: Job, processes: int, *, done: Callable[[int, float], None] | None = None, timeout: float | None = None
+) -> list[list[list[Timed]]]:
+    """Run ``job`` in ``processes`` fresh processes, one after another; per workload, per
+    plan, per process: its calls. ``done(process, seconds)`` after each."""
+    root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    res: list[list[list[Timed]]] = [[[] for _ in plans] for _, plans in job.workloads]
+    with tempfile.TemporaryDirectory(prefix="segc-timing-") as tmp:
+        for p in range(processes):
+            spec, out = Path(tmp) / f"job{p}.json", Path(tmp) / f"times{p}.json"
+            spec.write_text(json.dumps(asdict(job) | {"rotate": p}))
+            t0 = time.perf_counter()
+            try:
+                r = subprocess.run(
+                    [sys.executable, "-m", "segc.research.timing", str(spec), str(out)],
+                    capture_output=True, text=True, env=env, timeout=timeout,
+                )  # fmt: skip
+            except subprocess.TimeoutExpired:
+                raise SegcError(f"timing process {p + 1} of {processes} outlasted {timeout} s") from None
+            if r.returncode != 0 or not out.is_file():
+                tail = "\n".join((r.stderr or r.stdout).strip().splitlines()[-12:])
+                raise SegcError(f"timing process {p + 1} of {processes} failed (exit {r.returncode}):\n{tail}")
+            got = json.loads(out.read_text())
+            for w, per_plan in enumerate(got["workloads"]):
+                for i, t in enumerate(per_plan):
+                    res[w][i].append(Timed(t["times"], t["host"]))
+            if done is not None:
+                done(p, time.perf_counter() - t0)
+    return res
+
+
+def run_job(job: Job) -> dict[str, Any]:
+    """Time ``job`` in this process (what each timing process does)."""
+    from ..passes import Plan
+    from ..staging import jit
+    from .models import load_model, make_workload
+
+    model = load_model(job.model)
+    out: list[list[dict[str, list[float]]]] = []
+    for wspec, plans in job.workloads:
+        wl = make_workload(wspec, model)
+        wl.fresh = None
+        fns: list[Callable[..., Any]] = []
+        for text in plans:
+            if text is None:
+                fns.append(model)
+                continue
+            plan = Plan.from_json(text)
+            fns.append(jit(model, boundaries=job.boundaries or None, strategy=plan, validate=False, commit=job.commit))
+        for fn in fns:
+            warm(fn, wl, 1 + job.warmup)  # the first call traces and compiles
+        timed = round_robin(fns, wl, job.repeats, rotate=job.rotate)
+        out.append([{"times": t.times, "host": t.host} for t in timed])
+        del fns
+    return {"workloads": out, "pid": os.getpid()}
+
+
+def main(argv: Sequence[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m segc.research.timing JOB.json OUT.json", file=sys.stderr)
+        return 2
+    d = json.loads(Path(argv[0]).read_text())
+    d["workloads"] = [(w, list(p)) for w, p in d["workloads"]]
+    Path(argv[1]).write_text(json.dumps(run_job(Job(**d))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,175 @@
+"""Calibration by whole-call timings (issue 15): the commit-aware pipeline worked out by
+hand, and the fitter (``segc.research.fit``) recovering a known machine model from
+timings that the cost model generated with it (through ``SegmentTime.retimed`` and
+``costmodel.timed``, not the fitter's own vectorised evaluation). No MLX runs here."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from conftest import examples
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from segc.errors import SegcError
+from segc.passes.commits import commit_count
+from segc.passes.costmodel import MachineModel, SegmentTime, pipeline_time, timed
+from segc.research.fit import Observation, fit_machine, predict_many
+
+BASE = MachineModel("base", 1e12, 1e11, 1e-6, 1e-6, 1e-7, "by hand", 0.0, 0.0, "gpu")
+FIGURES = ("launch_s", "dispatch_s", "host_op_s", "commit_s")
+
+
+def test_pipeline_with_commits_by_hand() -> None:
+    # three segments, host 1 each (pre 0.5), device 2 each, a commit costs 0.25 and is
+    # made after segments 1 and 3 (3: the call's end)
+    host, dev, pre = [1.0, 1.0, 1.0], [2.0, 2.0, 2.0], [0.5, 0.5, 0.5]
+    # segment 1 commits: released at 0.5 + 0.25, host at 1.25, device done at 2.75;
+    # segment 2 waits (host 2.25); segment 3 commits: released at 2.25 + 0.5 + 0.25 = 3,
+    # host at 3.5; segments 2 and 3 run from max(2.75, 3) = 3 to 7
+    assert pipeline_time(host, dev, pre, [True, False, True], 0.25) == pytest.approx(7.0)
+    # nothing committed until the end: everything starts at 2 + 0.5 + 0.25
+    assert pipeline_time(host, dev, pre, [False, False, False], 0.25) == pytest.approx(2.75 + 6)
+    # a commit per segment at no cost: the seed's pipeline, D = max(max(D, H + pre) + d, H)
+    assert pipeline_time(host, dev, pre, [True] * 3) == pytest.approx(pipeline_time(host, dev, pre))
+    assert pipeline_time(host, dev, pre) == pytest.approx(0.5 + 6)
+    # the flagged segments, and the call's mx.eval unless the last segment committed itself
+    flags = [(), (False,), (True, False, False), (True, True, True), (False, True), (False, False)]
+    assert [commit_count(f) for f in flags] == [0, 1, 2, 3, 1, 1]
+
+
+def _layers(n: int, per: int, kernels: int, work: float, head: tuple[int, float] = (3, 0.0)) -> list[SegmentTime]:
+    """``n`` identical layers in segments of ``per``, then a head segment of its own;
+    committed after segments 1, 2, 4, 8, ... (the geometric policy) and at the end."""
+    segs, i = [], 0
+    while i < n:
+        m = min(per, n - i)
+        segs.append(SegmentTime(f"s{i}", m, 0.0, 0.0, 0.0, 0.0, kernels * m, work * m))
+        i += m
+    segs.append(SegmentTime("head", 1, 0.0, 0.0, 0.0, 0.0, head[0], head[1] or work))
+    return [replace(s, commit=(k + 1) & k == 0) for k, s in enumerate(segs)]
+
+
+def _truth(scale: float, **fig: float) -> MachineModel:
+    return replace(BASE, flops_per_s=BASE.flops_per_s / scale, bytes_per_s=BASE.bytes_per_s / scale, **fig)
+
+
+def _observe(truth: dict[str, MachineModel], groups: dict[str, tuple[int, float]]) -> list[Observation]:
+    """Synthetic timings: each group's plans (1 to 16 layers a segment) predicted by the
+    cost model with that group's true machine model."""
+    obs = []
+    for g, (kernels, work) in groups.items():
+        for per in (16, 8, 5, 4, 3, 2, 1):
+            segs = _layers(16, per, kernels, work)
+            obs.append(Observation(g, tuple(segs), _seconds(truth[g], segs), f"{g}/{per}"))
+    return obs
+
+
+def _seconds(m: MachineModel, segs: list[SegmentTime]) -> float:
+    """The cost model's time for segments costed at ``BASE``'s rates, under ``m``."""
+    sc = BASE.bytes_per_s / m.bytes_per_s
+    return timed([replace(s, work=s.work * sc).retimed(m) for s in segs], m).total
+
+
+GROUPS = {"decode": (14, 30e-6), "prefill": (14, 1.5e-3)}
+TRUE = {"launch_s": 3e-6, "dispatch_s": 2e-5, "host_op_s": 1e-6, "commit_s": 1.3e-4}
+
+
+def test_fit_recovers_a_shared_scale_and_every_overhead() -> None:
+    truth = _truth(1.7, **TRUE)
+    obs = _observe(dict.fromkeys(GROUPS, truth), GROUPS)
+    fit = fit_machine(BASE, obs, scales="shared", prior_weight=0)
+    assert set(fit.free) == {"scale", *FIGURES}
+    for f in FIGURES:
+        assert getattr(fit.machine, f) == pytest.approx(TRUE[f], rel=0.02), f
+    assert fit.scales == {"decode": pytest.approx(1.7, rel=0.02), "prefill": pytest.approx(1.7, rel=0.02)}
+    assert fit.machine.bytes_per_s == pytest.approx(truth.bytes_per_s, rel=0.02)
+
+
+def test_fit_recovers_a_scale_per_group() -> None:
+    """With a scale per workload, ``launch_s`` is only weakly told from the scales (the
+    layers' work per kernel is the same): it is held at the truth, the rest fitted. The
+    host's figures show in a host-bound decode (a GPU's: a few us of work per layer);
+    were every workload device-bound, only the first commit's delay would show them,
+    which does not tell a segment's dispatch from a commit."""
+    truth = {"decode": _truth(2.5, **TRUE), "prefill": _truth(0.6, **TRUE)}
+    base = replace(BASE, launch_s=TRUE["launch_s"])
+    groups = {"decode": (14, 3e-6), "prefill": GROUPS["prefill"]}
+    free = ("scale", "dispatch_s", "host_op_s", "commit_s")
+    fit = fit_machine(base, _observe(truth, groups), free=free, prior_weight=0)
+    assert fit.scales == {"decode": pytest.approx(2.5, rel=0.02), "prefill": pytest.approx(0.6, rel=0.02)}
+    for f in ("dispatch_s", "host_op_s", "commit_s"):
+        assert getattr(fit.machine, f) == pytest.approx(TRUE[f], rel=0.03), f
+    for g, m in fit.machines.items():
+        assert m.flops_per_s == pytest.approx(truth[g].flops_per_s, rel=0.02)
+
+
+@settings(max_examples=examples(8), deadline=None, derandomize=True)
+@given(
+    scale=st.floats(0.3, 5.0),
+    launch=st.floats(-6.5, -5.0),
+    dispatch=st.floats(-5.5, -4.0),
+    host_op=st.floats(-7.0, -5.5),
+    commit=st.floats(-5.0, -3.5),
+)
+def test_fitted_predictions_reproduce_the_timings(
+    scale: float, launch: float, dispatch: float, host_op: float, commit: float
+) -> None:
+    """Whatever the true figures (within the bounds), the fitted model predicts the
+    synthetic timings again (a loss near zero), whether or not every figure could be
+    told apart."""
+    fig = dict(zip(FIGURES, (10**launch, 10**dispatch, 10**host_op, 10**commit)))
+    obs = _observe(dict.fromkeys(GROUPS, _truth(scale, **fig)), GROUPS)
+    fit = fit_machine(BASE, obs, scales="shared", prior_weight=0)
+    for o in obs:
+        assert _seconds(fit.machines[o.group], list(o.segments)) == pytest.approx(o.seconds, rel=0.02), o.name
+
+
+def test_the_prior_holds_what_the_timings_cannot_see() -> None:
+    """Segments of no kernels: ``launch_s`` and ``host_op_s`` change no prediction, so
+    the prior (on by default) keeps them at the base model's figures; the scale, which
+    shows, is still fitted."""
+    truth = _truth(1.5, **TRUE)
+    obs = []
+    for per in (8, 4, 2, 1):
+        segs = [replace(s, kernels=0) for s in _layers(8, per, 1, 1e-4)]
+        obs.append(Observation("g", tuple(segs), _seconds(truth, segs)))
+    base = replace(BASE, dispatch_s=TRUE["dispatch_s"], commit_s=TRUE["commit_s"])
+    fit = fit_machine(base, obs, free=("scale", "launch_s", "host_op_s"))
+    assert (fit.machine.launch_s, fit.machine.host_op_s) == (pytest.approx(1e-6), pytest.approx(1e-7))
+    assert fit.scales["g"] == pytest.approx(1.5, rel=0.01)
+
+
+def test_the_fitters_evaluation_is_the_cost_models() -> None:
+    m = _truth(2.0, **TRUE)
+    obs = _observe({"decode": m}, {"decode": GROUPS["decode"]})
+    vals: dict[str, Any] = {f: [getattr(m, f)] for f in FIGURES} | {"scale": [2.0]}
+    import numpy as np
+
+    got = predict_many(obs, BASE, {k: np.array(v) for k, v in vals.items()})[0]
+    assert got == pytest.approx([o.seconds for o in obs], rel=1e-12)
+
+
+def test_a_commit_per_segment_leaves_commit_s_alone() -> None:
+    """Under the policy "segment" a commit only adds to the per-segment dispatch: the fit
+    does not pretend to tell them apart."""
+    segs = [replace(s, commit=True) for s in _layers(8, 2, 10, 1e-4)]
+    obs = [Observation("g", tuple(segs[:k]), 1e-3 * k) for k in range(2, 6)]
+    fit = fit_machine(replace(BASE, commit_s=7e-6), obs)
+    assert "commit_s" not in fit.free and fit.machine.commit_s == 7e-6
+
+
+@pytest.mark.parametrize(
+    ("obs", "msg"),
+    [
+        ([], "at least one measured plan"),
+        ([Observation("g", (), 0.0)], "positive number"),
+        ([Observation("g", (), math.nan)], "positive number"),
+    ],
+)
+def test_bad_observations(obs: list[Observation], msg: str) -> None:
+    with pytest.raises(SegcError, match=msg):
+        fit_machine(BASE, obs)
