@@ -39,7 +39,7 @@ def store_bandwidth(nbytes: int = 8 << 20) -> float:
     """Bytes per second the KV store moves a buffer out and back: written from MLX's
     memory to its file (a spare overwritten, as in a steady decode), read into host
     memory, copied into MLX's memory. The best of 8."""
-    from segc.engine.paging.kvstore import KVStore
+    from segc.engine.paging import KVStore
 
     store = KVStore()
     a = mx.random.normal((1, 8, nbytes // 8 // 64 // 4, 64))
@@ -114,7 +114,7 @@ class Runner:
             self.measured(kind)
             self.logits[kind] = [_bits(logits)]
         self.phase("decode")
-        moved = self._kv_bytes()
+        moved = self.kv_moved()
         out = []
         tok = mx.argmax(logits[:, -1:], axis=-1).astype(mx.uint32)
         mx.eval(tok)
@@ -126,12 +126,12 @@ class Runner:
             out.append(logits)
         if timed:
             self.times["decode"].append((time.perf_counter() - t0) / tokens)
-            self.moved = (self._kv_bytes() - moved) // tokens
+            self.moved = (self.kv_moved() - moved) // tokens
         self.measured("decode")
         self.logits["decode"] = [_bits(v) for v in out]
         self.kv_bytes = sum(a.nbytes for c in cache for a in (c.keys, c.values))
 
-    def _kv_bytes(self) -> int:
+    def kv_moved(self) -> int:
         return 0 if self.pm is None else self.pm.stats.kv_read_bytes + self.pm.stats.kv_written_bytes
 
 

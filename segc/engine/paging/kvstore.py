@@ -64,8 +64,14 @@ class KVBlock:
 
 
 def _host_dir() -> str | None:
+    """``/dev/shm`` (host memory) where it is writable and has 1 GiB free (a container's
+    is often 64 MiB), else None: the system's temporary directory."""
     shm = "/dev/shm"
-    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
+    try:
+        st = os.statvfs(shm)
+    except OSError:
+        return None
+    return shm if os.access(shm, os.W_OK) and st.f_bavail * st.f_frsize >= 1 << 30 else None
 
 
 def _open_files() -> set[str] | None:
@@ -89,7 +95,8 @@ def _bytes_of(a: mx.array) -> np.ndarray:
 
 class KVStore:
     """Host copies of cache buffers in ``directory`` (default: a new directory in
-    ``/dev/shm``, else in the system's temporary directory; removed with the store).
+    ``/dev/shm`` where it has 1 GiB free, else in the system's temporary directory;
+    removed with the store).
     ``reader(info) -> numpy bytes`` replaces the file reader (tests inject failures)."""
 
     def __init__(self, directory: str | Path | None = None, *, reader: Reader | None = None):
