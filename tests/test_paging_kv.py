@@ -158,7 +158,9 @@ def test_a_cache_larger_than_the_budget_stays_under_it(tmp_path: Path) -> None:
     pm.on_segment = measure
     try:
         logits = pm.prefill(LONG, cache, chunk=chunk)
-        assert all(type(c) is KVCache and c.offset == LONG.shape[1] for c in cache)
+        # ordinary mlx-lm caches: the class, the attributes and the offsets a resident run leaves
+        assert all(type(c) is KVCache and vars(c).keys() == vars(KVCache()).keys() for c in cache)
+        assert all(c.offset == LONG.shape[1] and isinstance(c.keys, mx.array) for c in cache)
         # the caches hold the store's arrays: nothing of them in MLX's memory
         assert mx.get_active_memory() - base < kv_bytes / 4
         pm.budget = decode_budget
@@ -287,6 +289,11 @@ def test_kv_paging_budgets_and_bad_input(dirs: dict[str, Path]) -> None:
     for bad in ("yes", 1, None):
         with pytest.raises(ScheduleError, match="kv_paging"):
             PagedModel(path, budget=1 << 40, kv_paging=bad)  # type: ignore[arg-type]
+    pm = PagedModel(path, budget=1 << 40)
+    pm.kv_paging = "sometimes"
+    with pytest.raises(ScheduleError, match="kv_paging must be True, False or 'auto', got 'sometimes'"):
+        pm(tok, pm.make_cache())
+    pm.close()
     pm = PagedModel(path, budget=1 << 40, kv_paging=True)
     try:
         with pytest.raises(PagingError, match="layer 0's cache is a RotatingKVCache"):

@@ -80,6 +80,12 @@ def _drop_outputs(stash: dict[str, mx.array], outputs: list[Any]) -> None:
         del stash[name]
 
 
+def _kv_option(value: Any) -> bool | str:
+    if not isinstance(value, bool | str) or value not in (True, False, "auto"):
+        raise ScheduleError(f"kv_paging must be True, False or 'auto', got {value!r}")
+    return cast(bool | str, value)
+
+
 class PagedModel:
     """Model directory ``path`` run in ``budget`` bytes (see docs/paging.md).
 
@@ -121,8 +127,6 @@ class PagedModel:
             raise ScheduleError(f"band must be an int >= 1, got {band!r}")
         if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
             raise PagingError(f"the budget is a number of bytes (an int >= 1), got {budget!r}")
-        if kv_paging not in (True, False, "auto") or not isinstance(kv_paging, bool | str):
-            raise ScheduleError(f"kv_paging must be True, False or 'auto', got {kv_paging!r}")
         self.path = Path(path)
         self.source = (HostSource if source == "host" else DiskSource)(self.path, reader=reader)
         self.skeleton = Skeleton(self.path, self.source.tensors)
@@ -130,7 +134,7 @@ class PagedModel:
         self.n_layers = self.skeleton.n_layers
         self.band = min(band, self.n_layers)
         self.budget, self.depth, self.evict, self.mode, self.timeout = budget, depth, evict, mode, timeout
-        self.kv_paging = kv_paging
+        self.kv_paging = _kv_option(kv_paging)
         self.kv = KVStore(kv_dir)  # outlives ``close``: the caches the caller holds read from it
         self.step = jit(self.model, boundaries="auto", validate=False, name=f"paged {self.path.name}")
         self.step.set_windows(BandWindows(self.n_layers, self.band))
@@ -244,6 +248,7 @@ class PagedModel:
         """Plan a call: whether it pages the KV caches, and the pager's limit (the budget
         less the call's reserve). A budget too small for one band's working set is
         refused with the smallest that works (``self._need``)."""
+        self.kv_paging = _kv_option(self.kv_paging)  # it may have been set since
         plans = self._plans_for(xs, cache, at_end=False)
         chunks = len(xs)
         fenced = self.mode == "fenced"
