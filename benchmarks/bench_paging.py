@@ -21,7 +21,13 @@ weight bytes. Reported:
   resident prefill takes longer than reading the weights once (from there banded prefill
   is compute-bound, and paging it costs little);
 - fenced / drain speedups. Logits of every paged run are compared bit for bit with the
-  resident run's.
+  resident run's;
+- KV paging at a long context (``--kv-context``, 0 skips it): decode after a prompt of
+  that many tokens, banded and chunked prefill of it, resident against the KV caches
+  paged with every weight resident and with the weights paged too, each at the smallest
+  budget its calls need (measured by an untimed first round); the KV bytes moved per
+  token and the time the KV store takes to move them (its measured bandwidth: write
+  out, read back, copy in).
 """
 
 from __future__ import annotations
@@ -158,6 +164,9 @@ def main() -> None:
     p.add_argument("--dir", help="where to save the model (default: a temporary directory)")
     p.add_argument("--out", help="write the results as JSON here")
     p.add_argument("--plot", help="write decode tokens/s against the budget as SVG here")
+    p.add_argument("--kv-context", type=int, default=1024, help="KV paging: the context (0: skip the case)")
+    p.add_argument("--kv-chunk", type=int, default=256, help="KV paging: prefill chunk")
+    p.add_argument("--kv-rounds", type=int, default=1, help="KV paging: timed rounds (after an untimed one)")
     a = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         run_all(a, Path(a.dir) if a.dir else Path(tmp) / "model")
@@ -185,7 +194,8 @@ def run_all(a: argparse.Namespace, path: Path) -> None:
     for f, mode, depth, evict in runs:
         settings = "" if (depth, evict) == (a.depth, a.evict) else f"depth={depth} evict={evict}"
         name = f"{mode} f={f:g}" + (f" {settings}" if settings else "")
-        pm = PagedModel(path, budget=1 << 50, mode=mode, depth=depth, evict=evict, source=a.source)
+        # the caches stay in memory here: these rows page the weights (the KV case below pages both)
+        pm = PagedModel(path, budget=1 << 50, mode=mode, depth=depth, evict=evict, source=a.source, kv_paging=False)
         limit = int(f * weight_bytes)
         if limit < max(pm.page_bytes):
             refused[name] = f"one page needs {max(pm.page_bytes)} bytes"
@@ -200,6 +210,11 @@ def run_all(a: argparse.Namespace, path: Path) -> None:
     for v in variants:
         if v.pm is not None:
             v.pm.close()
+    del variants
+    if a.kv_context:
+        from bench_paging_kv import kv_case
+
+        res["kv"] = kv_case(a, path, weight_bytes)
     if a.out:
         Path(a.out).write_text(json.dumps(res, indent=1, default=str))
     if a.plot:

@@ -1,6 +1,8 @@
 """Paging: models larger than memory, their weights paged in band by band under a
-memory budget, fenced by events (docs/paging.md)."""
+memory budget, fenced by events, and their KV caches paged to host memory when they do
+not fit (docs/paging.md)."""
 
+from .kvstore import KVStore as KVStore
 from .model import PagedModel as PagedModel
 from .model import PagingStats as PagingStats
 from .pager import Pager as Pager
@@ -9,4 +11,4 @@ from .source import HostSource as HostSource
 from .source import TensorInfo as TensorInfo
 from .store import save_model_dir as save_model_dir
 
-__all__ = ["DiskSource", "HostSource", "PagedModel", "Pager", "PagingStats", "TensorInfo", "save_model_dir"]
+__all__ = ["DiskSource", "HostSource", "KVStore", "PagedModel", "Pager", "PagingStats", "TensorInfo", "save_model_dir"]

@@ -11,6 +11,13 @@ exist (``reclaim``) its page may be evicted. The pager loads the next pages mean
 The caller's caches are written only at the end of a call: the bands write into shallow
 copies, so a call that fails (a tensor that cannot be read, a wait that times out)
 leaves them, and every earlier output, as they were.
+
+With KV paging (``kv_paging``; "auto" pages the caches only when they do not fit beside
+the pages) each band's cache buffers are read back from the KV store with its first
+ticket (the pager thread reads them with the page, the admit fence covers both) and
+written out once its last ticket's outputs exist (the ``done`` step of
+``Pager.complete``), so only the bands in flight hold KV buffers in MLX's memory. The
+caches then hold the store's lazy arrays (``kvstore.py``).
 """
 
 from __future__ import annotations
@@ -25,7 +32,9 @@ import mlx.core as mx
 from ...errors import PagingError, ScheduleError
 from ...staging import jit
 from ..banded import BandWindows
-from .pager import EVICT, Pager
+from .kvplan import at_capacity, given_bytes, grows, growth, paged_reserve, unpageable
+from .kvstore import KVBlock, KVStore
+from .pager import EVICT, Done, Pager
 from .plan import CallPlan, Skeleton, band_members, call_plan
 from .source import DiskSource, HostSource, Reader
 
@@ -39,6 +48,17 @@ class PagingStats:
     loaded_bytes: int = 0  # weight bytes read
     peak_resident: int = 0  # the most weight bytes held at once
     needed: int = 0  # the largest budget a call so far needed (the smallest that runs them all)
+    kv_paged_calls: int = 0  # calls that paged the KV caches
+    kv_read_bytes: int = 0  # KV bytes read back from the KV store
+    kv_written_bytes: int = 0  # KV bytes written out to it
+
+
+@dataclass(frozen=True)
+class _Call:
+    """How a call runs: whether it pages the KV caches, and the pager's limit for pages."""
+
+    kv_paged: bool
+    limit: int
 
 
 def _copy(c: Any) -> Any:
@@ -60,6 +80,12 @@ def _drop_outputs(stash: dict[str, mx.array], outputs: list[Any]) -> None:
         del stash[name]
 
 
+def _kv_option(value: Any) -> bool | str:
+    if not isinstance(value, bool | str) or value not in (True, False, "auto"):
+        raise ScheduleError(f"kv_paging must be True, False or 'auto', got {value!r}")
+    return cast(bool | str, value)
+
+
 class PagedModel:
     """Model directory ``path`` run in ``budget`` bytes (see docs/paging.md).
 
@@ -68,7 +94,11 @@ class PagedModel:
     no host drain) or ``"drain"`` (the host loads each page and waits for each band: the
     baseline); ``source``: ``"disk"`` or ``"host"`` (every tensor in host memory first);
     ``reader``: replaces the tensor reader (fault injection); ``timeout``: seconds any
-    wait may block. ``budget`` may be changed between calls."""
+    wait may block; ``kv_paging``: ``"auto"`` (page the KV caches of the layers outside
+    the running bands when a call's caches do not fit beside its pages), ``True``
+    (always) or ``False`` (never: such a call is refused); ``kv_dir``: where the KV
+    store keeps its host copies (default: a new directory in ``/dev/shm``). ``budget``
+    may be changed between calls."""
 
     def __init__(
         self,
@@ -82,6 +112,8 @@ class PagedModel:
         source: str = "disk",
         reader: Reader | None = None,
         timeout: float = 10.0,
+        kv_paging: bool | str = "auto",
+        kv_dir: str | Path | None = None,
     ):
         if mode not in ("fenced", "drain"):
             raise ScheduleError(f"mode must be 'fenced' or 'drain', got {mode!r}")
@@ -102,6 +134,8 @@ class PagedModel:
         self.n_layers = self.skeleton.n_layers
         self.band = min(band, self.n_layers)
         self.budget, self.depth, self.evict, self.mode, self.timeout = budget, depth, evict, mode, timeout
+        self.kv_paging = _kv_option(kv_paging)
+        self.kv = KVStore(kv_dir)  # outlives ``close``: the caches the caller holds read from it
         self.step = jit(self.model, boundaries="auto", validate=False, name=f"paged {self.path.name}")
         self.step.set_windows(BandWindows(self.n_layers, self.band))
         self.bands = band_members(self.n_layers, self.band)
@@ -112,8 +146,7 @@ class PagedModel:
         self.pager: Pager | None = None
         self._need = 0
         self.on_segment: Hook | None = None  # called after each band's dispatch
-        cache = self.make_cache()
-        self._check(self._plan(mx.array([[0]], dtype=mx.uint32), cache), 1)  # refused up front
+        self._prepare([mx.array([[0]], dtype=mx.uint32)], self.make_cache())  # refused up front
 
     # ------------------------------------------------------------------ public
 
@@ -127,8 +160,9 @@ class PagedModel:
         return sum(self.source.tensors[n].nbytes for n in self.skeleton.slots)
 
     def min_budget(self, x: mx.array, cache: list[Any], chunks: int = 1) -> int:
-        """The smallest budget that runs ``x`` (``chunks`` chunks of its shape at once)."""
-        self._check(self._plan(x, cache), chunks, refuse=False)
+        """The smallest budget that runs ``x`` (``chunks`` chunks of its shape at once),
+        with the KV caches paged where ``kv_paging`` allows it and that needs less."""
+        self._prepare([x] * chunks, cache, refuse=False)
         return self._need
 
     def __call__(self, x: mx.array, cache: list[Any]) -> mx.array:
@@ -164,7 +198,8 @@ class PagedModel:
 
     def close(self) -> None:
         """End the pager thread, drop every resident page and unmap the files (the next
-        call maps them again)."""
+        call maps them again). The KV store stays: caches the caller holds read from it
+        (its directory goes with the ``PagedModel``)."""
         if self.pager is not None:
             self.pager.close()
             self.pager = None
@@ -173,19 +208,13 @@ class PagedModel:
     # ------------------------------------------------------------------ internals
 
     def _tile(self, caches: list[Any], members: range) -> list[Any]:
+        """Copies of the band's caches, and proxies of its first for the other layers."""
         like = caches[members[0]]
-        out = []
-        for i, c in enumerate(caches):
-            if i in members:
-                out.append(c)
-            else:
-                p = object.__new__(type(c))
-                p.__dict__.update(vars(like))
-                out.append(p)
-        return out
+        return [_copy(c if i in members else like) for i, c in enumerate(caches)]
 
     def _plan(self, x: mx.array, cache: list[Any]) -> CallPlan:
-        key = (tuple(x.shape), str(x.dtype), tuple(tuple(a.shape) for c in cache for a in _arrays(c)))
+        shapes = tuple(tuple(a.shape) for c in cache for a in _arrays(c))
+        key = (tuple(x.shape), str(x.dtype), shapes, grows(cache, x.shape[1]))
         plan = self._plans.get(key)
         if plan is None:
             tile = self._tile([_copy(c) for c in cache], self.bands[0])
@@ -198,24 +227,64 @@ class PagedModel:
                 raise PagingError(f"{g.name}: its bands read other parameters than the first graph's")
         return plan
 
-    def _check(self, plan: CallPlan, chunks: int, *, refuse: bool = True) -> int:
-        """The pager's limit for a call: the budget less the call's reserve; a budget too
-        small for one band's working set is refused with the smallest that works."""
-        # fenced: pages copied in on the dispatch thread, one tensor's host copy beside its array
+    def _plans_for(self, xs: list[mx.array], cache: list[Any], *, at_end: bool) -> tuple[CallPlan, ...]:
+        """The first chunk's plan, then the later chunks' (their largest graphs: a long
+        prompt's last chunks attend over every position before them): traced at the
+        capacity the caches reach by the end of the call when ``at_end`` or when they
+        grow past the first chunk's buffers; else with the caches as they are."""
+        first = self._plan(xs[0], cache)
+        later = {tuple(x.shape): x for x in xs[1:]}
+        if not later:
+            return (first,)
+        if unpageable(cache) is not None:
+            return (first, *(self._plan(x, cache) for x in later.values()))
+        sizes = [x.shape[1] for x in xs]
+        caps = growth(cache, sizes).final
+        if not at_end and caps == growth(cache, sizes[:1]).final:
+            return (first, *(self._plan(x, cache) for x in later.values()))
+        return (first, *(self._plan(x, at_capacity(cache, first, caps, x.shape[1])) for x in later.values()))
+
+    def _prepare(self, xs: list[mx.array], cache: list[Any], *, refuse: bool = True) -> _Call:
+        """Plan a call: whether it pages the KV caches, and the pager's limit (the budget
+        less the call's reserve). A budget too small for one band's working set is
+        refused with the smallest that works (``self._need``)."""
+        self.kv_paging = _kv_option(self.kv_paging)  # it may have been set since
+        plans = self._plans_for(xs, cache, at_end=False)
+        chunks = len(xs)
         fenced = self.mode == "fenced"
+        # fenced: pages copied in on the dispatch thread, one tensor's host copy beside its array
         transient = max(self.source.tensors[n].nbytes for n in self.skeleton.slots) if fenced else 0
-        reserve = plan.reserve(chunks) + transient
-        need = self._need = max(self.page_bytes) + reserve
+        page = max(self.page_bytes)
+        reserve = {"resident": max(p.reserve(chunks) for p in plans) + transient}
+        why = "kv_paging=False" if self.kv_paging is False else unpageable(cache)
+        if why is None:
+            given = [given_bytes(cache, m) for m in self.bands]
+            in_flight = self.depth + 1 if fenced else 1
+            grown = growth(cache, [x.shape[1] for x in xs]).any
+            at_end = self._plans_for(xs, cache, at_end=True)
+            reserve["paged"] = paged_reserve(at_end, chunks, in_flight, max(given), grown) + transient
+        elif self.kv_paging is True:
+            raise PagingError(f"KV paging cannot page these caches: {why}")
+        if self.kv_paging is True:
+            choice = "paged"
+        elif self.kv_paging is False or "paged" not in reserve or self.budget >= page + reserve["resident"]:
+            choice = "resident"
+        else:
+            choice = "paged"
+        need = page + reserve[choice]
+        self._need = page + min(reserve.values()) if self.kv_paging == "auto" else need
+        call = _Call(choice == "paged", self.budget - reserve[choice])
         if not refuse:
-            return self.budget - reserve
+            return call
         self.stats.needed = max(self.stats.needed, need)
         if self.budget < need:
+            kv = " with the KV caches paged" if choice == "paged" else ""
             raise PagingError(
-                f"a budget of {self.budget} bytes is too small: one band's working set needs {need} bytes "
-                f"(its page {max(self.page_bytes)}, activations and KV buffers {reserve}); "
-                f"the smallest budget that works is {need}"
+                f"a budget of {self.budget} bytes is too small: one band's working set needs {need} bytes{kv} "
+                f"(its page {page}, activations and KV buffers {reserve[choice]}); "
+                f"the smallest budget that works is {self._need}"
             )
-        return self.budget - reserve
+        return call
 
     def _pager(self, limit: int) -> Pager:
         assert self.pages is not None
@@ -231,44 +300,83 @@ class PagedModel:
                 evict=self.evict,
                 threaded=self.mode == "fenced",
                 timeout=self.timeout,
+                kv_store=self.kv,
             )
         p.shrink(limit)
         return p
 
+    def _kv_schedule(
+        self, order: list[tuple[int, int]], cache: list[Any]
+    ) -> tuple[list[list[KVBlock] | None], dict[int, int]]:
+        """Per ticket, the KV blocks it reads back (a band's first ticket: its layers'
+        buffers the store holds), and per band its last ticket (its buffers go out after)."""
+        homes = [self.kv.home(c) for c in cache]
+        first: dict[int, int] = {}
+        last: dict[int, int] = {}
+        for j, (k, _) in enumerate(order):
+            if k in last and last[k] != j - 1:
+                raise ScheduleError(f"KV paging: band {k}'s calls are not consecutive")
+            first.setdefault(k, j)
+            last[k] = j
+        reads: list[list[KVBlock] | None] = [None] * len(order)
+        for k, j in first.items():
+            reads[j] = [b for i in self.bands[k] if (b := homes[i]) is not None] or None
+        return reads, last
+
+    def _write_out(self, shadows: list[Any], members: range) -> Done:
+        """The band's new buffers to the KV store (once they exist), the store's lazy
+        arrays in their place: MLX's memory holds them no longer."""
+
+        def done() -> None:
+            for i in members:
+                bufs = {n: a for n, a in vars(shadows[i]).items() if isinstance(a, mx.array)}
+                if bufs:
+                    shadows[i].__dict__.update(self.kv.write(i, bufs))
+
+        return done
+
     def _run(self, xs: list[mx.array], cache: list[Any], order: list[tuple[int, int]]) -> mx.array:
         if len(cache) != self.n_layers:
             raise ScheduleError(f"paged call: {len(cache)} caches for {self.n_layers} layers")
-        plan = self._plan(xs[0], cache)
-        for x in xs[1:]:
-            self._plan(x, cache)  # a shorter last chunk: its own graph, same pages
-        pager = self._pager(self._check(plan, len(xs)))
+        call = self._prepare(xs, cache)
+        pager = self._pager(call.limit)
         shadows = [_copy(c) for c in cache]  # the caller's caches are written at the end only
         stashes: list[dict[str, mx.array]] = [{} for _ in xs]
+        reads, last = self._kv_schedule(order, cache) if call.kv_paged else (None, {})
         out: mx.array | None = None
         try:
-            tickets = pager.request([k for k, _ in order])
-            for (k, t), ticket in zip(order, tickets):
+            tickets = pager.request([k for k, _ in order], reads)
+            for j, ((k, t), ticket) in enumerate(zip(order, tickets)):
                 members = self.bands[k]
                 where = f"band {k} (layers {members[0]}-{members[-1]}), chunk {t}"
                 arrays = pager.admit(ticket, where)
+                for i, bufs in pager.take_kv(ticket).items():  # the band's KV, read back
+                    shadows[i].__dict__.update(bufs)
                 self.skeleton.bind(arrays)
+                tile = self._tile(shadows, members)
                 try:
                     self.step.use_window(f"band{k}", stashes[t])
-                    y = self.step(xs[t], cache=self._tile(shadows, members))
+                    y = self.step(xs[t], cache=tile)
+                    for i in members:  # the band's new buffers and offsets
+                        shadows[i].__dict__.update(vars(tile[i]))
                 finally:
                     self.skeleton.unbind(arrays)
                     self.step.spec.params.gather()  # forget the page's arrays: reclaim frees them
                     del arrays
+                    for c in tile:  # the jit keeps the last call's objects: they keep no buffer
+                        c.__dict__.clear()
+                    del tile
                 kept = [a for i in members for a in _arrays(shadows[i])]
                 _drop_outputs(stashes[t], [*kept, y])
                 made = [*stashes[t].values(), *kept]
                 if y is not None:
                     made.append(y)
                     out = y
-                pager.complete(ticket, made)
+                pager.complete(ticket, made, self._write_out(shadows, members) if last.get(k) == j else None)
                 self.stats.bands += 1
                 if self.on_segment is not None:
                     self.on_segment(k, t, made)
+                del made, kept, y  # a band's buffers live no longer than its write-out needs
             pager.finish()
         except BaseException:
             self.close()  # the pager thread ends; the next call starts another
@@ -278,6 +386,9 @@ class PagedModel:
         for c, s in zip(cache, shadows):
             c.__dict__.update(vars(s))
         self.stats.calls += 1
+        self.stats.kv_paged_calls += call.kv_paged
+        self.stats.kv_read_bytes = self.kv.read_bytes
+        self.stats.kv_written_bytes = self.kv.written_bytes
         self.stats.loaded_bytes = pager.loaded_bytes
         self.stats.peak_resident = max(self.stats.peak_resident, pager.peak_bytes)
         assert out is not None

@@ -27,6 +27,14 @@ goes is ``evict``: ``"mru"`` (the most recently used first: a cyclic decode keep
 prefix of the layers resident) or ``"lru"``. With ``threaded=False`` the dispatch thread
 reads each page itself at ``admit`` and waits for each band at ``complete`` (the
 host-draining baseline).
+
+**KV blocks ride on the tickets.** With KV paging a ticket may also name blocks of the
+KV store (a band's cache buffers, written out after its last call): the pager thread
+reads their bytes into host memory with the ticket's page (no MLX call), ``resident``
+covers both, and the dispatch thread copies them in with :meth:`Pager.take_kv` after the
+admit fence. ``complete(ticket, outputs, done)`` runs ``done`` on the dispatch thread
+once the outputs exist, before ``reclaim`` moves: the engine writes the band's new
+buffers out there and drops them.
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,10 +50,13 @@ import mlx.core as mx
 
 from ...errors import PagingError, ScheduleError, WaitTimeout
 from ...runtime.events import Event
+from .kvstore import KVBlock, KVStore
+from .kvtickets import KVTickets
 from .source import DiskSource
 
 _END = 2**62  # both events jump here when the pager ends: no waiter is left hanging
 EVICT = ("lru", "mru")
+Done = Callable[[], None] | None  # run once a ticket's outputs exist (the KV write-out)
 
 
 @dataclass
@@ -70,6 +81,7 @@ class Pager:
         evict: str = "mru",
         threaded: bool = True,
         timeout: float = 10.0,
+        kv_store: KVStore | None = None,
     ):
         if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
             raise ScheduleError(f"prefetch depth must be an int >= 0, got {depth!r}")
@@ -96,20 +108,27 @@ class Pager:
         self._next = 0  # the next ticket number
         self._cv = threading.Condition()  # guards everything above that both threads change
         self._queue: deque[int] = deque()  # tickets requested, not yet read
-        self._pending: deque[tuple[int, list[mx.array]]] = deque()  # dispatched, not yet waited for
+        self._pending: deque[tuple[int, list[mx.array], Done]] = deque()  # dispatched, not yet waited for
+        self.kv_store = kv_store
+        self.kv = KVTickets(kv_store, self)
         self._stop = False
         self._thread: threading.Thread | None = None
         self._consumer = threading.current_thread()
 
     # ------------------------------------------------------------ dispatch thread
 
-    def request(self, pages: Sequence[int]) -> list[int]:
-        """Tickets for ``pages``, in the order their bands will run."""
+    def request(self, pages: Sequence[int], kv: Sequence[Sequence[KVBlock] | None] | None = None) -> list[int]:
+        """Tickets for ``pages``, in the order their bands will run; ``kv[j]``: the KV
+        blocks ticket ``j`` reads beside its page (None: none)."""
+        if kv is not None and (len(kv) != len(pages) or (any(kv) and self.kv_store is None)):
+            raise ScheduleError("KV blocks need a KV store and one entry per page")
         with self._cv:
             if self.error is not None:
                 raise self.error
             tickets = []
-            for p in pages:
+            for j, p in enumerate(pages):
+                if kv is not None and kv[j]:
+                    self.kv.assign(self._next, kv[j])  # type: ignore[arg-type]
                 self._owner[self._next] = p
                 self._queue.append(self._next)
                 tickets.append(self._next)
@@ -165,22 +184,33 @@ class Pager:
         with self._cv:  # from here on, only the pages read ahead are host copies
             self.peak_host_bytes = self.host_bytes
 
-    def complete(self, ticket: int, outputs: list[mx.array]) -> None:
-        """``ticket``'s band is dispatched and makes ``outputs``: once those exist its
-        page may be reclaimed. Waited for ``depth`` bands later (or now, unthreaded)."""
+    def take_kv(self, ticket: int) -> dict[int, dict[str, mx.array]]:
+        """The KV blocks ``ticket`` reads, copied into MLX's memory (after its admit):
+        per layer, its buffers by attribute name. A buffer at a time, as pages are."""
+        return self.kv.take(ticket)
+
+    def complete(self, ticket: int, outputs: list[mx.array], done: Done = None) -> None:
+        """``ticket``'s band is dispatched and makes ``outputs``: once those exist,
+        ``done()`` runs (on this thread) and its page may be reclaimed. Waited for
+        ``depth`` bands later (or now, unthreaded)."""
         if not self.threaded:
             mx.eval(outputs)  # the host drains: the baseline
+            if done is not None:
+                done()
             self.reclaim.signal(ticket + 1)
             return
-        self._pending.append((ticket, outputs))
+        self._pending.append((ticket, outputs, done))
         self._wait_for(ticket + 1 - self.depth)
         self._make_room(ticket + 1 + self.depth)  # room for the pages read ahead
 
     def _wait_for(self, upto: int) -> None:
         """Wait for the outputs of the dispatched tickets below ``upto``; signal reclaim."""
         while self._pending and self._pending[0][0] < upto:
-            t, outs = self._pending.popleft()
+            t, outs, done = self._pending.popleft()
             mx.eval(outs)
+            del outs
+            if done is not None:
+                done()
             with self._cv:
                 self.reclaim.signal(t + 1)
                 self._cv.notify_all()
@@ -263,6 +293,7 @@ class Pager:
         self._pending.clear()
         with self._cv:
             self.held.clear()
+            self.kv.clear()
             self.resident_bytes = self.host_bytes = 0
 
     # ------------------------------------------------------------ pager thread
@@ -302,27 +333,24 @@ class Pager:
                         return
                     self._queue.popleft()
                     h = self.held.get(p)
-                    if h is not None:  # still resident (or being read for an earlier ticket)
+                    if h is not None:  # still resident
                         h.last = t
-                        if h.ready:
-                            self.resident.signal(t + 1)
-                            self._cv.notify_all()
-                            continue
                     else:
                         h = self.held[p] = _Held(self.sizes[p], t)
                         self.resident_bytes += h.nbytes
                         self.peak_bytes = max(self.peak_bytes, self.resident_bytes)
-                for n in self.pages[p]:
-                    if h.ready:
-                        break
-                    a = self.source.host(n)  # raises PagingError naming the file and tensor
+                if not h.ready:
+                    for n in self.pages[p]:
+                        a = self.source.host(n)  # raises PagingError naming the file and tensor
+                        with self._cv:
+                            h.arrays[n] = a
+                            self.host_bytes += a.nbytes
+                            self.peak_host_bytes = max(self.peak_host_bytes, self.host_bytes)
                     with self._cv:
-                        h.arrays[n] = a
-                        self.host_bytes += a.nbytes
-                        self.peak_host_bytes = max(self.peak_host_bytes, self.host_bytes)
+                        h.ready = True
+                        self.loaded_bytes += h.nbytes
+                self.kv.read(t)
                 with self._cv:
-                    h.ready = True
-                    self.loaded_bytes += h.nbytes
                     self.resident.signal(t + 1)
                     self._cv.notify_all()
         except BaseException as exc:
@@ -351,4 +379,5 @@ class Pager:
             self.loaded_bytes += h.nbytes
             self.peak_bytes = max(self.peak_bytes, self.resident_bytes)
         h.last = t
+        self.kv.read(t)
         self.resident.signal(t + 1)

@@ -6,6 +6,7 @@ parameters replaced by stand-ins that cost no memory.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -22,6 +23,7 @@ SKIP = ("segc.",)  # pseudo equations (cuts, markers, fences, windows) make noth
 # operations MLX runs as views (no new buffer): always, and when their input is a parameter
 ALWAYS_VIEWS = frozenset({"Broadcast", "BroadcastAxes", "Squeeze", "ExpandDims", "StopGradient"})
 VIEWS = ALWAYS_VIEWS | {"Transpose", "Reshape", "Flatten", "Unflatten", "Slice", "View", "AsStrided"}
+_STATE = re.compile(r"state\[(\d+)\]\.")  # a state input's path: the index of its cache
 
 
 @dataclass(frozen=True)
@@ -38,9 +40,17 @@ class CallPlan:
     kept: tuple[int, ...]  # per band: the bytes of the graph outputs it makes
     stash: tuple[int, ...]  # per band: the bytes of what it hands to later segments
     state: int  # the call's KV buffers (its state inputs)
+    band_state: tuple[int, ...] = ()  # per band: the bytes of its layers' state inputs
+    head: int = 0  # the bytes of the outputs the model's head makes (the logits)
+    # per layer: (shape, dtype) of each state output its segment makes, in output order
+    kv_avals: tuple[tuple[tuple[tuple[int, ...], str], ...], ...] = ()
 
     def reserve(self, chunks: int = 1) -> int:
         return max(self.temps) + sum(self.kept) + chunks * sum(self.stash) + self.state
+
+    def band_kv(self, k: int) -> int:
+        """Band ``k``'s KV bytes in a call: its layers' state inputs and new buffers."""
+        return self.band_state[k] + self.kept[k] - (self.head if k == len(self.kept) - 1 else 0)
 
 
 def band_members(n_layers: int, band: int) -> list[range]:
@@ -56,7 +66,18 @@ def call_plan(g: Graph, n_layers: int, band: int) -> CallPlan:
     vs = g.vars()
     params = {i.var.name: i.path for i in g.inputs if i.kind == "param"}
     state = sum(vs[i.var.name].nbytes for i in g.inputs if i.kind == "state")
+    per_layer = [0] * n_layers  # state input bytes by the cache's index (``state[i].keys``)
+    for i in g.inputs:
+        m = _STATE.match(i.path) if i.kind == "state" else None
+        if m is not None and int(m.group(1)) < n_layers:
+            per_layer[int(m.group(1))] += vs[i.var.name].nbytes
     outputs = set(g.outputs)
+    order = {v: n for n, v in enumerate(g.outputs)}
+    kv_avals = tuple(
+        tuple((vs[v].shape, vs[v].dtype) for v in sorted((v for v in s.outputs if v in outputs), key=order.__getitem__))
+        for s in segs[:n_layers]
+    )
+    head = sum(vs[v].nbytes for v in segs[n_layers].outputs if v in outputs)
     views = set(params)  # parameters, and views of them
     pages, temps, kept, stash = [], [], [], []
     for members in band_members(n_layers, band):
@@ -81,7 +102,8 @@ def call_plan(g: Graph, n_layers: int, band: int) -> CallPlan:
         temps.append(made)
         kept.append(keep)
         stash.append(out)
-    return CallPlan(tuple(pages), tuple(temps), tuple(kept), tuple(stash), state)
+    band_state = tuple(sum(per_layer[i] for i in members) for members in band_members(n_layers, band))
+    return CallPlan(tuple(pages), tuple(temps), tuple(kept), tuple(stash), state, band_state, head, kv_avals)
 
 
 def _container(model: nn.Module, path: str) -> tuple[Any, Any]:
