@@ -21,7 +21,16 @@ device
 
 The device starts segment ``k`` when the host is ``p_k`` into it and segment ``k - 1``
 is done: ``H_k = H_{k-1} + h_k``, ``D_k = max(max(D_{k-1}, H_{k-1} + p_k) + d_k, H_k)``
-(``encode = 0``: ``max(D_{k-1}, H_k) + d_k``); the prediction is ``D_last``. More segments start the device earlier (less of the host's work is ahead of
+(``encode = 0``: ``max(D_{k-1}, H_k) + d_k``); the prediction is ``D_last``.
+
+*Queue*: MLX's CPU build lets the host run only a bounded number of kernels ahead of
+the device (its dispatch waits while too many are outstanding), so the host cannot
+prepare a segment long before the device needs it. With ``queue > 0`` (seconds of
+device work; 0: unbounded, the GPU default) the host starts preparing segment ``k`` no
+earlier than ``D_{k-1} - queue``, and the device starts it at
+``max(D_{k-1}, H_{k-1} + p_k, D_{k-1} - queue + p_k)``: a segment whose preparation
+``p_k`` exceeds the queue stalls the device by ``p_k - queue``, wherever it lies in the
+plan. So a plan pays for its largest segments, not only its first. More segments start the device earlier (less of the host's work is ahead of
 it) and cost ``dispatch + launch`` each: the trade-off a plan makes.
 
 That is the pipeline when every segment is committed (the commit policy ``"segment"``,
@@ -79,6 +88,7 @@ class MachineModel:
     encode_s: float = 0.0  # host: per kernel, while the device already runs the segment's first ones
     commit_s: float = 0.0  # host: per commit (commits.py); the device starts the committed work after it
     device: str = "cpu"  # "cpu" or "gpu": what the commit policy "auto" means here
+    queue_s: float = 0.0  # host: the device work it may have queued ahead (MLX throttles it); 0: unbounded
 
     def roofline(self) -> Machine:
         return Machine(self.name, self.flops_per_s, self.bytes_per_s)
@@ -103,7 +113,7 @@ class MachineModel:
             raise ScheduleError(f"machine model: device must be one of {DEVICES}, got {m.device!r}")
         for f in fields(m):
             v = getattr(m, f.name)
-            low = 0 if f.name in ("encode_s", "commit_s") else 1e-300
+            low = 0 if f.name in ("encode_s", "commit_s", "queue_s") else 1e-300
             if f.name not in ("name", "source", "device") and not (isinstance(v, int | float) and v >= low):
                 raise ScheduleError(f"machine model: {f.name} must be a positive number, got {v!r}")
         return m
@@ -119,7 +129,9 @@ class MachineModel:
             raise ScheduleError(f"cannot read machine model {path}: {exc}") from None
 
 
-CPU = MachineModel()
+# MLX's CPU build: ~1 us of host work per kernel before the device may start a segment, and
+# the host throttled to a bounded queue of outstanding kernels (docs/experiments.md)
+CPU = MachineModel(host_op_s=1e-6, queue_s=100e-6)
 # MLX's CUDA build: ~20 us per compiled segment without a commit, ~100-170 us per commit
 H200 = MachineModel("h200", 790e12, 4.8e12, 4e-6, 20e-6, 1e-6, "default", 4e-6, 130e-6, "gpu")
 
@@ -239,24 +251,30 @@ def pipeline_time(
     commits: Sequence[bool] | None = None,
     commit_s: Any = 0.0,
     maximum: Callable[[Any, Any], Any] = max,
+    queue_s: Any = 0.0,
 ) -> Any:
     """The end of the two-stage pipeline (module docstring): the device starts segment
     k when it is done with k-1 and the host has done ``pre[k]`` of its ``host[k]``
     (all of it unless given) and committed it, and ends it no sooner than the host
     does. ``commits`` (default: every segment) says which segments are committed
     right after them, each commit costing the host ``commit_s``; the last always is.
+    ``queue_s`` (0: unbounded) is how much device work the host may have queued: a
+    committed segment's preparation starts no earlier than ``queue_s`` before the
+    device is done with what came before it (module docstring, "queue").
     The figures may be numpy arrays (``maximum=np.maximum``): one pipeline per element,
     as calibration evaluates many machine models at once."""
     h: Any = 0.0
     d: Any = 0.0
     queued: Any = 0.0  # device work dispatched since the last commit
     last = len(host) - 1
+    queue = None if isinstance(queue_s, int | float) and queue_s <= 0 else queue_s
     for k, (hk, dk) in enumerate(zip(host, device)):
         if commits is not None and not commits[k] and k < last:
             h = h + hk
             queued = queued + dk
             continue
-        release = h + (pre[k] if pre is not None else hk) + commit_s
+        start = h if queue is None else maximum(h, d - queue)
+        release = start + (pre[k] if pre is not None else hk) + commit_s
         h = h + hk + commit_s
         d = maximum(maximum(d, release) + queued + dk, h)
         queued = 0.0
@@ -296,7 +314,9 @@ def timed(segs: Sequence[SegmentTime], m: MachineModel) -> TimePrediction:
     """The prediction for segments already costed (``SegmentTime``), their commits as
     flagged, with ``m``'s per-commit cost."""
     flags = [s.commit for s in segs]
-    total = pipeline_time([s.host for s in segs], [s.device for s in segs], [s.pre for s in segs], flags, m.commit_s)
+    total = pipeline_time(
+        [s.host for s in segs], [s.device for s in segs], [s.pre for s in segs], flags, m.commit_s, max, m.queue_s
+    )
     n = commit_count(tuple(flags))
     host = sum(s.host for s in segs) + n * m.commit_s
     return TimePrediction(total, host, sum(s.device for s in segs), tuple(segs), n)

@@ -4,7 +4,8 @@ Each :class:`Observation` is one plan of one workload: its segments as the cost 
 costed them with a base machine model (``costmodel.predict_time(..., commit=...)``:
 each segment's work at the base rates, its kernels, whether it is committed) and the
 measured seconds of a call. :func:`fit_machine` finds the machine figures that predict
-those seconds best: the per-kernel, per-segment and per-commit overheads, shared by
+those seconds best: the per-kernel, per-segment and per-commit overheads and the
+host's queue (``queue_s``), shared by
 every observation, and a throughput ``scale`` (the factor by which real kernels are
 slower than the base rates: the bandwidth and FLOP rate are divided by it), one per
 group (``scales="group"``: a decode step's small matrix-vector products and a
@@ -24,7 +25,8 @@ Levenberg-Marquardt from the best few, all evaluated at once
 
 A figure the observations cannot tell apart is left at the base model's value:
 ``commit_s`` when every segment of every observation is committed (it then only adds
-to ``dispatch_s``). ``launch_s`` and a scale are told apart only by segments whose
+to ``dispatch_s``), and ``queue_s`` when the base model's is 0 (an unbounded queue,
+the GPU's: nothing to fit). ``launch_s`` and a scale are told apart only by segments whose
 work per kernel differs (a shared scale over decode and prefill; with a scale per
 workload only the head and the layers differ): weakly, so only their sum is
 meaningful there.
@@ -49,8 +51,9 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "host_op_s": (1e-9, 1e-4),
     "commit_s": (1e-7, 1e-2),
     "encode_s": (1e-9, 1e-4),
+    "queue_s": (1e-7, 1e-2),
 }
-FREE = ("scale", "launch_s", "dispatch_s", "host_op_s", "commit_s")
+FREE = ("scale", "launch_s", "dispatch_s", "host_op_s", "commit_s", "queue_s")
 
 
 @dataclass(frozen=True)
@@ -93,7 +96,7 @@ def predict_many(obs: Sequence[Observation], base: MachineModel, values: dict[st
         host = [dp + (ho + en) * k for k in ks]
         dev = [sc * s.work + ln * k for s, k in zip(o.segments, ks)]
         flags = [s.commit for s in o.segments]
-        out[:, j] = pipeline_time(host, dev, pre, flags, cm, maximum=np.maximum)
+        out[:, j] = pipeline_time(host, dev, pre, flags, cm, np.maximum, values.get("queue_s", base.queue_s))
     return out
 
 
@@ -116,10 +119,10 @@ def loss(pred: np.ndarray, obs: Sequence[Observation], level_weight: float = 0.1
     return (residuals(pred, obs, level_weight) ** 2).sum(axis=1)
 
 
-def identifiable(obs: Sequence[Observation], free: Sequence[str]) -> tuple[str, ...]:
+def identifiable(obs: Sequence[Observation], free: Sequence[str], base: MachineModel) -> tuple[str, ...]:
     """``free`` less the figures the observations cannot determine (module docstring)."""
     every = all(s.commit for o in obs for s in o.segments)
-    return tuple(f for f in free if not (f == "commit_s" and every))
+    return tuple(f for f in free if not (f == "commit_s" and every) and not (f == "queue_s" and base.queue_s <= 0))
 
 
 def fit_machine(
@@ -147,7 +150,7 @@ def fit_machine(
     if scales not in ("group", "shared"):
         raise SegcError(f"calibration: scales must be 'group' or 'shared', not {scales!r}")
     groups = list(dict.fromkeys(o.group for o in obs))
-    free_ = identifiable(obs, free)
+    free_ = identifiable(obs, free, base)
     names = [n for n in free_ if n != "scale"]
     if "scale" in free_:
         names += [f"scale:{g}" for g in groups] if scales == "group" else ["scale"]

@@ -4,6 +4,8 @@ shapes, the machine's figures and the pipeline recurrence of
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from segc.ir import parse
@@ -83,3 +85,21 @@ graph f(%a0: f32[1,8] arg="0", %s0: f32[4,8] state="cache.k") {
 """
     m = predict_memory(parse(src))
     assert (m.inputs, m.activations) == (32 + 128, 128)  # only Exp's output is new
+
+
+def test_a_bounded_queue_exposes_a_segments_preparation() -> None:
+    # device-bound: each matmul moves 512 B at 1 MB/s (512 us), far more than the host's
+    # 11 us per segment (dispatch and one kernel). Unbounded, the host prepares segment 2
+    # while the device runs segment 1; with 5 us of queue the host may start it only 5 us
+    # before the device is done, so the device waits the rest of it: 11 - 5 = 6 us
+    slow = MachineModel("slow", 1e9, 1e6, launch_s=1e-6, dispatch_s=1e-5, host_op_s=1e-6)
+    pre = 1e-5 + 1e-6
+    dev0, dev1 = 512e-6 + 1e-6, 512e-6 + 1e-6 + 128e-6  # segment 2 also reads v0 (128 B)
+    free = predict_time(parse(TWO), slow)
+    assert free.total == pytest.approx(pre + dev0 + dev1)
+    bounded = predict_time(parse(TWO), replace(slow, queue_s=5e-6))
+    assert bounded.total - free.total == pytest.approx(pre - 5e-6)
+    roomy = predict_time(parse(TWO), replace(slow, queue_s=20e-6))  # more queue than preparation: no stall
+    assert roomy.total == pytest.approx(free.total)
+    one = predict_time(run_pass("strip_cuts", parse(TWO)), replace(slow, queue_s=5e-6))
+    assert one.total == pytest.approx(1e-5 + 2e-6 + 2 * (512e-6 + 1e-6))  # the first segment waits anyway
