@@ -87,10 +87,12 @@ class Job:
 
 
 def time_in_processes(
-    job: Job, processes: int, *, done: Callable[[int, float], None] | None = None, timeout: float | None = None
+    job: Job, processes: int, *, done: Callable[[int, float], None] | None = None, timeout: float = 900.0
 ) -> list[list[list[Timed]]]:
     """Run ``job`` in ``processes`` fresh processes, one after another; per workload, per
-    plan, per process: its calls. ``done(process, seconds)`` after each."""
+    plan, per process: its calls. ``done(process, seconds)`` after each. A process that
+    outlasts ``timeout`` seconds (a hang: far longer than a sweep's process takes) is killed
+    and raises a ``SegcError``."""
     root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
     res: list[list[list[Timed]]] = [[[] for _ in plans] for _, plans in job.workloads]
