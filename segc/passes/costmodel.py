@@ -70,10 +70,9 @@ small machine, ``H200`` for the GPU in bf16.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any
 
 from ..errors import ScheduleError
 from ..ir import Eqn, Graph, segments
@@ -81,6 +80,7 @@ from ..lower.prim import lookup
 from .analysis import Liveness, Machine, eqn_bytes, eqn_flops, is_view, liveness, ops
 from .commits import DEVICES, commit_count, commit_flags
 from .legalize import fusion_groups
+from .overlap import pipeline_time, queue_lead
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,64 +258,6 @@ def _span_in_bytes(lv: Liveness, os_: list, a: int, b: int) -> int:
     return sum(lv.nbytes[r] for r in seen if lv.defined.get(r, a) < a)
 
 
-def queue_lead(oc: OpCosts, queue_kernels: float) -> tuple[list[float], list[float]]:
-    """Per point ``a`` (0..ops): the device work (launches left out) and the kernels of
-    the last ``queue_kernels`` kernels before op ``a``, in program order (module
-    docstring, "queue"); zeros when unbounded (0)."""
-    n = len(oc.device)
-    if queue_kernels <= 0:
-        return [0.0] * (n + 1), [0.0] * (n + 1)
-    kc, wc = [0.0], [0.0]
-    for dv, kn in zip(oc.device, oc.kernels):
-        kc.append(kc[-1] + kn)
-        wc.append(wc[-1] + dv)
-    work, kern = [], []
-    b = 0
-    for a in range(n + 1):  # b: the first point with at most queue_kernels kernels from it to a
-        while kc[a] - kc[b] > queue_kernels:
-            b += 1
-        work.append(wc[a] - wc[b])
-        kern.append(kc[a] - kc[b])
-    return work, kern
-
-
-def pipeline_time(
-    host: Sequence[Any],
-    device: Sequence[Any],
-    pre: Sequence[Any] | None = None,
-    commits: Sequence[bool] | None = None,
-    commit_s: Any = 0.0,
-    maximum: Callable[[Any, Any], Any] = max,
-    queue: Sequence[Any] | None = None,
-) -> Any:
-    """The end of the two-stage pipeline (module docstring): the device starts segment
-    k when it is done with k-1 and the host has done ``pre[k]`` of its ``host[k]``
-    (all of it unless given) and committed it, and ends it no sooner than the host
-    does. ``commits`` (default: every segment) says which segments are committed
-    right after them, each commit costing the host ``commit_s``; the last always is.
-    ``queue`` (None: unbounded), per segment, is the device work the host leaves
-    queued when throttled (``SegmentTime.queue``): a committed segment's preparation
-    starts no earlier than ``queue[k]`` before the device is done with what came
-    before it (module docstring, "queue").
-    The figures may be numpy arrays (``maximum=np.maximum``): one pipeline per element,
-    as calibration evaluates many machine models at once."""
-    h: Any = 0.0
-    d: Any = 0.0
-    queued: Any = 0.0  # device work dispatched since the last commit
-    last = len(host) - 1
-    for k, (hk, dk) in enumerate(zip(host, device)):
-        if commits is not None and not commits[k] and k < last:
-            h = h + hk
-            queued = queued + dk
-            continue
-        start = h if queue is None or k == 0 else maximum(h, d - queue[k])
-        release = start + (pre[k] if pre is not None else hk) + commit_s
-        h = h + hk + commit_s
-        d = maximum(maximum(d, release) + queued + dk, h)
-        queued = 0.0
-    return d
-
-
 def predict_time(g: Graph, m: MachineModel | None = None, commit: str = "segment") -> TimePrediction:
     """The predicted wall time of one call of ``g`` cut as it is, its segments
     committed as the runtime's ``commit`` policy does (``commits.py``; ``"auto"``
@@ -325,7 +267,7 @@ def predict_time(g: Graph, m: MachineModel | None = None, commit: str = "segment
     os_ = ops(g)
     oc = op_costs(g, m)
     flags = commit_flags(g, commit, m.device)
-    qw, qn = queue_lead(oc, m.queue_kernels)
+    qw, qn = queue_lead(oc.device, oc.kernels, m.queue_kernels)
     segs: list[SegmentTime] = []
     k = 0
     for s, flag in zip(segments(g), flags):

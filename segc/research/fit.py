@@ -20,7 +20,7 @@ figure the calibration plans hardly constrain stays near the base model's instea
 fitting their noise (four plans and four overheads can always be fitted exactly). It is
 minimised in log space: a few thousand machine models drawn over the bounds, then
 Levenberg-Marquardt from the best few, all evaluated at once
-(``costmodel.pipeline_time`` over numpy arrays). Deterministic for a seed.
+(``overlap.pipeline_time`` over numpy arrays). Deterministic for a seed.
 
 A figure the observations cannot tell apart is left at the base model's value:
 ``commit_s`` when every segment of every observation is committed (it then only adds
@@ -42,7 +42,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import SegcError
-from ..passes.costmodel import MachineModel, SegmentTime, pipeline_time
+from ..passes.costmodel import MachineModel, SegmentTime
+from ..passes.overlap import pipeline_time
 
 BOUNDS: dict[str, tuple[float, float]] = {
     "scale": (1e-2, 1e2),
