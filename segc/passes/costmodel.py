@@ -24,13 +24,22 @@ is done: ``H_k = H_{k-1} + h_k``, ``D_k = max(max(D_{k-1}, H_{k-1} + p_k) + d_k,
 (``encode = 0``: ``max(D_{k-1}, H_k) + d_k``); the prediction is ``D_last``.
 
 *Queue*: MLX's CPU build lets the host run only a bounded number of kernels ahead of
-the device (its dispatch waits while too many are outstanding), so the host cannot
-prepare a segment long before the device needs it. With ``queue > 0`` (seconds of
-device work; 0: unbounded, the GPU default) the host starts preparing segment ``k`` no
-earlier than ``D_{k-1} - queue``, and the device starts it at
-``max(D_{k-1}, H_{k-1} + p_k, D_{k-1} - queue + p_k)``: a segment whose preparation
-``p_k`` exceeds the queue stalls the device by ``p_k - queue``, wherever it lies in the
-plan. So a plan pays for its largest segments, not only its first. More segments start the device earlier (less of the host's work is ahead of
+the device: its eval loop waits while more than 10 scheduler tasks are outstanding,
+and the CPU encoder makes a task of every 10th dispatch, a primitive dispatching its
+kernel and a closure holding its buffers (``mlx/transforms.cpp``,
+``mlx/backend/cpu/encoder.h``): some 50 primitives (``benchmarks/cpu_queue.py``
+measures 42-65). With ``queue_kernels = Q > 0`` (0: unbounded, the GPU default) the
+host, throttled, is done with segment ``k - 1`` no earlier than the device's last ``Q``
+kernels before the cut (in program order, whichever segments they lie in) are left:
+``q_k``, their device time (``queue_lead``: their fused roofline and launches, the
+plan's boundary traffic left out), so it starts preparing segment ``k`` no earlier than
+``D_{k-1} - q_k`` and the device starts it at
+``max(D_{k-1}, H_{k-1} + p_k, D_{k-1} - q_k + p_k)``: a segment whose preparation
+``p_k`` exceeds the queue before it stalls the device by ``p_k - q_k``, wherever it
+lies in the plan; a cut after a run of cheap kernels (a short queue) stalls more than
+one after matrix products. So a plan pays for its largest segments, not only its
+first. (The host's end, ``max(H_k, D_k - q_{k+1})``, is carried as ``H_k`` and the
+bound applied at the next segment: the same when ``encode = 0``, the CPU's.) More segments start the device earlier (less of the host's work is ahead of
 it) and cost ``dispatch + launch`` each: the trade-off a plan makes.
 
 That is the pipeline when every segment is committed (the commit policy ``"segment"``,
@@ -61,10 +70,9 @@ small machine, ``H200`` for the GPU in bf16.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any
 
 from ..errors import ScheduleError
 from ..ir import Eqn, Graph, segments
@@ -72,6 +80,7 @@ from ..lower.prim import lookup
 from .analysis import Liveness, Machine, eqn_bytes, eqn_flops, is_view, liveness, ops
 from .commits import DEVICES, commit_count, commit_flags
 from .legalize import fusion_groups
+from .overlap import pipeline_time, queue_lead
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +97,7 @@ class MachineModel:
     encode_s: float = 0.0  # host: per kernel, while the device already runs the segment's first ones
     commit_s: float = 0.0  # host: per commit (commits.py); the device starts the committed work after it
     device: str = "cpu"  # "cpu" or "gpu": what the commit policy "auto" means here
-    queue_s: float = 0.0  # host: the device work it may have queued ahead (MLX throttles it); 0: unbounded
+    queue_kernels: float = 0.0  # host: the kernels it may have outstanding (MLX throttles it); 0: unbounded
 
     def roofline(self) -> Machine:
         return Machine(self.name, self.flops_per_s, self.bytes_per_s)
@@ -103,6 +112,7 @@ class MachineModel:
             if d.get("segc_machine") != 1:
                 raise ScheduleError("not a segc machine model (no 'segc_machine': 1)")
             known = {f.name for f in fields(MachineModel)}
+            d.pop("queue_s", None)  # a former figure (the queue as a duration): superseded by queue_kernels
             unknown = sorted(set(d) - known - {"segc_machine"})
             if unknown:
                 raise ScheduleError(f"machine model: unknown fields {unknown}")
@@ -113,7 +123,7 @@ class MachineModel:
             raise ScheduleError(f"machine model: device must be one of {DEVICES}, got {m.device!r}")
         for f in fields(m):
             v = getattr(m, f.name)
-            low = 0 if f.name in ("encode_s", "commit_s", "queue_s") else 1e-300
+            low = 0 if f.name in ("encode_s", "commit_s", "queue_kernels") else 1e-300
             if f.name not in ("name", "source", "device") and not (isinstance(v, int | float) and v >= low):
                 raise ScheduleError(f"machine model: {f.name} must be a positive number, got {v!r}")
         return m
@@ -130,8 +140,8 @@ class MachineModel:
 
 
 # MLX's CPU build: ~1 us of host work per kernel before the device may start a segment, and
-# the host throttled to a bounded queue of outstanding kernels (docs/experiments.md)
-CPU = MachineModel(host_op_s=1e-6, queue_s=100e-6)
+# the host throttled to ~50 outstanding kernels (module docstring, docs/experiments.md)
+CPU = MachineModel(host_op_s=1e-6, queue_kernels=50)
 # MLX's CUDA build: ~20 us per compiled segment without a commit, ~100-170 us per commit
 H200 = MachineModel("h200", 790e12, 4.8e12, 4e-6, 20e-6, 1e-6, "default", 4e-6, 130e-6, "gpu")
 
@@ -220,13 +230,17 @@ class SegmentTime:
     work: float = 0.0  # of device: all but the launches
     pre: float = 0.0  # of host: before the device may start the segment
     commit: bool = True  # the dispatch loop commits right after it (the last segment: the caller's mx.eval)
+    queue: float = 0.0  # device seconds of the queue before it (queue_lead): work plus launches
+    queue_work: float = 0.0  # of queue: all but the launches
+    queue_n: float = 0.0  # of queue: the kernels in it
 
     def retimed(self, m: MachineModel) -> SegmentTime:
         """The same segment with ``m``'s per-kernel and per-segment figures (its
         bandwidth and FLOP rate kept): what calibration fits."""
         pre = m.dispatch_s + m.host_op_s * self.kernels
         host = pre + m.encode_s * self.kernels
-        return replace(self, host=host, device=self.work + m.launch_s * self.kernels, pre=pre)
+        dev = self.work + m.launch_s * self.kernels
+        return replace(self, host=host, device=dev, pre=pre, queue=self.queue_work + m.launch_s * self.queue_n)
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,43 +258,6 @@ def _span_in_bytes(lv: Liveness, os_: list, a: int, b: int) -> int:
     return sum(lv.nbytes[r] for r in seen if lv.defined.get(r, a) < a)
 
 
-def pipeline_time(
-    host: Sequence[Any],
-    device: Sequence[Any],
-    pre: Sequence[Any] | None = None,
-    commits: Sequence[bool] | None = None,
-    commit_s: Any = 0.0,
-    maximum: Callable[[Any, Any], Any] = max,
-    queue_s: Any = 0.0,
-) -> Any:
-    """The end of the two-stage pipeline (module docstring): the device starts segment
-    k when it is done with k-1 and the host has done ``pre[k]`` of its ``host[k]``
-    (all of it unless given) and committed it, and ends it no sooner than the host
-    does. ``commits`` (default: every segment) says which segments are committed
-    right after them, each commit costing the host ``commit_s``; the last always is.
-    ``queue_s`` (0: unbounded) is how much device work the host may have queued: a
-    committed segment's preparation starts no earlier than ``queue_s`` before the
-    device is done with what came before it (module docstring, "queue").
-    The figures may be numpy arrays (``maximum=np.maximum``): one pipeline per element,
-    as calibration evaluates many machine models at once."""
-    h: Any = 0.0
-    d: Any = 0.0
-    queued: Any = 0.0  # device work dispatched since the last commit
-    last = len(host) - 1
-    queue = None if isinstance(queue_s, int | float) and queue_s <= 0 else queue_s
-    for k, (hk, dk) in enumerate(zip(host, device)):
-        if commits is not None and not commits[k] and k < last:
-            h = h + hk
-            queued = queued + dk
-            continue
-        start = h if queue is None else maximum(h, d - queue)
-        release = start + (pre[k] if pre is not None else hk) + commit_s
-        h = h + hk + commit_s
-        d = maximum(maximum(d, release) + queued + dk, h)
-        queued = 0.0
-    return d
-
-
 def predict_time(g: Graph, m: MachineModel | None = None, commit: str = "segment") -> TimePrediction:
     """The predicted wall time of one call of ``g`` cut as it is, its segments
     committed as the runtime's ``commit`` policy does (``commits.py``; ``"auto"``
@@ -290,6 +267,7 @@ def predict_time(g: Graph, m: MachineModel | None = None, commit: str = "segment
     os_ = ops(g)
     oc = op_costs(g, m)
     flags = commit_flags(g, commit, m.device)
+    qw, qn = queue_lead(oc.device, oc.kernels, m.queue_kernels)
     segs: list[SegmentTime] = []
     k = 0
     for s, flag in zip(segments(g), flags):
@@ -305,7 +283,9 @@ def predict_time(g: Graph, m: MachineModel | None = None, commit: str = "segment
             loss = 2 * split / m.bytes_per_s + m.launch_s
         kern = sum(oc.kernels[a:b]) + (loss > 0)
         work = sum(oc.device[a:b]) + in_b / m.bytes_per_s + (2 * split / m.bytes_per_s if loss else 0.0)
-        seg = SegmentTime(s.name, n, 0.0, 0.0, in_b / m.bytes_per_s, loss, kern, work, commit=flag)
+        seg = SegmentTime(
+            s.name, n, 0.0, 0.0, in_b / m.bytes_per_s, loss, kern, work, commit=flag, queue_work=qw[a], queue_n=qn[a]
+        )
         segs.append(seg.retimed(m))
     return timed(segs, m)
 
@@ -315,7 +295,13 @@ def timed(segs: Sequence[SegmentTime], m: MachineModel) -> TimePrediction:
     flagged, with ``m``'s per-commit cost."""
     flags = [s.commit for s in segs]
     total = pipeline_time(
-        [s.host for s in segs], [s.device for s in segs], [s.pre for s in segs], flags, m.commit_s, max, m.queue_s
+        [s.host for s in segs],
+        [s.device for s in segs],
+        [s.pre for s in segs],
+        flags,
+        m.commit_s,
+        max,
+        [s.queue for s in segs] if m.queue_kernels > 0 else None,
     )
     n = commit_count(tuple(flags))
     host = sum(s.host for s in segs) + n * m.commit_s

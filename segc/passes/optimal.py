@@ -10,9 +10,10 @@
 - :class:`Optimal` (``optimal[:B]``): the plan of least predicted time
   (``costmodel.predict_time``, a commit after every segment: the policy ``"segment"``)
   under an optional working-set budget. The pipeline's
-  end ``D_k = max(max(D_{k-1}, H_{k-1} + p_k, D_{k-1} - queue + p_k) + d_k, H_k)`` depends
+  end ``D_k = max(max(D_{k-1}, H_{k-1} + p_k, D_{k-1} - q_k + p_k) + d_k, H_k)`` depends
   on the host's time ``H_k``, which depends only on the number of segments so far and
-  the point reached, and grows with ``D_{k-1}``; so the DP runs over (segments so far,
+  the point reached, and grows with ``D_{k-1}``; the queue ``q_k`` depends only on the
+  point segment ``k`` starts at (``overlap.queue_lead``); so the DP runs over (segments so far,
   point), with numpy over the previous point. At most
   ``max_segments`` segments (64 unless told).
 """
@@ -27,6 +28,7 @@ from ..ir import Eqn, Graph
 from .analysis import Liveness, liveness, ops
 from .costmodel import MachineModel, default_model, op_costs
 from .legalize import legal_points
+from .overlap import queue_lead
 from .plan import Plan, plan_at
 
 
@@ -152,12 +154,15 @@ class Optimal:
         D = [np.where(pts == 0, 0.0, np.inf)]
         arg: list[np.ndarray] = [np.zeros(q, dtype=int)]
         best_s, best_t = -1, np.inf
-        # the host prepares a segment (dispatch, commit, its kernels) no earlier than queue_s
-        # before the device is done with the segments before it (costmodel.pipeline_time)
-        own = seg_s + m.host_op_s * (kp[None, :] - kp[:, None]) - m.queue_s
+        # the host prepares segment (i, j) (dispatch, commit, its kernels) no earlier than the
+        # queue before point i (the device time of its last queue_kernels kernels) before the
+        # device is done with the segments before it (overlap.pipeline_time); none for i = 0
+        qw, qn = (np.array(x) for x in queue_lead(oc.device, oc.kernels, m.queue_kernels))
+        lead = np.where(pts == 0, 1e30, qw[pts] + m.launch_s * qn[pts])  # finite: inf - inf is nan
+        own = seg_s + m.host_op_s * (kp[None, :] - kp[:, None]) - lead[:, None]
         for s in range(1, max(1, self.max_segments) + 1):
             start = np.maximum(D[-1][:, None], s * seg_s + pre_at)
-            if m.queue_s > 0:  # 0: unbounded
+            if m.queue_kernels > 0:  # 0: unbounded
                 start = np.maximum(start, D[-1][:, None] + own)
             cand = np.maximum(start + d, (s * seg_s + end_at)[None, :])
             a = np.argmin(cand, axis=0)

@@ -4,8 +4,7 @@ Each :class:`Observation` is one plan of one workload: its segments as the cost 
 costed them with a base machine model (``costmodel.predict_time(..., commit=...)``:
 each segment's work at the base rates, its kernels, whether it is committed) and the
 measured seconds of a call. :func:`fit_machine` finds the machine figures that predict
-those seconds best: the per-kernel, per-segment and per-commit overheads and the
-host's queue (``queue_s``), shared by
+those seconds best: the per-kernel, per-segment and per-commit overheads, shared by
 every observation, and a throughput ``scale`` (the factor by which real kernels are
 slower than the base rates: the bandwidth and FLOP rate are divided by it), one per
 group (``scales="group"``: a decode step's small matrix-vector products and a
@@ -21,12 +20,13 @@ figure the calibration plans hardly constrain stays near the base model's instea
 fitting their noise (four plans and four overheads can always be fitted exactly). It is
 minimised in log space: a few thousand machine models drawn over the bounds, then
 Levenberg-Marquardt from the best few, all evaluated at once
-(``costmodel.pipeline_time`` over numpy arrays). Deterministic for a seed.
+(``overlap.pipeline_time`` over numpy arrays). Deterministic for a seed.
 
 A figure the observations cannot tell apart is left at the base model's value:
 ``commit_s`` when every segment of every observation is committed (it then only adds
-to ``dispatch_s``), and ``queue_s`` when the base model's is 0 (an unbounded queue,
-the GPU's: nothing to fit). ``launch_s`` and a scale are told apart only by segments whose
+to ``dispatch_s``). The host's queue (``queue_kernels``) is the base model's, not
+fitted: MLX's source fixes it; its device time follows the fitted launches and scale.
+``launch_s`` and a scale are told apart only by segments whose
 work per kernel differs (a shared scale over decode and prefill; with a scale per
 workload only the head and the layers differ): weakly, so only their sum is
 meaningful there.
@@ -42,7 +42,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import SegcError
-from ..passes.costmodel import MachineModel, SegmentTime, pipeline_time
+from ..passes.costmodel import MachineModel, SegmentTime
+from ..passes.overlap import pipeline_time
 
 BOUNDS: dict[str, tuple[float, float]] = {
     "scale": (1e-2, 1e2),
@@ -51,9 +52,8 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "host_op_s": (1e-9, 1e-4),
     "commit_s": (1e-7, 1e-2),
     "encode_s": (1e-9, 1e-4),
-    "queue_s": (1e-7, 1e-2),
 }
-FREE = ("scale", "launch_s", "dispatch_s", "host_op_s", "commit_s", "queue_s")
+FREE = ("scale", "launch_s", "dispatch_s", "host_op_s", "commit_s")
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,8 @@ def predict_many(obs: Sequence[Observation], base: MachineModel, values: dict[st
         host = [dp + (ho + en) * k for k in ks]
         dev = [sc * s.work + ln * k for s, k in zip(o.segments, ks)]
         flags = [s.commit for s in o.segments]
-        out[:, j] = pipeline_time(host, dev, pre, flags, cm, np.maximum, values.get("queue_s", base.queue_s))
+        queue = [sc * s.queue_work + ln * s.queue_n for s in o.segments] if base.queue_kernels > 0 else None
+        out[:, j] = pipeline_time(host, dev, pre, flags, cm, np.maximum, queue)
     return out
 
 
@@ -122,7 +123,7 @@ def loss(pred: np.ndarray, obs: Sequence[Observation], level_weight: float = 0.1
 def identifiable(obs: Sequence[Observation], free: Sequence[str], base: MachineModel) -> tuple[str, ...]:
     """``free`` less the figures the observations cannot determine (module docstring)."""
     every = all(s.commit for o in obs for s in o.segments)
-    return tuple(f for f in free if not (f == "commit_s" and every) and not (f == "queue_s" and base.queue_s <= 0))
+    return tuple(f for f in free if not (f == "commit_s" and every))
 
 
 def fit_machine(

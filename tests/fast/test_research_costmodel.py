@@ -87,19 +87,36 @@ graph f(%a0: f32[1,8] arg="0", %s0: f32[4,8] state="cache.k") {
     assert (m.inputs, m.activations) == (32 + 128, 128)  # only Exp's output is new
 
 
-def test_a_bounded_queue_exposes_a_segments_preparation() -> None:
-    # device-bound: each matmul moves 512 B at 1 MB/s (512 us), far more than the host's
-    # 11 us per segment (dispatch and one kernel). Unbounded, the host prepares segment 2
-    # while the device runs segment 1; with 5 us of queue the host may start it only 5 us
-    # before the device is done, so the device waits the rest of it: 11 - 5 = 6 us
-    slow = MachineModel("slow", 1e9, 1e6, launch_s=1e-6, dispatch_s=1e-5, host_op_s=1e-6)
-    pre = 1e-5 + 1e-6
-    dev0, dev1 = 512e-6 + 1e-6, 512e-6 + 1e-6 + 128e-6  # segment 2 also reads v0 (128 B)
-    free = predict_time(parse(TWO), slow)
-    assert free.total == pytest.approx(pre + dev0 + dev1)
-    bounded = predict_time(parse(TWO), replace(slow, queue_s=5e-6))
-    assert bounded.total - free.total == pytest.approx(pre - 5e-6)
-    roomy = predict_time(parse(TWO), replace(slow, queue_s=20e-6))  # more queue than preparation: no stall
-    assert roomy.total == pytest.approx(free.total)
-    one = predict_time(run_pass("strip_cuts", parse(TWO)), replace(slow, queue_s=5e-6))
-    assert one.total == pytest.approx(1e-5 + 2e-6 + 2 * (512e-6 + 1e-6))  # the first segment waits anyway
+QUEUED = """\
+graph f(%a0: f32[4,8] arg="0", %p0: f32[8,8] param="w") {
+  %v0: f32[4,8] = Matmul(%a0, %p0) #0
+  %v1: f32[4,8] = Exp(%v0) #1
+  segc.cut() ["c"] #2
+  %v2: f32[4,8] = Matmul(%v1, %p0) #3
+  return (%v2)
+}
+"""
+
+
+def test_a_queue_of_kernels_exposes_a_segments_preparation() -> None:
+    # 1 MB/s: the matmul moves 512 B (512 us), the exp 256 B (256 us), each kernel a 1 us
+    # launch; the host prepares a segment in 600 us (dispatch) + 1 us a kernel. Segment 1:
+    # host 602 us, device 512 + 256 + 2 = 770 us; segment 2 (reads v1, 128 B): 641 us.
+    # Unbounded, the host prepares segment 2 (601 us) by 1203 us, before the device is
+    # done with segment 1 (D1 = 602 + 770 = 1372 us): no stall. With a queue of Q kernels
+    # the host is done with segment 1 only once the device has its last Q kernels left,
+    # so it starts segment 2 at D1 - (their device time) and the device waits the rest:
+    # Q = 1: the exp is left (257 us): 601 - 257 = 344 us; Q = 2 (or more than there are):
+    # the matmul too (770 us), more than the 601 us: no stall.
+    m = MachineModel("slow", 1e9, 1e6, launch_s=1e-6, dispatch_s=600e-6, host_op_s=1e-6)
+    g = parse(QUEUED)
+    free = predict_time(g, m)
+    assert [s.device for s in free.segments] == pytest.approx([770e-6, 641e-6])
+    assert free.total == pytest.approx(602e-6 + 770e-6 + 641e-6)
+    one = predict_time(g, replace(m, queue_kernels=1))
+    assert [s.queue for s in one.segments] == pytest.approx([0.0, 257e-6])
+    assert one.total - free.total == pytest.approx(601e-6 - 257e-6)
+    for q in (2, 50):
+        assert predict_time(g, replace(m, queue_kernels=q)).total == pytest.approx(free.total)
+    whole = predict_time(run_pass("strip_cuts", g), replace(m, queue_kernels=1))
+    assert whole.total == pytest.approx(603e-6 + 512e-6 + 256e-6 + 512e-6 + 3e-6)  # the first segment waits anyway

@@ -1,0 +1,84 @@
+"""Predict an experiment's measured plans again with this checkout's cost model: the
+same measurement (``results.json`` and its ``plans/``), the calibration refitted to its
+calibration plans, every plan predicted again; prints each workload's Spearman over
+every plan and held out, the ceiling and the verdict. Run it under another checkout's
+``PYTHONPATH`` to compare cost models on one measurement.
+
+    python benchmarks/repredict.py out/cpu-decode [--no-queue] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import fields, replace
+from pathlib import Path
+
+from segc.passes.costmodel import CPU, MachineModel
+from segc.passes.plan import Plan, apply_plan
+from segc.research.calibrated import Prepared, calibrate, predict_row
+from segc.research.models import load_model, make_workload
+from segc.research.report import Results
+from segc.staging import jit
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--machine", help="a machine model JSON (default: the run's, as this checkout reads it)")
+    ap.add_argument("--no-queue", action="store_true", help="an unbounded host queue")
+    ap.add_argument("--json", help="write the summary here")
+    args = ap.parse_args()
+    out = Path(args.out)
+    res = json.loads((out / "results.json").read_text())
+    if args.machine:
+        machine = MachineModel.load(args.machine)
+    else:
+        # the run's machine model; a figure it lacks (another checkout's) is the built-in CPU model's
+        known = {f.name for f in fields(MachineModel)}
+        machine = MachineModel(**{k: v for k, v in res["machine"].items() if k in known})
+        missing = {k: getattr(CPU, k) for k in known - set(res["machine"])}
+        machine = replace(machine, **missing)
+    if args.no_queue:
+        machine = replace(machine, **{f: 0 for f in ("queue_s", "queue_kernels") if hasattr(machine, f)})
+    policy = res["experiment"].get("commit_policy", "segment")
+    rows = [dict(r) for r in res["rows"]]
+    fitted = {}
+    for mspec in dict.fromkeys(r["model"] for r in rows):
+        model = load_model(mspec)
+        preps = []
+        for wspec in dict.fromkeys(r["workload"] for r in rows if r["model"] == mspec):
+            wl = make_workload(wspec, model)
+            a, kw = wl.args()
+            g = jit(model, boundaries=res["experiment"].get("boundaries") or None).trace(*a, **kw).graph
+            prep = Prepared(wl, [r for r in rows if r["model"] == mspec and r["workload"] == wspec], [], {}, {})
+            for r in prep.rows:
+                if r.get("plan_file") and "measured_median_s" in r:
+                    plan = Plan.load(out / r["plan_file"])
+                    prep.cuts[id(r)], prep.plans[id(r)] = apply_plan(g, plan), plan
+                    predict_row(r, prep.cuts[id(r)], plan, machine, policy)
+            preps.append(prep)
+        fitted[mspec] = calibrate(machine, policy, preps)
+    summary = Results(machine=machine, rows=rows).summary()
+    for s in summary:
+        held = (s.get("noise") or {}).get("heldout") or {}
+        print(
+            f"{s['model']} {s['workload']}: {s['plans']} plans, Spearman {s['spearman_time']:.2f}, held out "
+            f"({s['heldout_plans']}) {s['spearman_heldout']:.2f}; ceiling {s['noise']['ceiling']:.2f} "
+            f"(held out {held.get('ceiling', float('nan')):.2f}) -> {s['verdict']}; fastest measured "
+            f"{s['fastest_measured']}, predicted {s['fastest_predicted']}"
+        )
+    for mspec, f in fitted.items():
+        m = next(iter(f["machines"].values()))
+        print(mspec, "fitted", {k: m[k] for k in ("launch_s", "dispatch_s", "host_op_s") if k in m}, f["scales"])
+    for r in rows:
+        if "predicted_s" in r and "measured_median_s" in r:
+            print(
+                f"  {r['strategy']:22s} {r['segments']:3d} seg  predicted {1e3 * r['predicted_s']:6.3f} ms  measured {1e3 * r['measured_median_s']:6.3f} ms{'  (held out)' if r.get('held_out') else ''}"
+            )
+    if args.json:
+        Path(args.json).write_text(json.dumps({"summary": summary, "fitted": fitted}, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
