@@ -12,7 +12,8 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
-from hypothesis import given
+from conftest import examples
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from mlx_lm.models.cache import make_prompt_cache
 
@@ -224,3 +225,48 @@ def test_the_cuda_kernel_on_a_decode_step(dtype):
     mask = mx.arange(300)[None] <= 200
     got = np.array(cuda_attention(q, k, v, mask, 0.125).astype(mx.float32))
     np.testing.assert_allclose(got, _f64_attention(q, k, v, mask, 0.125), rtol=tol, atol=tol)
+
+
+@settings(max_examples=examples(6))
+@given(
+    st.sampled_from([(8, 2), (4, 4), (8, 1), (6, 3), (2, 2)]),
+    st.sampled_from([mx.float32, mx.bfloat16, mx.float16]),
+    st.integers(1, 300),
+    st.integers(1, 3),
+)
+def test_decode_with_the_kernel_over_shapes(heads, dtype, prompt, layers):
+    """Over head layouts, dtypes, prompt lengths (buffers of 256 and 512 positions) and
+    depths: every layer segment's attention is found, the logits stay within the dtype's
+    rounding of eager mlx-lm's, and cutting changes no bit."""
+    hq, hkv = heads
+    model = tiny_llama(
+        hidden_size=16 * hq,
+        num_hidden_layers=layers,
+        intermediate_size=64,
+        num_attention_heads=hq,
+        num_key_value_heads=hkv,
+        vocab_size=64,
+        dtype=dtype,
+    )
+    seg = segc.jit(model, boundaries="layers.*", attention=reference_attention, validate=False)
+    whole = segc.jit(model, attention=reference_attention, validate=False)
+    caches = [make_prompt_cache(model) for _ in range(3)]
+    tokens = mx.array([[(7 * i) % 64 for i in range(prompt)]])
+    seg(tokens, cache=caches[0])
+    whole(tokens, cache=caches[1])
+    model(tokens, cache=caches[2])
+    lowered = seg.lower(mx.array([[3]]), cache=caches[0])
+    g = lowered.graph
+    consts = {c.var.name: c.value for c in g.consts}
+    shapes = {n: v.shape for n, v in g.vars().items()}
+    found = [len(find_attention(s.eqns(g), s.outputs, consts, shapes, g.eqns)) for s in lowered.segments]
+    assert sum(found) == layers and max(found) == 1
+    tol = {mx.float32: F32_TOL, mx.float16: 1e-2, mx.bfloat16: 5e-2}[dtype]
+    for tok in (3, 5):
+        a = seg(mx.array([[tok]]), cache=caches[0])
+        b = whole(mx.array([[tok]]), cache=caches[1])
+        want = model(mx.array([[tok]]), cache=caches[2])
+        assert np.array(a.astype(mx.float32)).tobytes() == np.array(b.astype(mx.float32)).tobytes()
+        np.testing.assert_allclose(
+            np.array(a.astype(mx.float32)), np.array(want.astype(mx.float32)), rtol=tol, atol=tol
+        )
