@@ -78,10 +78,7 @@ class Variant:
     def __init__(
         self, name: str, a: argparse.Namespace, path: Path, pm: Any = None, limit: int = 0, settings: str = ""
     ):
-        from mlx_lm.models.cache import make_prompt_cache
-
-        import segc
-        from segc.engine import load_local_model
+        from bench_paging_kv import callables
 
         self.name, self.a, self.pm, self.limit, self.settings = name, a, pm, limit, settings
         self.decode_s: list[float] = []
@@ -90,13 +87,7 @@ class Variant:
         self.prefill_logits: dict[int, bytes] = {}
         self.budgets: dict[str, int] = {}
         self.loaded = 0  # weight bytes the decode rounds paged
-        if pm is None:
-            model, _ = load_local_model(path)
-            step = segc.jit(model, boundaries="auto", validate=False)
-            self.call = lambda x, c: step(x, cache=c)
-            self.make_cache = lambda: make_prompt_cache(model)
-        else:
-            self.call, self.make_cache = pm, pm.make_cache
+        self.call, self.make_cache = callables(path, pm)
 
     def fit(self, x: mx.array, cache: list, chunks: int, what: str) -> None:
         """The budget for a call of ``x``'s shape: its working set, and ``limit`` for pages."""

@@ -58,29 +58,33 @@ def store_bandwidth(nbytes: int = 8 << 20) -> float:
     return a.nbytes / best
 
 
+def callables(path: Path, pm: Any) -> tuple[Any, Any]:
+    """``(call(x, cache), make_cache())`` of a variant: the resident model under
+    ``segc.jit`` (``pm`` None) or the ``PagedModel``."""
+    if pm is not None:
+        return pm, pm.make_cache
+    from mlx_lm.models.cache import make_prompt_cache
+
+    import segc
+    from segc.engine import load_local_model
+
+    model, _ = load_local_model(path)
+    step = segc.jit(model, boundaries="auto", validate=False)
+    return (lambda x, c: step(x, cache=c)), (lambda: make_prompt_cache(model))
+
+
 class Runner:
     """One variant: ``pm`` None (resident) or a ``PagedModel`` with ``extra`` bytes of
     pages beside each phase's need."""
 
     def __init__(self, name: str, path: Path, pm: Any = None, extra: int = 0):
-        from mlx_lm.models.cache import make_prompt_cache
-
-        import segc
-        from segc.engine import load_local_model
-
         self.name, self.pm, self.extra = name, pm, extra
         self.times: dict[str, list[float]] = {p: [] for p in PHASES}
         self.logits: dict[str, list[bytes]] = {}
         self.needed: dict[str, int] = {}
         self.budget: dict[str, int] = {}
         self.moved = 0  # KV bytes moved per decoded token
-        if pm is None:
-            model, _ = load_local_model(path)
-            step = segc.jit(model, boundaries="auto", validate=False)
-            self.call = lambda x, c: step(x, cache=c)
-            self.make_cache = lambda: make_prompt_cache(model)
-        else:
-            self.call, self.make_cache = pm, pm.make_cache
+        self.call, self.make_cache = callables(path, pm)
 
     def phase(self, name: str) -> None:
         """Set the budget for phase ``name`` (the first round measures its need)."""

@@ -28,7 +28,7 @@ def browser_page():  # type: ignore[no-untyped-def]
         with page() as pg:
             yield pg
     except UsageError as exc:
-        pytest.skip(f"no headless browser: {exc}")
+        pytest.skip(reason=f"no headless browser: {exc}")
 
 
 def test_html_graph_renders_every_segment(browser_page, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

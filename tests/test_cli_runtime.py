@@ -65,7 +65,7 @@ def _run_recorded(monkeypatch: pytest.MonkeyPatch, threaded: bool, calls: int = 
 def test_timeline_completes_every_segment(monkeypatch: pytest.MonkeyPatch, threaded: bool) -> None:
     if threaded and mx.default_device() != mx.cpu:
         pytest.skip(
-            "MLX's CUDA build cannot evaluate arrays from a helper thread (docs/runtime.md): no completer thread"
+            reason="MLX's CUDA build cannot evaluate arrays from a helper thread (docs/runtime.md): no completer thread"
         )
     timeline, n = _run_recorded(monkeypatch, threaded)
     done = [(k, d) for _, what, k, d in timeline if what == "complete"]

@@ -70,16 +70,20 @@ def test_the_reference_is_softmax_attention(heads, d, lq, cap, data):
     np.testing.assert_allclose(got, _f64_attention(q, k, v, mask, d**-0.5), rtol=tol, atol=tol)
 
 
-def _decode_graph(heads: int, kv_heads: int, layers: int = 2, dtype=mx.float32):
-    model = tiny_llama(
-        hidden_size=128,
+def _model(heads: int, kv_heads: int, layers: int, dtype=mx.float32, hidden: int = 128, intermediate: int = 256):
+    return tiny_llama(
+        hidden_size=hidden,
         num_hidden_layers=layers,
-        intermediate_size=256,
+        intermediate_size=intermediate,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         vocab_size=64,
         dtype=dtype,
     )
+
+
+def _decode_graph(heads: int, kv_heads: int, layers: int = 2, dtype=mx.float32):
+    model = _model(heads, kv_heads, layers, dtype)
     cache = make_prompt_cache(model)
     step = segc.jit(model, boundaries="layers.*")
     step(mx.array([[1, 2, 3, 4, 5]]), cache=cache)
@@ -239,15 +243,7 @@ def test_decode_with_the_kernel_over_shapes(heads, dtype, prompt, layers):
     depths: every layer segment's attention is found, the logits stay within the dtype's
     rounding of eager mlx-lm's, and cutting changes no bit."""
     hq, hkv = heads
-    model = tiny_llama(
-        hidden_size=16 * hq,
-        num_hidden_layers=layers,
-        intermediate_size=64,
-        num_attention_heads=hq,
-        num_key_value_heads=hkv,
-        vocab_size=64,
-        dtype=dtype,
-    )
+    model = _model(hq, hkv, layers, dtype, hidden=16 * hq, intermediate=64)
     seg = segc.jit(model, boundaries="layers.*", attention=reference_attention, validate=False)
     whole = segc.jit(model, attention=reference_attention, validate=False)
     caches = [make_prompt_cache(model) for _ in range(3)]

@@ -87,14 +87,14 @@ def paged_run(pm: PagedModel, chunk: int, steps: int, banded: bool) -> list[Any]
     return out
 
 
-def tight(path: Path, chunk: int, steps: int, **options: Any) -> int:
-    """A budget that holds about two pages beside the largest working set of the run
-    (measured by a first run): pages are evicted and read again."""
+def tight(path: Path, chunk: int, steps: int, spare: bool = True, **options: Any) -> int:
+    """The largest working set of the run (measured by a first run), plus, with
+    ``spare``, about two pages beside it: pages are evicted and read again."""
     pm = PagedModel(path, budget=1 << 40, **options)
     try:
         paged_run(pm, chunk, steps, banded=True)
         paged_run(pm, chunk, 0, banded=False)
-        return pm.stats.needed + min(pm.page_bytes)
+        return pm.stats.needed + (min(pm.page_bytes) if spare else 0)
     finally:
         pm.close()
 
@@ -133,7 +133,7 @@ def test_paging_settings_keep_the_bits(
     chunk: int,
     source: str,
 ) -> None:
-    path = _llama_dir(tmp_path_factory)
+    path = llama_dir(tmp_path_factory)
     want = resident(path, chunk, 2)
     budget = tight(path, chunk, 2, band=band)
     pm = PagedModel(path, budget=budget, band=band, depth=depth, evict=evict, source=source)
@@ -146,7 +146,7 @@ def test_paging_settings_keep_the_bits(
 _LLAMA: list[Path] = []
 
 
-def _llama_dir(factory: pytest.TempPathFactory) -> Path:
+def llama_dir(factory: pytest.TempPathFactory) -> Path:
     if not _LLAMA:
         _LLAMA.append(save(factory.mktemp("llama-settings"), "llama"))
     return _LLAMA[0]
@@ -243,7 +243,7 @@ def _failing_reader(pm: PagedModel, victim: str) -> None:
 def test_a_read_error_names_the_tensor_and_leaves_the_caller_whole(
     tmp_path_factory: pytest.TempPathFactory, data: hs.DataObject
 ) -> None:
-    path = _llama_dir(tmp_path_factory)
+    path = llama_dir(tmp_path_factory)
     pm = PagedModel(path, budget=1 << 40, evict=data.draw(hs.sampled_from(["lru", "mru"])))
     try:
         cache = pm.make_cache()

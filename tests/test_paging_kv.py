@@ -20,7 +20,7 @@ from hypothesis import strategies as hs
 pytest.importorskip("mlx_lm", reason="the mlx-lm models need the lm extra (pip install segc[lm])")
 
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
-from test_paging import ARCHS, PROMPT, cache_bits, paged_run, resident, save
+from test_paging import ARCHS, PROMPT, cache_bits, llama_dir, paged_run, resident, save, tight
 
 from segc.engine import load_local_model
 from segc.engine.paging import PagedModel, save_model_dir
@@ -37,13 +37,7 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def kv_tight(path: Path, chunk: int, steps: int, **options: Any) -> int:
     """The largest budget the run needs with its caches paged (measured by a first run)."""
-    pm = PagedModel(path, budget=1 << 40, kv_paging=True, **options)
-    try:
-        paged_run(pm, chunk, steps, banded=True)
-        paged_run(pm, chunk, 0, banded=False)
-        return pm.stats.needed
-    finally:
-        pm.close()
+    return tight(path, chunk, steps, spare=False, kv_paging=True, **options)
 
 
 def segc_resident(path: Path, chunk: int, steps: int) -> list[Any]:
@@ -87,7 +81,7 @@ def test_kv_paged_runs_are_the_resident_run(dirs: dict[str, Path], arch: str) ->
 def test_kv_paging_settings_keep_the_bits(
     tmp_path_factory: pytest.TempPathFactory, band: int, depth: int, mode: str, chunk: int, source: str
 ) -> None:
-    path = _llama(tmp_path_factory)
+    path = llama_dir(tmp_path_factory)
     want = segc_resident(path, chunk, 2)
     budget = kv_tight(path, chunk, 2, band=band, depth=depth, mode=mode)
     pm = PagedModel(path, budget=budget, band=band, depth=depth, mode=mode, source=source, kv_paging=True)
@@ -95,15 +89,6 @@ def test_kv_paging_settings_keep_the_bits(
         assert paged_run(pm, chunk, 2, banded=True) == want
     finally:
         pm.close()
-
-
-_LLAMA: list[Path] = []
-
-
-def _llama(factory: pytest.TempPathFactory) -> Path:
-    if not _LLAMA:
-        _LLAMA.append(save(factory.mktemp("kv-llama-settings"), "llama"))
-    return _LLAMA[0]
 
 
 # KV heavy: 2 KB of cache per position and layer beside 64-wide activations
@@ -202,7 +187,7 @@ def _fail_on(pm: PagedModel, victim: str) -> None:
 def test_a_failure_mid_run_leaves_the_callers_kv_caches_whole(
     tmp_path_factory: pytest.TempPathFactory, data: hs.DataObject
 ) -> None:
-    path = _llama(tmp_path_factory)
+    path = llama_dir(tmp_path_factory)
     budget = kv_tight(path, 16, 1)
     pm = PagedModel(path, budget=budget, kv_paging=True, evict=data.draw(hs.sampled_from(["lru", "mru"])))
     try:

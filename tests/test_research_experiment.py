@@ -74,7 +74,7 @@ def test_predicted_peak_memory_is_close_to_mlx(sweep: tuple[Path, object]) -> No
     its own) does not have."""
     if mx.default_device() != mx.cpu:
         pytest.skip(
-            "a tiny model on a GPU: MLX's CUDA allocations beside the arrays (cuBLAS workspaces) dwarf a "
+            reason="a tiny model on a GPU: MLX's CUDA allocations beside the arrays (cuBLAS workspaces) dwarf a "
             "few-KiB prediction; the reference model's GPU figures are in docs/experiments.md"
         )
     _, res = sweep

@@ -212,25 +212,15 @@ def _only_reader(v: str, g: _Graph) -> Eqn | None:
 def _skippable(path: list[Eqn], last: Eqn, g: _Graph, kept: Sequence[str]) -> frozenset[int]:
     """The pattern's equations nothing else needs (a shared scale broadcast, or a mask
     another attention reads, keeps running)."""
-    inside = {e.id for e in path}
-    need: Counter[str] = Counter()
-    for e in path:
-        for v in e.ins:
-            need[v] += 1
+    eqns = {e.id: e for e in path}  # each once
     skip: set[int] = set()
     # latest first: an equation is skipped when every use of its outputs is by skipped
     # equations of the pattern (the kernel reads q, k, v and the mask itself)
-    for e in sorted(path, key=lambda e: -e.id):
-        if e.id in skip or e.id not in inside:
-            continue
-        outs = [o.name for o in e.outs]
-        if e is last or all(o not in kept and g.uses[o] == _uses_by(o, path, skip) for o in outs):
+    for e in sorted(eqns.values(), key=lambda e: -e.id):
+        by_skipped = Counter(v for i in skip for v in eqns[i].ins)
+        if e is last or all(o.name not in kept and g.uses[o.name] == by_skipped[o.name] for o in e.outs):
             skip.add(e.id)
     return frozenset(skip)
-
-
-def _uses_by(v: str, path: list[Eqn], skip: set[int]) -> int:
-    return sum(e.ins.count(v) for e in path if e.id in skip)
 
 
 def find_attention(
