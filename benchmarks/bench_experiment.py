@@ -128,7 +128,8 @@ def report(res: Any) -> list[dict[str, Any]]:
         print(
             f"fitted on {m} ({', '.join(fit['plans'])}; {fit['observations']} timings): throughput of the base rates "
             f"{rates}; launch {_us(mm['launch_s'])}, dispatch {_us(mm['dispatch_s'])}, host per kernel "
-            f"{_us(mm['host_op_s'])}, commit {_us(mm['commit_s'])} (fitted: {', '.join(fit['free'])})"
+            f"{_us(mm['host_op_s'])}, commit {_us(mm['commit_s'])}, size {mm.get('segment_sq_s', 0.0):.3g} s per "
+            f"kernel squared (fitted: {', '.join(fit['free'])})"
         )
     checks = [check(s) for s in res.summary()]
     for c in checks:

@@ -15,7 +15,9 @@ One run times, interleaved round by round so that drift hits every variant alike
   caller's) or ``"geometric"`` (after segments 1, 2, 4, 8, ...); ``segc`` itself uses
   the backend's default (``"auto"``);
 * ``fused`` / ``fusedfences`` -- (optional, CUDA only) ``segc`` and ``fences`` with
-  ``attention="on"``: the dynamic cache's masked decode attention as segc's fused kernel.
+  ``attention="on"``: the dynamic cache's masked decode attention as segc's fused kernel
+  (what ``"auto"`` picks on a CUDA GPU); ``unfused`` -- ``fences`` with
+  ``attention="off"``: MLX's decomposition of that attention.
 
 ``--isolate`` runs every variant in a process of its own (MLX's kernel and CUDA-graph
 caches are per process, so one variant's commits cannot slow another down); the
@@ -94,9 +96,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     ),
 }
 
-VARIANTS = ("eager", "compile", "segc", "drain", "whole", "each", "fences", "geo", "fused", "fusedfences")
-COMMIT = {"each": "segment", "fences": "fences", "geo": "geometric", "fusedfences": "fences"}
+VARIANTS = ("eager", "compile", "segc", "drain", "whole", "each", "fences", "geo", "fused", "fusedfences", "unfused")
+COMMIT = {"each": "segment", "fences": "fences", "geo": "geometric", "fusedfences": "fences", "unfused": "fences"}
 FUSED = ("fused", "fusedfences")  # attention="on": segc's fused decode attention (CUDA)
+UNFUSED = ("unfused",)  # attention="off": MLX's decomposition of the masked attention
 DEFAULT_VARIANTS = ("eager", "compile", "segc", "drain")
 
 # H200 figures used for the floors printed beside GPU timings (DESIGN.md)
@@ -286,7 +289,7 @@ def workload(
                     boundaries=None if v == "whole" else "layers.*",
                     drain=(v == "drain"),
                     commit=COMMIT.get(v, "auto"),
-                    attention="on" if v in FUSED else "auto",
+                    attention="on" if v in FUSED else "off" if v in UNFUSED else "auto",
                     validate=False,
                 )
                 jitted[v] = step

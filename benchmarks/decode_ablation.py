@@ -17,8 +17,15 @@ variant         write         attention         RoPE offset
 ``dynamic``     array         whole + mask      array (segc's)
 ==============  ============  ================  ================
 
-Every call writes position ``--context`` again (the offset is reset), so each call does
-the same work. Run on the GPU machine (docs/gpu.md); on the CPU quote ratios only:
+Beside them, segc's own decode step (``segc``: one commit; ``segcauto``: the default
+commit policy; ``segcfused``: segc's fused attention; ``segcwhole``: one segment). A
+variant named ``v@nographs`` runs with MLX's CUDA graphs off (``MLX_USE_CUDA_GRAPHS=0``).
+
+Each call's wall time is split into building the lazy graph, MLX's encoding and launch
+(until ``mx.async_eval`` returns) and the wait for the device; ``piped`` runs the calls
+back to back, the steady rate a decode loop gets. ``nodes`` counts the primitives in one
+call's graph (``mx.export_to_dot``). Every call writes position ``--context`` again (the
+offset is reset), so each call does the same work. Run on the GPU machine (docs/gpu.md); on the CPU quote ratios only:
 
     python benchmarks/decode_ablation.py --context 1024 --calls 40
 """
@@ -27,11 +34,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -43,6 +52,13 @@ VARIANTS = {
     "masked": (False, True, False),
     "arrayrope": (False, False, True),
     "dynamic": (True, True, True),
+}
+SEGC = {
+    # name: segc.jit's (commit, attention, boundaries); run once (segc compiles its own)
+    "segc": ("fences", "off", "layers.*"),
+    "segcauto": ("auto", "off", "layers.*"),
+    "segcfused": ("fences", "on", "layers.*"),
+    "segcwhole": ("fences", "off", None),
 }
 
 
@@ -90,10 +106,52 @@ def _cache_class() -> type:
     return Ablated
 
 
-def run_one(variant: str, context: int, calls: int, layers: int, compiled: bool) -> dict[str, float]:
+def _split(one: Callable[[], list[mx.array]], calls: int) -> dict[str, float]:
+    """Per call: graph building (until the call returns), MLX's encoding and launch
+    (``mx.async_eval`` returns once every kernel is in a CUDA graph and launched), and
+    the wait for the device; then ``calls`` calls back to back, each ``async_eval``'d,
+    one wait at the end: the steady rate, max(host, device) per call."""
+    for _ in range(5):
+        mx.eval(one())
+    from encode_cost import split_call  # this directory is on sys.path when run as a script
+
+    build, encode, wait = zip(*(split_call(one) for _ in range(calls)))
+    wall = [sum(t) for t in zip(build, encode, wait)]
+    mx.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        out = one()
+        mx.async_eval(out)
+    mx.eval(out)
+    piped = (time.perf_counter() - t0) / calls
+    med = statistics.median
+    return {
+        "median_ms": 1e3 * med(wall),
+        "min_ms": 1e3 * min(wall),
+        "build_ms": 1e3 * med(build),
+        "encode_ms": 1e3 * med(encode),
+        "wait_ms": 1e3 * med(wait),
+        "piped_ms": 1e3 * piped,
+    }
+
+
+def _nodes(outs: list[mx.array]) -> dict[str, int]:
+    """The primitives in the lazy graph of one call (``mx.export_to_dot``), by name."""
+    import collections
+    import re
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".dot") as f:
+        mx.export_to_dot(f.name, *outs)
+        txt = Path(f.name).read_text()
+    names = re.findall(r'label ="([^"]*)", shape=rectangle', txt)
+    return dict(collections.Counter(n.split(" ")[0] for n in names).most_common())
+
+
+def _model(layers: int) -> Any:
     from segc.models import tiny_llama
 
-    model = tiny_llama(
+    return tiny_llama(
         num_hidden_layers=layers,
         hidden_size=2048,
         intermediate_size=8192,
@@ -102,6 +160,11 @@ def run_one(variant: str, context: int, calls: int, layers: int, compiled: bool)
         vocab_size=32000,
         dtype=mx.bfloat16,
     )
+
+
+def _plain(variant: str, context: int, layers: int, compiled: bool) -> Callable[[], list[mx.array]]:
+    """A decode step in plain MLX with the variant's cache (no segc)."""
+    model = _model(layers)
     cls = _cache_class()
     cap = ((context + 1 + 255) // 256) * 256
     mx.random.seed(1)
@@ -116,7 +179,6 @@ def run_one(variant: str, context: int, calls: int, layers: int, compiled: bool)
     ]
     mx.eval([(c.keys, c.values) for c in caches])
     x = mx.array([[1]])
-
     at = mx.array(context, dtype=mx.int32)
 
     def pure(t: mx.array, pos: mx.array, *kv: mx.array) -> list[mx.array]:
@@ -134,14 +196,37 @@ def run_one(variant: str, context: int, calls: int, layers: int, compiled: bool)
             c.keys, c.values = out[1 + 2 * i], out[2 + 2 * i]
         return out
 
-    for _ in range(5):
-        mx.eval(one())
-    ts = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        mx.eval(one())
-        ts.append(time.perf_counter() - t0)
-    return {"median_ms": 1e3 * statistics.median(ts), "min_ms": 1e3 * min(ts)}
+    return one
+
+
+def _segc(variant: str, context: int, layers: int) -> Callable[[], list[mx.array]]:
+    """segc's own decode step on mlx-lm's caches held at ``context`` (its dynamic graph,
+    ``validate=False`` as in bench_llama.py)."""
+    from bench_llama import FixedContext  # this directory is on sys.path when run as a script
+
+    import segc
+
+    model = _model(layers)
+    fc = FixedContext(model, context)
+    x = mx.array([[1]])
+    commit, attention, bounds = SEGC[variant]
+    step = segc.jit(model, boundaries=bounds, commit=commit, attention=attention, validate=False)
+
+    def one() -> list[mx.array]:
+        y = step(x, cache=fc.reset())
+        return [y, *fc.arrays()]
+
+    return one
+
+
+def run_one(variant: str, context: int, calls: int, layers: int, compiled: bool) -> dict[str, Any]:
+    one = _segc(variant, context, layers) if variant in SEGC else _plain(variant, context, layers, compiled)
+    mx.eval(one())
+    nodes = _nodes(one())
+    r: dict[str, Any] = _split(one, calls)
+    r["nodes"] = sum(nodes.values())
+    r["by_primitive"] = nodes
+    return r
 
 
 def main() -> None:
@@ -149,7 +234,8 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--calls", type=int, default=40)
     ap.add_argument("--layers", type=int, default=16)
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--variants", default=",".join([*VARIANTS, *SEGC]))
+    ap.add_argument("--json", help="write every run's figures here")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # a child process: VARIANT:eager|compiled
     a = ap.parse_args()
     if a.one:
@@ -157,21 +243,31 @@ def main() -> None:
         print(json.dumps(run_one(v, a.context, a.calls, a.layers, mode == "compiled")))
         return
     print(f"decode ablation on {mx.default_device()}: {a.layers} layers, context {a.context}, {a.calls} calls")
-    print(f"  {'variant':<10} {'eager':>10} {'compiled':>10}   (median ms per step, each a process of its own)")
-    base: float | None = None
-    for v in a.variants.split(","):
-        row = []
-        for mode in ("eager", "compiled"):
+    print("  ms per call, medians, each variant a process of its own: wall = build + encode + wait;")
+    print("  piped = calls back to back (async_eval each), per call; nodes = primitives in one call's graph")
+    cols = ("median_ms", "build_ms", "encode_ms", "wait_ms", "piped_ms")
+    print(f"  {'variant':<20} {'wall':>8} {'build':>8} {'encode':>8} {'wait':>8} {'piped':>8} {'nodes':>6}")
+    results: dict[str, Any] = {}
+    for spec in a.variants.split(","):
+        v, _, flag = spec.partition("@")  # "v@nographs": MLX's CUDA graphs off (MLX_USE_CUDA_GRAPHS=0)
+        env = dict(os.environ, MLX_USE_CUDA_GRAPHS="0") if flag == "nographs" else None
+        for mode in ("eager",) if v in SEGC else ("eager", "compiled"):
+            name = (v if v in SEGC else f"{v}:{mode}") + (f"@{flag}" if flag else "")
             cmd = [sys.executable, __file__, "--one", f"{v}:{mode}"]
             cmd += ["--context", str(a.context), "--calls", str(a.calls), "--layers", str(a.layers)]
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
             if r.returncode != 0:
-                row.append(float("nan"))
-                print(f"  {v}:{mode} failed: {r.stderr.strip().splitlines()[-1:]}")
+                print(f"  {name} failed: {r.stderr.strip().splitlines()[-1:]}")
                 continue
-            row.append(json.loads(r.stdout.strip().splitlines()[-1])["median_ms"])
-        base = base if base is not None else row[0]
-        print(f"  {v:<10} {row[0]:10.3f} {row[1]:10.3f}   (x static eager: {row[0] / base:.2f}, {row[1] / base:.2f})")
+            res = json.loads(r.stdout.strip().splitlines()[-1])
+            results[name] = res
+            figs = " ".join(f"{res[c]:8.3f}" for c in cols)
+            print(f"  {name:<20} {figs} {res['nodes']:6d}", flush=True)
+    for name, res in results.items():
+        print(f"  {name}: {res['by_primitive']}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"device": str(mx.default_device()), "context": a.context, "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":

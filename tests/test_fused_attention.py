@@ -1,5 +1,6 @@
 """The fused masked decode attention (segc/lower/attention.py): which equations it finds
-in a traced decode step, what it computes, and that segc lowers to it only where asked.
+in a traced decode step, what it computes, and where segc lowers to it (``"auto"``: a
+dynamic cache's attention where eager would run a fused kernel, on CUDA only).
 
 On the CPU segc never uses it by default (the decomposition *is* eager MLX's computation
 there, so bits are kept); these tests pass the float32 reference as the kernel to check
@@ -20,7 +21,7 @@ from mlx_lm.models.cache import make_prompt_cache
 import segc
 from segc.errors import UsageError
 from segc.lower import attention_kernel
-from segc.lower.attention import find_attention, reference_attention
+from segc.lower.attention import eager_fuses, find_attention, only_where_eager_fuses, reference_attention
 from segc.models import tiny_llama
 from segc.staging.validate import VALIDATE_TOL
 
@@ -119,6 +120,61 @@ def test_every_layer_s_decode_attention_is_found(heads, kv_heads):
     assert sorted(by_state[written[m.v]] for m in found) == sorted(f"state[{i}].values" for i in range(layers))
 
 
+@pytest.mark.parametrize(("hidden", "heads", "eager_has_a_kernel"), [(128, 2, True), (256, 2, True), (128, 8, False)])
+def test_auto_takes_only_the_caches_attentions_that_eager_would_fuse(hidden, heads, eager_has_a_kernel):
+    """``"auto"`` replaces a decode attention only where eager MLX's CUDA SDPA would have
+    run a fused kernel (head dimensions 64, 96, 128: MLX 0.32's ``supports_sdpa_vector``)
+    and only a dynamic KV cache's (its keys written by a ``DynamicSliceUpdate``); head
+    dimension 16 keeps the fallback, which is eager's own computation."""
+    model = _model(heads, 1, 2, hidden=hidden)
+    cache = make_prompt_cache(model)
+    step = segc.jit(model, boundaries="layers.*")
+    step(mx.array([[1, 2, 3, 4, 5]]), cache=cache)
+    g = step.lower(mx.array([[7]]), cache=cache).graph
+    consts = {c.var.name: c.value for c in g.consts}
+    shapes = {n: v.shape for n, v in g.vars().items()}
+    producers = {o.name: e for e in g.eqns for o in e.outs}
+    found = find_attention(g.eqns, g.outputs, consts, shapes)
+    assert len(found) == 2
+    assert [eager_fuses(m, shapes, producers) for m in found] == [eager_has_a_kernel] * 2
+
+    def masked(q, k, v, off):  # a model's own masked attention over keys it was given
+        m = (off + mx.arange(1)[:, None]) >= mx.arange(16)[None]
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask=m)
+
+    args = (mx.ones((1, 4, 1, 64)), mx.ones((1, 2, 16, 64)), mx.ones((1, 2, 16, 64)), mx.array(3))
+    g2 = segc.jit(masked).lower(*args).graph
+    shapes2 = {n: v.shape for n, v in g2.vars().items()}
+    found2 = find_attention(g2.eqns, g2.outputs, {c.var.name: c.value for c in g2.consts}, shapes2)
+    if found2:  # the CPU decomposes it (a GPU may keep SDPA whole): never taken by "auto"
+        producers2 = {o.name: e for e in g2.eqns for o in e.outs}
+        assert not any(eager_fuses(m, shapes2, producers2) for m in found2)
+
+
+@pytest.mark.parametrize(("hidden", "heads", "calls"), [(128, 2, 2), (128, 8, 0)])
+def test_an_auto_kernel_is_calledonly_where_eager_fuses_and_bits_stay_elsewhere(hidden, heads, calls):
+    """The replay with an ``"auto"``-marked kernel (the float32 reference, counting its
+    calls, on the CPU): called once per layer at head dimension 64; at 16 never, and the
+    decode step keeps eager mlx-lm's bits."""
+    seen = []
+
+    def counting(q, k, v, mask, scale):
+        seen.append(q.shape)
+        return reference_attention(q, k, v, mask, scale)
+
+    model = _model(heads, 1, 2, hidden=hidden)
+    prompt, tok = mx.array([[1, 2, 3, 4, 5]]), mx.array([[7]])
+    cache, ref = make_prompt_cache(model), make_prompt_cache(model)
+    step = segc.jit(model, boundaries="layers.*", attention=only_where_eager_fuses(counting), validate=False)
+    step(prompt, cache=cache)
+    model(prompt, cache=ref)
+    y = step(tok, cache=cache)
+    mx.eval(y)
+    assert len(seen) == calls
+    if calls == 0:
+        assert np.array(y).tobytes() == np.array(model(tok, cache=ref)).tobytes()
+
+
 def test_a_prefill_and_a_read_softmax_are_not_matched():
     _, _, step = _decode_graph(8, 2)
     cache = make_prompt_cache(step.module)
@@ -185,6 +241,19 @@ def test_segmented_and_unsegmented_agree_bit_for_bit(attention):
         b = whole(mx.array([[tok]]), cache=c2)
         assert np.array(a).tobytes() == np.array(b).tobytes()
         assert np.array(c1[2].keys).tobytes() == np.array(c2[2].keys).tobytes()
+
+
+def test_auto_is_the_kernel_on_cuda_and_the_environment_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SEGC_FUSED_ATTENTION", raising=False)
+    if CUDA:
+        from segc.lower.cuda_attention import cuda_attention
+
+        auto = attention_kernel("auto")
+        assert auto.kernel is cuda_attention and auto.where_eager_fuses  # type: ignore[union-attr]
+    else:
+        assert attention_kernel("auto") is None  # the CPU keeps eager's decomposition
+    monkeypatch.setenv("SEGC_FUSED_ATTENTION", "0")
+    assert attention_kernel("auto") is None
 
 
 def test_attention_settings_are_checked():

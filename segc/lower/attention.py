@@ -272,13 +272,52 @@ def reference_attention(q: mx.array, k: mx.array, v: mx.array, mask: mx.array, s
 Kernel = Callable[[mx.array, mx.array, mx.array, mx.array, float], mx.array]
 ATTENTION = ("auto", "on", "off")
 
+# what a KV buffer passes through between the cache's write and the fallback's operand
+_VIEWS = ("Transpose", "Reshape", "Broadcast", "ExpandDims", "Unflatten", "Flatten", "Squeeze", "Copy")
+# MLX 0.32's CUDA ``supports_sdpa_vector``: eager's fused kernel for a few query tokens
+_VECTOR_HEAD_DIMS = (64, 96, 128)
+_VECTOR_MAX_QUERY = 4
+
+
+def eager_fuses(m: AttentionMatch, shapes: Mapping[str, tuple[int, ...]], producers: Mapping[str, Eqn]) -> bool:
+    """Whether this attention is a dynamic KV cache's, where eager MLX would have run a
+    fused kernel: its keys and values come from a ``DynamicSliceUpdate`` (segc's cache
+    write; eager writes with a host offset and reads the live keys), and eager's CUDA
+    SDPA takes such an attention whole (MLX 0.32's ``supports_sdpa_vector``: head
+    dimensions 64, 96 or 128, fewer than 4 query tokens, no array mask). Elsewhere
+    eager itself computes the fallback, and keeping it keeps eager's bits."""
+
+    def written(v: str) -> bool:
+        while (e := producers.get(v)) is not None and e.prim in _VIEWS:
+            v = e.ins[0]
+        return e is not None and e.prim == "DynamicSliceUpdate"
+
+    q, vv = shapes.get(m.q), shapes.get(m.v)
+    if q is None or vv is None or len(q) != 4:
+        return False
+    shape_ok = q[-1] == vv[-1] and q[-1] in _VECTOR_HEAD_DIMS and q[2] < _VECTOR_MAX_QUERY
+    return shape_ok and written(m.k) and written(m.v)
+
+
+def only_where_eager_fuses(kernel: Kernel) -> Kernel:
+    """``kernel``, marked for :func:`eager_fuses` (``"auto"``)."""
+
+    def auto(q: mx.array, k: mx.array, v: mx.array, mask: mx.array, scale: float) -> mx.array:
+        return kernel(q, k, v, mask, scale)
+
+    auto.where_eager_fuses = True  # type: ignore[attr-defined]
+    auto.kernel = kernel  # type: ignore[attr-defined]
+    return auto
+
 
 def attention_kernel(setting: str | Kernel = "auto") -> Kernel | None:
     """The fused kernel segments lower their masked decode attention to, or None (keep
-    MLX's decomposition). ``"auto"``: the CUDA kernel only where the environment sets
-    ``SEGC_FUSED_ATTENTION=1`` and the default device is a CUDA GPU (on the H200 it has
-    not yet made a whole decode step measurably faster, docs/lowering.md); never on the
-    CPU, where the decomposition is eager MLX's own computation and keeps its bits.
+    MLX's decomposition). ``"auto"``: the CUDA kernel where the default device is a CUDA
+    GPU, for the attentions where eager would have run a fused kernel
+    (:func:`eager_fuses`; on the H200 a decode step of the reference llama takes 12%
+    less time with it, docs/performance.md), unless the environment sets
+    ``SEGC_FUSED_ATTENTION=0``; never on the CPU, where the decomposition is eager MLX's
+    own computation and keeps its bits.
     ``"on"`` asks for it (a CUDA GPU or a UsageError), ``"off"`` never uses it. A callable
     ``(q, k, v, mask, scale) -> out`` is used as the kernel (tests, research)."""
     if callable(setting):
@@ -287,7 +326,11 @@ def attention_kernel(setting: str | Kernel = "auto") -> Kernel | None:
         raise UsageError(f"attention must be one of {ATTENTION}, not {setting!r}")
     cuda = mx.default_device() == mx.gpu and mx.cuda.is_available()
     if setting == "auto":
-        setting = "on" if cuda and os.environ.get("SEGC_FUSED_ATTENTION", "0") == "1" else "off"
+        if not cuda or os.environ.get("SEGC_FUSED_ATTENTION", "1") == "0":
+            return None
+        from .cuda_attention import cuda_attention
+
+        return only_where_eager_fuses(cuda_attention)
     if setting == "off":
         return None
     if not cuda:

@@ -5,9 +5,10 @@ boolean mask) decomposes into about six kernels a layer, one of which copies the
 once per query head of a group. This computes ``attention.AttentionMatch`` in two
 kernels, split-K over the buffer as flash-decoding does:
 
-1. ``partial``: a block per (batch, KV head, chunk of ``CHUNK`` keys) scores every query
-   row of the group against the chunk's keys (each key read once for the whole group),
-   and writes the chunk's running max, sum of exponentials and weighted sum of values;
+1. ``partial``: a block per (batch, KV head, chunk of ``CHUNK`` = 32 keys) scores every
+   query row of the group against the chunk's keys (a warp per key, reading it once for
+   the whole group), and writes the chunk's max, sum of exponentials and weighted sum of
+   values (a decode at 1,280 positions with 8 KV heads: 320 blocks);
 2. ``combine``: a block per (batch, query head, row) merges the chunks.
 
 Everything is float32 until the one rounding to the output dtype. A row whose mask hides
@@ -18,12 +19,13 @@ gives). Only imported on a machine whose MLX has CUDA.
 from __future__ import annotations
 
 import functools
+import struct
 from typing import Any
 
 import mlx.core as mx
 
-CHUNK = 128  # keys per block of the first kernel
-THREADS = 128
+CHUNK = 32  # keys per block of the first kernel: a warp's width (a lane per key in the softmax)
+THREADS = 128  # four warps
 
 _HEADER = "#define NEG_INF (-__int_as_float(0x7f800000))\n"
 
@@ -36,27 +38,29 @@ _PARTIAL = r"""
     const int hk = bh % HKV;
     const int b = bh / HKV;
     const int t = threadIdx.x;
+    const int warp = t / 32, lane = t % 32;
+    constexpr int NW = NT / 32;
     const int start = s * CHUNK;
     const int n = min(CHUNK, C - start);
     constexpr int R = REP * L;           // query rows of the group
     __shared__ float qs[R][D];
     __shared__ float sc[R][CHUNK];
-    const float sf = scale[0];
     for (int i = t; i < R * D; i += NT) {
         int r = i / D, d = i % D;
         int h = r / L, l = r % L;
         int hq = hk * REP + h;
-        qs[r][d] = static_cast<float>(q[((size_t)(b * HQ + hq) * L + l) * D + d]) * sf;
+        qs[r][d] = static_cast<float>(q[((size_t)(b * HQ + hq) * L + l) * D + d]) * SCALE;
     }
     __syncthreads();
-    for (int j = t; j < CHUNK; j += NT) {
+    // a warp per key: its lanes read the key's row together (coalesced), one product per
+    // query row of the group, summed across the warp
+    for (int j = warp; j < CHUNK; j += NW) {
         float acc[R];
         #pragma unroll
         for (int r = 0; r < R; ++r) acc[r] = 0.f;
         if (j < n) {
             const T* kr = k + ((size_t)bh * C + start + j) * D;
-            #pragma unroll 8
-            for (int d = 0; d < D; ++d) {
+            for (int d = lane; d < D; d += 32) {
                 float kv = static_cast<float>(kr[d]);
                 #pragma unroll
                 for (int r = 0; r < R; ++r) acc[r] += qs[r][d] * kv;
@@ -64,25 +68,25 @@ _PARTIAL = r"""
         }
         #pragma unroll
         for (int r = 0; r < R; ++r) {
-            int l = r % L;
-            int mrow = (M == 1) ? 0 : l;
-            bool ok = j < n && mask[(size_t)mrow * C + start + j];
-            sc[r][j] = ok ? acc[r] : NEG_INF;
+            float a = acc[r];
+            for (int o = 16; o > 0; o /= 2) a += __shfl_xor_sync(0xffffffff, a, o);
+            if (lane == 0) {
+                int mrow = (M == 1) ? 0 : r % L;
+                bool ok = j < n && mask[(size_t)mrow * C + start + j];
+                sc[r][j] = ok ? a : NEG_INF;
+            }
         }
     }
     __syncthreads();
-    // one warp per row: the chunk's max and sum of exponentials; scores become weights
-    const int warp = t / 32, lane = t % 32;
-    for (int r = warp; r < R; r += NT / 32) {
-        float m = NEG_INF;
-        for (int j = lane; j < CHUNK; j += 32) m = fmaxf(m, sc[r][j]);
+    // a warp per row, a lane per key: the chunk's max and sum of exponentials; scores
+    // become weights
+    for (int r = warp; r < R; r += NW) {
+        float x = sc[r][lane];
+        float m = x;
         for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, o));
-        float sum = 0.f;
-        for (int j = lane; j < CHUNK; j += 32) {
-            float p = (m == NEG_INF) ? 0.f : expf(sc[r][j] - m);
-            sc[r][j] = p;
-            sum += p;
-        }
+        float p = (m == NEG_INF) ? 0.f : expf(x - m);
+        sc[r][lane] = p;
+        float sum = p;
         for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffff, sum, o);
         if (lane == 0) {
             int h = r / L, l = r % L;
@@ -131,13 +135,15 @@ _COMBINE = r"""
 
 
 @functools.cache
-def _kernels() -> tuple[Any, Any]:
+def _kernels(scale_bits: int) -> tuple[Any, Any]:
+    """The two kernels, the scale written into the first as its float32 bits (one kernel
+    per model's scale; no scale array to make and read per call)."""
     partial = mx.fast.cuda_kernel(
-        name="segc_attention_partial",
-        input_names=["q", "k", "v", "mask", "scale"],
+        name=f"segc_attention_partial_{scale_bits:08x}",
+        input_names=["q", "k", "v", "mask"],
         output_names=["po", "pm", "pl"],
         source=_PARTIAL,
-        header=_HEADER,
+        header=_HEADER + f"#define SCALE (__int_as_float(0x{scale_bits:08x}))\n",
     )
     combine = mx.fast.cuda_kernel(
         name="segc_attention_combine",
@@ -157,7 +163,7 @@ def cuda_attention(q: mx.array, k: mx.array, v: mx.array, mask: mx.array, scale:
     rep = hq // hkv
     m = mask.reshape(-1, cap)
     nchunks = (cap + CHUNK - 1) // CHUNK
-    partial, combine = _kernels()
+    partial, combine = _kernels(struct.unpack("<I", struct.pack("<f", scale))[0])
     tmpl: list[tuple[str, Any]] = [
         ("T", q.dtype),
         ("D", d),
@@ -171,7 +177,7 @@ def cuda_attention(q: mx.array, k: mx.array, v: mx.array, mask: mx.array, scale:
     ]
     rows = b * hq * lq
     po, pm, pl = partial(
-        inputs=[q, k, v, m, mx.array([scale], dtype=mx.float32)],
+        inputs=[q, k, v, m],
         template=tmpl,
         grid=(b * hkv * nchunks * THREADS, 1, 1),
         threadgroup=(THREADS, 1, 1),

@@ -15,7 +15,7 @@ import mlx.core as mx
 
 from ..errors import UnsupportedPrimitive
 from ..ir import Const, Eqn, Graph, Segment
-from .attention import AttentionMatch, find_attention
+from .attention import AttentionMatch, eager_fuses, find_attention
 from .attention import Kernel as Attention
 from .prim import Rule, lookup
 
@@ -88,6 +88,9 @@ def replay_fn(
     context: Sequence[Eqn] = (),
 ) -> Callable[..., list[mx.array]]:
     matches = find_attention(eqns, out_names, consts, shapes or {}, context) if attention is not None else []
+    if getattr(attention, "where_eager_fuses", False):  # "auto": attention.eager_fuses
+        producers = {o.name: e for e in (*context, *eqns) for o in e.outs}
+        matches = [m for m in matches if eager_fuses(m, shapes or {}, producers)]
     skip = {i for m in matches for i in m.skip}
     at = {m.last: m for m in matches}
     plan: list[tuple[Rule, Eqn, Sequence[str], tuple[str, ...]]] = []

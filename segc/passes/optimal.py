@@ -137,6 +137,9 @@ class Optimal:
                 lo = t
         in_b = np.cumsum(np.cumsum(rect, axis=0), axis=1)[:q, :q]
         d = dev[pts][None, :] - dev[pts][:, None] + in_b / m.bytes_per_s
+        if m.segment_sq_s > 0:  # the size term (costmodel): per kernel squared of the segment
+            kern0 = np.concatenate([[0.0], np.cumsum(np.array(oc.kernels, dtype=float))])[pts]
+            d = d + m.segment_sq_s * (kern0[None, :] - kern0[:, None]) ** 2
         ok = pts[None, :] > pts[:, None]
         if self.budget is not None:
             feas = np.zeros((q, q), dtype=bool)

@@ -4,7 +4,8 @@ Each :class:`Observation` is one plan of one workload: its segments as the cost 
 costed them with a base machine model (``costmodel.predict_time(..., commit=...)``:
 each segment's work at the base rates, its kernels, whether it is committed) and the
 measured seconds of a call. :func:`fit_machine` finds the machine figures that predict
-those seconds best: the per-kernel, per-segment and per-commit overheads, shared by
+those seconds best: the per-kernel, per-segment and per-commit overheads and the
+size term (``segment_sq_s``), shared by
 every observation, and a throughput ``scale`` (the factor by which real kernels are
 slower than the base rates: the bandwidth and FLOP rate are divided by it), one per
 group (``scales="group"``: a decode step's small matrix-vector products and a
@@ -52,8 +53,9 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "host_op_s": (1e-9, 1e-4),
     "commit_s": (1e-7, 1e-2),
     "encode_s": (1e-9, 1e-4),
+    "segment_sq_s": (1e-13, 1e-5),
 }
-FREE = ("scale", "launch_s", "dispatch_s", "host_op_s", "commit_s")
+FREE = ("scale", "launch_s", "dispatch_s", "host_op_s", "commit_s", "segment_sq_s")
 
 
 @dataclass(frozen=True)
@@ -87,14 +89,15 @@ def predict_many(obs: Sequence[Observation], base: MachineModel, values: dict[st
     def fig(name: str) -> np.ndarray:
         return values[name] if name in values else np.full(p, 1.0 if name == "scale" else getattr(base, name))
 
-    ln, dp, ho, cm, en = (fig(n) for n in ("launch_s", "dispatch_s", "host_op_s", "commit_s", "encode_s"))
+    names = ("launch_s", "dispatch_s", "host_op_s", "commit_s", "encode_s", "segment_sq_s")
+    ln, dp, ho, cm, en, sq = (fig(n) for n in names)
     out = np.empty((p, len(obs)))
     for j, o in enumerate(obs):
         sc = values.get(f"scale:{o.group}", fig("scale"))
         ks = [float(s.kernels) for s in o.segments]
         pre = [dp + ho * k for k in ks]
         host = [dp + (ho + en) * k for k in ks]
-        dev = [sc * s.work + ln * k for s, k in zip(o.segments, ks)]
+        dev = [sc * s.work + ln * k + sq * k * k for s, k in zip(o.segments, ks)]
         flags = [s.commit for s in o.segments]
         queue = [sc * s.queue_work + ln * s.queue_n for s in o.segments] if base.queue_kernels > 0 else None
         out[:, j] = pipeline_time(host, dev, pre, flags, cm, np.maximum, queue)

@@ -380,7 +380,7 @@ def jit(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
     ``commit`` (when segments are committed to the device: ``"auto"``, ``"segment"``,
     ``"fences"``; see :mod:`segc.runtime.executor`), ``attention`` (``"auto"``, ``"on"``,
     ``"off"``: whether a dynamic KV cache's masked decode attention runs as segc's fused
-    CUDA kernel; ``"auto"``: only with ``SEGC_FUSED_ATTENTION=1`` on a CUDA GPU, see
+    CUDA kernel; ``"auto"``: on a CUDA GPU unless ``SEGC_FUSED_ATTENTION=0``, see
     :mod:`segc.lower.attention`),
     ``name``,
     ``state`` (objects ``fn`` captures and mutates, e.g. KV caches; caches passed as

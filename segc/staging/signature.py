@@ -52,6 +52,15 @@ class Signature:
     state: tuple[tuple, ...] = ()
     paths: tuple[str, ...] = field(default=(), compare=False)  # each array leaf's path, for messages
 
+    def __hash__(self) -> int:
+        """Hashed once: a decode loop looks its signature up on every call, and the
+        parameters alone are hundreds of nested tuples."""
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.tree, self.leaves, self.params, self.state))
+            object.__setattr__(self, "_hash", h)
+        return h
+
     def closest(self, cached: Sequence[Signature]) -> Signature | None:
         """The cached signature this one was expected to hit: the same argument
         structure first, then the most equal leaves, parameters and state objects (the

@@ -61,6 +61,22 @@ def _kv_classes() -> tuple[type | None, type | None]:
     return types.get("KVCache"), types.get("RotatingKVCache")
 
 
+_POSITIONS: dict[int, mx.array] = {}
+
+
+def position(n: int) -> mx.array:
+    """``n`` as an ``int32`` array, one object for every cache of a call: a decode step's
+    caches share their offset, so a model of many layers makes one array per call
+    instead of one per cache (each is a host allocation and, on a GPU, a transfer).
+    Arrays are immutable, so sharing them changes nothing; a few are kept."""
+    a = _POSITIONS.get(n)
+    if a is None:
+        if len(_POSITIONS) >= 8:
+            _POSITIONS.clear()
+        a = _POSITIONS[n] = mx.array(n, dtype=mx.int32)
+    return a
+
+
 def _kv_slot(index: int, obj: Any, grown: dict[str, Any] | None) -> Slot | None:
     KV, _ = _kv_classes()
     if KV is None or not _is_exactly(obj, KV):
@@ -80,7 +96,7 @@ def _kv_slot(index: int, obj: Any, grown: dict[str, Any] | None) -> Slot | None:
         s.host["capacity"] = int(keys.shape[2])
         s.inputs += [keys, values]
         s.names += ["keys", "values"]
-    s.inputs.append(mx.array(off, dtype=mx.int32))
+    s.inputs.append(position(off))
     s.names.append("offset")
     return s
 
@@ -109,7 +125,7 @@ def _rot_slot(index: int, obj: Any, grown: dict[str, Any] | None) -> Slot | None
     s = Slot(index, obj, "dynamic", "rotating")
     s.host = {"offset": prev, "idx": idx, "max_size": max_size}
     s.key = ("RotatingKVCache", aval(keys), aval(values), keep, max_size)
-    s.inputs = [keys, values, mx.array(prev, dtype=mx.int32), mx.array(idx, dtype=mx.int32)]
+    s.inputs = [keys, values, position(prev), position(idx)]
     s.names = ["keys", "values", "offset", "idx"]
     return s
 

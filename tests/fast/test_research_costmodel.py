@@ -41,6 +41,20 @@ def test_predict_time_by_hand() -> None:
     assert one.total == pytest.approx(1e-5 + 2e-6 + 2 * (work + 1e-6))  # one dispatch, then both on the device
 
 
+def test_the_size_term_charges_kernels_squared() -> None:
+    """``segment_sq_s`` adds ``segment_sq * kernels**2`` to each segment's device span:
+    two segments of one kernel pay it twice, one segment of two kernels four times."""
+    sized = replace(TOY, segment_sq_s=1e-6)
+    cut, whole = parse(TWO), run_pass("strip_cuts", parse(TWO))
+    base_cut, base_whole = predict_time(cut, TOY), predict_time(whole, TOY)
+    got_cut, got_whole = predict_time(cut, sized), predict_time(whole, sized)
+    assert [b.device + 1e-6 for b in base_cut.segments] == pytest.approx([s.device for s in got_cut.segments])
+    assert got_whole.device == pytest.approx(base_whole.device + 4e-6)
+    # on the critical path: the whole plan's 4 us; of the cut plan's, the second segment's
+    # 1 us (the first runs while the host dispatches the second): 3 us in the cut's favour
+    assert got_cut.total - got_whole.total == pytest.approx(base_cut.total - base_whole.total - 3e-6)
+
+
 def test_a_cut_inside_a_fused_chain_costs_its_values() -> None:
     src = """\
 graph f(%a0: f32[4,8] arg="0") {

@@ -20,7 +20,7 @@ from segc.passes.costmodel import MachineModel, SegmentTime, pipeline_time, time
 from segc.research.fit import Observation, fit_machine, predict_many
 
 BASE = MachineModel("base", 1e12, 1e11, 1e-6, 1e-6, 1e-7, "by hand", 0.0, 0.0, "gpu")
-FIGURES = ("launch_s", "dispatch_s", "host_op_s", "commit_s")
+FIGURES = ("launch_s", "dispatch_s", "host_op_s", "commit_s", "segment_sq_s")
 
 
 def test_pipeline_with_commits_by_hand() -> None:
@@ -75,7 +75,7 @@ def _seconds(m: MachineModel, segs: list[SegmentTime]) -> float:
 
 
 GROUPS = {"decode": (14, 30e-6), "prefill": (14, 1.5e-3)}
-TRUE = {"launch_s": 3e-6, "dispatch_s": 2e-5, "host_op_s": 1e-6, "commit_s": 1.3e-4}
+TRUE = {"launch_s": 3e-6, "dispatch_s": 2e-5, "host_op_s": 1e-6, "commit_s": 1.3e-4, "segment_sq_s": 2e-9}
 
 
 def test_fit_recovers_a_shared_scale_and_every_overhead() -> None:
@@ -96,7 +96,7 @@ def test_fit_recovers_a_scale_per_group() -> None:
     were every workload device-bound, only the first commit's delay would show them,
     which does not tell a segment's dispatch from a commit."""
     truth = {"decode": _truth(2.5, **TRUE), "prefill": _truth(0.6, **TRUE)}
-    base = replace(BASE, launch_s=TRUE["launch_s"])
+    base = replace(BASE, launch_s=TRUE["launch_s"], segment_sq_s=TRUE["segment_sq_s"])
     groups = {"decode": (14, 3e-6), "prefill": GROUPS["prefill"]}
     free = ("scale", "dispatch_s", "host_op_s", "commit_s")
     fit = fit_machine(base, _observe(truth, groups), free=free, prior_weight=0)

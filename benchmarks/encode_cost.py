@@ -1,0 +1,219 @@
+"""What MLX charges the host per primitive when it evaluates a graph (issue 13).
+
+On MLX's CUDA build a decode step is host-bound: ``mx.async_eval`` (MLX encoding each
+primitive into a CUDA graph and launching it) takes longer than the device then needs
+(``decode_ablation.py``). This times, in one process, graphs of one kind of node at a
+time: a chain of views (``Transpose``, ``Reshape``), of small elementwise kernels, of
+decode-sized matrix-vector products, inside and outside ``mx.compile``; per node, the
+host time to build the graph and to encode it, and the wait for the device.
+
+Then it interleaves decode steps of the reference llama in the same process (eager
+mlx-lm, ``mx.compile``, segc's variants: ``segc`` one commit and MLX's decomposition of
+the attention, ``segcfused`` one commit and segc's fused attention, ``segcauto`` the
+defaults), round-robin, with the same split: in one process the variants share MLX's
+caches, so each appears twice (``A`` and ``B`` runs) as a check that the order does not
+move the figures. Then a decode loop's rate (``piped``: blocks of 8 calls back to back,
+each ``mx.async_eval``'d, the variants' blocks alternating) and, for segc's variants,
+its host time split into segc's call path and the executor's compiled calls.
+
+    python benchmarks/encode_cost.py [--layers 16] [--rounds 30] [--skip-nodes]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+def split_call(make: Callable[[], list[mx.array]]) -> tuple[float, float, float]:
+    """One call's seconds: building its graph (until ``make`` returns), MLX's encoding
+    and launch (until ``mx.async_eval`` returns), the wait for the device."""
+    mx.synchronize()
+    t0 = time.perf_counter()
+    out = make()
+    t1 = time.perf_counter()
+    mx.async_eval(out)
+    t2 = time.perf_counter()
+    mx.eval(out)
+    return t1 - t0, t2 - t1, time.perf_counter() - t2
+
+
+def _time(make: Callable[[], list[mx.array]], reps: int) -> dict[str, float]:
+    for _ in range(3):
+        mx.eval(make())
+    b, e, w = zip(*(split_call(make) for _ in range(reps)))
+    med = statistics.median
+    return {"build": med(b), "encode": med(e), "wait": med(w)}
+
+
+def node_costs(n: int, reps: int) -> dict[str, dict[str, float]]:
+    """Per node, microseconds: a chain of ``n`` nodes of one kind."""
+    small = mx.ones((64, 64), dtype=mx.bfloat16)
+    x = mx.ones((1, 2048), dtype=mx.bfloat16)
+    ws = [mx.random.normal((2048, 2048)).astype(mx.bfloat16) for _ in range(8)]
+    mx.eval(small, x, ws)
+
+    def transposes() -> list[mx.array]:
+        y = small
+        for _ in range(n):
+            y = y.T
+        return [y]
+
+    def reshapes() -> list[mx.array]:
+        y = small
+        for i in range(n):
+            y = y.reshape((32, 128) if i % 2 == 0 else (64, 64))
+        return [y]
+
+    def adds() -> list[mx.array]:
+        y = small
+        for _ in range(n):
+            y = y + small
+        return [y]
+
+    def gemvs() -> list[mx.array]:
+        y = x
+        for i in range(n // 4):
+            y = y @ ws[i % 8].T  # Transpose + Matmul
+        return [y]
+
+    def gemvs_pre() -> list[mx.array]:
+        y = x
+        for i in range(n // 4):
+            y = y @ wts[i % 8]  # Matmul of a transposed view made once
+        return [y]
+
+    wts = [w.T for w in ws]
+    mx.eval(wts)
+    chain = mx.compile(lambda y: transposes_of(y))
+
+    def transposes_of(y: mx.array) -> mx.array:
+        for _ in range(n):
+            y = y.T
+        return y
+
+    def compiled_transposes() -> list[mx.array]:
+        return [chain(small)]
+
+    cases = {
+        "transpose (view)": (transposes, n),
+        "reshape (view)": (reshapes, n),
+        "add (64x64 kernel)": (adds, n),
+        "transpose + gemv 2048": (gemvs, n // 4),
+        "gemv 2048 on a view made once": (gemvs_pre, n // 4),
+        "transpose in mx.compile": (compiled_transposes, n),
+    }
+    out = {}
+    for name, (f, nodes) in cases.items():
+        t = _time(f, reps)
+        out[name] = {k: 1e6 * v / nodes for k, v in t.items()}
+    return out
+
+
+def _with_caches(y: Any, fc: Any) -> list[mx.array]:
+    """A call's outputs and the caches it updates: what one call must evaluate."""
+    return y if isinstance(y, list) else [y, *fc.arrays()]
+
+
+SEGC = {  # segc's variants: (commit, attention)
+    "segc": ("fences", "off"),
+    "segcfused": ("fences", "on"),
+    "segcauto": ("auto", "auto"),  # the defaults
+}
+
+
+def decode_interleaved(
+    layers: int, rounds: int, variants: list[str]
+) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
+    """Per variant and run (``A``, ``B``), medians in ms; and per segc variant, its host
+    time split into segc's call path and the executor's loop (``bench_llama.host_split``)."""
+    from bench_llama import FixedContext, compiled_with_cache, host_split, make_model
+
+    import segc
+
+    model = make_model("reference", layers=layers)
+    fc = FixedContext(model, 1024)
+    x = mx.array([[1]])
+    fns: dict[str, Callable[[], Any]] = {}
+    steps: dict[str, Any] = {}
+    for v in variants:
+        if v == "eager":
+            fns[v] = lambda: model(x, cache=fc.reset())
+        elif v == "compile":
+            f = compiled_with_cache(model, fc)
+            fns[v] = lambda f=f: f(x)
+        else:
+            commit, attention = SEGC[v]
+            step = segc.jit(model, boundaries="layers.*", commit=commit, attention=attention, validate=False)
+            fns[v] = lambda step=step: step(x, cache=fc.reset())
+            steps[v] = step
+    order = [(f"{v}/{r}", fns[v]) for r in "AB" for v in variants]
+    for _, f in order:
+        mx.eval(f(), fc.arrays())
+    acc: dict[str, dict[str, list[float]]] = {k: {"build": [], "encode": [], "wait": []} for k, _ in order}
+    for i in range(rounds):
+        seq = order if i % 2 == 0 else order[::-1]
+        for k, f in seq:
+            parts = split_call(lambda f=f: _with_caches(f(), fc))
+            for part, t in zip(("build", "encode", "wait"), parts):
+                acc[k][part].append(t)
+    # a decode loop's rate: blocks of calls back to back (each async_eval'd, as mlx-lm's
+    # loop does), one wait per block; the variants' blocks alternate
+    piped: dict[str, list[float]] = {f"{v}/piped": [] for v in variants}
+    for i in range(rounds):
+        for v in variants if i % 2 == 0 else variants[::-1]:
+            mx.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(8):
+                mx.async_eval(_with_caches(fns[v](), fc))
+            mx.eval(fc.arrays())
+            piped[f"{v}/piped"].append((time.perf_counter() - t0) / 8)
+    for k, ts in piped.items():
+        acc[k] = {"build": [0.0], "encode": [0.0], "wait": ts}  # the whole block's time per call, as "wait"
+    split = {v: host_split(st, fns[v], fc.arrays, rounds) for v, st in steps.items()}
+    split = {v: {k: (1e3 * x if k.endswith("_s") else x) for k, x in d.items()} for v, d in split.items()}
+    return {k: {p: 1e3 * statistics.median(v) for p, v in d.items()} for k, d in acc.items()}, split
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=400)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--variants", default="eager,compile,segc,segcfused")
+    ap.add_argument("--skip-nodes", action="store_true", help="only the decode steps")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    print(f"encode cost on {mx.default_device()}")
+    nc = {} if a.skip_nodes else node_costs(a.nodes, a.reps)
+    if nc:
+        print(f"  per node, us:           {'build':>8} {'encode':>8} {'wait':>8}")
+    for k, v in nc.items():
+        print(f"  {k:<30} {v['build']:8.2f} {v['encode']:8.2f} {v['wait']:8.2f}")
+    dec, split = decode_interleaved(a.layers, a.rounds, a.variants.split(","))
+    print(f"decode step, {a.layers} layers, context 1024, one process, round-robin x{a.rounds}, ms:")
+    print(f"  {'variant/run':<16} {'build':>8} {'encode':>8} {'wait':>8} {'wall':>8}")
+    for k, v in dec.items():
+        print(f"  {k:<16} {v['build']:8.3f} {v['encode']:8.3f} {v['wait']:8.3f} {sum(v.values()):8.3f}")
+    for k, v in split.items():
+        print(
+            f"  {k}: build {v['call_s']:.3f} ms = segc's call path {v['call_path_s']:.3f} + executor "
+            f"{v['executor_s']:.3f} ({v['segments']} segments, {v['executor_per_segment_s']:.3f} each)"
+        )
+    if a.json:
+        Path(a.json).write_text(json.dumps({"node_costs": nc, "decode": dec, "host_split": split}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
