@@ -177,16 +177,20 @@ def run_all(a: argparse.Namespace, path: Path) -> None:
     print(f"transfer bound: {weight_bytes / bw * 1e3:.1f} ms to read every weight once")
     variants = [Variant("resident", a, path)]
     refused = {}
-    runs = [(f, mode, a.depth, a.evict) for f in fractions for mode in ("drain", "fenced")]
-    if a.settings:  # the defaults measured: other depths and the other eviction, at one budget
+    runs = [(f, mode, a.depth, a.evict, True) for f in fractions for mode in ("drain", "fenced")]
+    if a.settings:  # the defaults measured: other depths, the other eviction, no recycling, at one budget
         f = float(a.settings)
-        runs += [(f, "fenced", d, a.evict) for d in (0, 1, 2) if d != a.depth]
-        runs += [(f, "fenced", a.depth, e) for e in ("lru", "mru") if e != a.evict]
-    for f, mode, depth, evict in runs:
+        runs += [(f, "fenced", d, a.evict, True) for d in (0, 1, 2) if d != a.depth]
+        runs += [(f, "fenced", a.depth, e, True) for e in ("lru", "mru") if e != a.evict]
+        runs += [(f, "fenced", a.depth, a.evict, False)]
+    for f, mode, depth, evict, recycle in runs:
         settings = "" if (depth, evict) == (a.depth, a.evict) else f"depth={depth} evict={evict}"
+        settings += "" if recycle else "no recycling"
         name = f"{mode} f={f:g}" + (f" {settings}" if settings else "")
         # the caches stay in memory here: these rows page the weights (the KV case below pages both)
-        pm = PagedModel(path, budget=1 << 50, mode=mode, depth=depth, evict=evict, source=a.source, kv_paging=False)
+        pm = PagedModel(
+            path, budget=1 << 50, mode=mode, depth=depth, evict=evict, source=a.source, kv_paging=False, recycle=recycle
+        )
         limit = int(f * weight_bytes)
         if limit < max(pm.page_bytes):
             refused[name] = f"one page needs {max(pm.page_bytes)} bytes"

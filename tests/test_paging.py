@@ -109,10 +109,18 @@ def test_paged_runs_are_the_resident_run(dirs: dict[str, Path], arch: str) -> No
         # every page of every band was read again and again: the budget forced evictions
         assert pm.stats.loaded_bytes > 2 * pm.weight_bytes
         assert pm.stats.peak_resident <= pm.budget
+        # and evicted pages' buffers were read into again (the layers' pages match)
+        assert 0 < pm.stats.recycled_bytes < pm.stats.loaded_bytes
     finally:
         pm.close()
     drained = PagedModel(dirs[arch], budget=pm.budget, mode="drain", evict="lru", depth=0)
     assert paged_run(drained, 16, 2, banded=True) == want[:3]
+    fresh = PagedModel(dirs[arch], budget=pm.budget, recycle=False, timeout=30)
+    try:
+        assert paged_run(fresh, 16, 2, banded=True) == want[:3]
+        assert fresh.stats.recycled_bytes == 0
+    finally:
+        fresh.close()
 
 
 @settings(max_examples=examples(6))
@@ -356,3 +364,38 @@ def test_the_pager_waits_for_a_slow_dispatch_thread_and_ends_with_a_dead_one(dir
         assert isinstance(pager.error, PagingError) and "reclaim" in str(pager.error), pager.error
     finally:
         pager.close()
+
+
+def test_a_graph_that_hands_on_a_weight_view_is_not_recycled() -> None:
+    """The pager recycles an evicted page's buffers only if no segment's output is a
+    parameter or a view of one (``CallPlan.aliased``): such an output could outlive its
+    band in the stash, and overwriting the buffer would change it."""
+    import mlx.nn as nn
+
+    import segc
+    from segc.engine.paging.plan import call_plan
+
+    class Layer(nn.Module):
+        def __init__(self, hands_on: bool) -> None:
+            super().__init__()
+            self.w = mx.ones((4, 4))
+            self.hands_on = hands_on
+
+        def __call__(self, x: mx.array) -> Any:
+            y = x @ self.w.T
+            return (y, self.w.T) if self.hands_on else (y, y.T)
+
+    class Model(nn.Module):
+        def __init__(self, hands_on: bool) -> None:
+            super().__init__()
+            self.layers = [Layer(hands_on)]
+
+        def __call__(self, x: mx.array) -> mx.array:
+            y, t = self.layers[0](x)
+            return y @ t  # the head: reads what the layer handed on
+
+    x = mx.ones((1, 4))
+    for hands_on in (True, False):
+        m = Model(hands_on)
+        g = segc.jit(m, boundaries="layers.*").lower(x).graph
+        assert call_plan(g, 1, 1).aliased is hands_on

@@ -8,9 +8,8 @@ model in place of its stand-ins; after the dispatch (``mx.async_eval``, no host 
 the stand-ins go back and the pager is told which outputs the band makes; once they
 exist (``reclaim``) its page may be evicted. The pager loads the next pages meanwhile.
 
-The caller's caches are written only at the end of a call: the bands write into shallow
-copies, so a call that fails (a tensor that cannot be read, a wait that times out)
-leaves them, and every earlier output, as they were.
+The caller's caches are written only at the end of a call (the bands write into shallow
+copies): a call that fails leaves them, and every earlier output, as they were.
 
 With KV paging (``kv_paging``; "auto" pages the caches only when they do not fit beside
 the pages) each band's cache buffers are read back from the KV store with its first
@@ -46,6 +45,7 @@ class PagingStats:
     calls: int = 0
     bands: int = 0  # band calls dispatched
     loaded_bytes: int = 0  # weight bytes read
+    recycled_bytes: int = 0  # of those, read straight into evicted pages' MLX buffers (no copy-in)
     peak_resident: int = 0  # the most weight bytes held at once
     needed: int = 0  # the largest budget a call so far needed (the smallest that runs them all)
     kv_paged_calls: int = 0  # calls that paged the KV caches
@@ -81,9 +81,9 @@ def _drop_outputs(stash: dict[str, mx.array], outputs: list[Any]) -> None:
 
 
 def _kv_option(value: Any) -> bool | str:
-    if not isinstance(value, bool | str) or value not in (True, False, "auto"):
-        raise ScheduleError(f"kv_paging must be True, False or 'auto', got {value!r}")
-    return cast(bool | str, value)
+    if isinstance(value, bool | str) and value in (True, False, "auto"):
+        return cast(bool | str, value)
+    raise ScheduleError(f"kv_paging must be True, False or 'auto', got {value!r}")
 
 
 class PagedModel:
@@ -97,8 +97,9 @@ class PagedModel:
     wait may block; ``kv_paging``: ``"auto"`` (page the KV caches of the layers outside
     the running bands when a call's caches do not fit beside its pages), ``True``
     (always) or ``False`` (never: such a call is refused); ``kv_dir``: where the KV
-    store keeps its host copies (default: a new directory in ``/dev/shm``). ``budget``
-    may be changed between calls."""
+    store keeps its host copies (default: a new directory in ``/dev/shm``); ``recycle``:
+    evicted pages' buffers read into by the next pages (``recycle.py``). ``budget`` may
+    be changed between calls."""
 
     def __init__(
         self,
@@ -114,7 +115,10 @@ class PagedModel:
         timeout: float = 10.0,
         kv_paging: bool | str = "auto",
         kv_dir: str | Path | None = None,
+        recycle: bool = True,
     ):
+        if not isinstance(recycle, bool):
+            raise ScheduleError(f"recycle must be True or False, got {recycle!r}")
         if mode not in ("fenced", "drain"):
             raise ScheduleError(f"mode must be 'fenced' or 'drain', got {mode!r}")
         if source not in ("disk", "host"):
@@ -134,13 +138,14 @@ class PagedModel:
         self.n_layers = self.skeleton.n_layers
         self.band = min(band, self.n_layers)
         self.budget, self.depth, self.evict, self.mode, self.timeout = budget, depth, evict, mode, timeout
-        self.kv_paging = _kv_option(kv_paging)
+        self.kv_paging, self.recycle = _kv_option(kv_paging), recycle
         self.kv = KVStore(kv_dir)  # outlives ``close``: the caches the caller holds read from it
         self.step = jit(self.model, boundaries="auto", validate=False, name=f"paged {self.path.name}")
         self.step.set_windows(BandWindows(self.n_layers, self.band))
         self.bands = band_members(self.n_layers, self.band)
         self.stats = PagingStats()
         self._plans: dict[Any, CallPlan] = {}
+        self._aliased = False  # a traced graph hands on a view of a parameter: no recycling
         self.pages: tuple[tuple[str, ...], ...] | None = None
         self.page_bytes: list[int] = []
         self.pager: Pager | None = None
@@ -220,6 +225,7 @@ class PagedModel:
             tile = self._tile([_copy(c) for c in cache], self.bands[0])
             g = self.step.lower(x, cache=tile).graph
             plan = self._plans[key] = call_plan(g, self.n_layers, self.band)
+            self._aliased |= plan.aliased  # then no page's buffers are recycled (pager.py)
             if self.pages is None:
                 self.pages = plan.pages
                 self.page_bytes = [sum(self.source.tensors[n].nbytes for n in p) for p in plan.pages]
@@ -340,6 +346,7 @@ class PagedModel:
             raise ScheduleError(f"paged call: {len(cache)} caches for {self.n_layers} layers")
         call = self._prepare(xs, cache)
         pager = self._pager(call.limit)
+        pager.recycle = self.recycle and not self._aliased
         shadows = [_copy(c) for c in cache]  # the caller's caches are written at the end only
         stashes: list[dict[str, mx.array]] = [{} for _ in xs]
         reads, last = self._kv_schedule(order, cache) if call.kv_paged else (None, {})
@@ -368,10 +375,8 @@ class PagedModel:
                     del tile
                 kept = [a for i in members for a in _arrays(shadows[i])]
                 _drop_outputs(stashes[t], [*kept, y])
-                made = [*stashes[t].values(), *kept]
-                if y is not None:
-                    made.append(y)
-                    out = y
+                made = [*stashes[t].values(), *kept, *([y] if y is not None else [])]
+                out = y if y is not None else out
                 pager.complete(ticket, made, self._write_out(shadows, members) if last.get(k) == j else None)
                 self.stats.bands += 1
                 if self.on_segment is not None:
@@ -387,9 +392,8 @@ class PagedModel:
             c.__dict__.update(vars(s))
         self.stats.calls += 1
         self.stats.kv_paged_calls += call.kv_paged
-        self.stats.kv_read_bytes = self.kv.read_bytes
-        self.stats.kv_written_bytes = self.kv.written_bytes
-        self.stats.loaded_bytes = pager.loaded_bytes
+        self.stats.kv_read_bytes, self.stats.kv_written_bytes = self.kv.read_bytes, self.kv.written_bytes
+        self.stats.loaded_bytes, self.stats.recycled_bytes = pager.loaded_bytes, pager.recycled_bytes
         self.stats.peak_resident = max(self.stats.peak_resident, pager.peak_bytes)
         assert out is not None
         return out

@@ -11,15 +11,12 @@ bands will run. Two :class:`~segc.runtime.events.Event` timelines record them:
 - ``reclaim`` reaches ``t + 1`` when ticket ``t``'s band has completed (its outputs
   exist): from then on its page may be evicted.
 
-**Every MLX call stays on the dispatch thread.** MLX 0.32.4 is not thread-safe: with a
-completer thread evaluating each band's outputs and the pager thread making
-``mx.array``s beside the dispatch thread, the process crashed (SIGSEGV) in 2 of 4 stress
-runs of the paging tests on the CPU. So
-the pager thread only reads bytes into host memory (numpy); the dispatch thread copies
-a page into MLX's memory at its admit fence, waits for a band's outputs when ``depth``
-later bands have been dispatched after it (the device keeps running those meanwhile),
-and evicts (drops the arrays of) completed pages to make room for the pages the pager
-reads next. The pager thread waits for room, never evicts.
+**Every MLX call stays on the dispatch thread** (MLX 0.32.4 is not thread-safe: helper
+threads calling MLX crashed the paging tests, docs/paging.md). The pager thread only
+reads bytes into host memory (numpy), or into the buffers of a page evicted before
+(``recycle.py``); the dispatch thread copies host copies into MLX at the admit fence,
+waits for a band's outputs ``depth`` bands later, and evicts completed pages to make
+room for the pages the pager reads next. The pager thread waits for room, never evicts.
 
 Loading ticket ``t`` waits until ``reclaim >= t - depth`` (at most ``depth`` tickets
 ahead of the running one) and until the page fits under the limit. Which completed page
@@ -52,6 +49,7 @@ from ...errors import PagingError, ScheduleError, WaitTimeout
 from ...runtime.events import Event
 from .kvstore import KVBlock, KVStore
 from .kvtickets import KVTickets
+from .recycle import recycle, upcoming
 from .source import DiskSource
 
 _END = 2**62  # both events jump here when the pager ends: no waiter is left hanging
@@ -66,6 +64,8 @@ class _Held:
     arrays: dict[str, Any] = field(default_factory=dict)  # numpy host copies, then mx.arrays
     ready: bool = False  # read in full
     device: bool = False  # its arrays are mx.arrays
+    base: dict[str, Any] = field(default_factory=dict)  # recycled MLX buffers to read tensors into
+    views: dict[str, Any] = field(default_factory=dict)  # and host views of them, made on the dispatch thread
 
 
 class Pager:
@@ -82,6 +82,7 @@ class Pager:
         threaded: bool = True,
         timeout: float = 10.0,
         kv_store: KVStore | None = None,
+        recycle: bool = True,
     ):
         if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
             raise ScheduleError(f"prefetch depth must be an int >= 0, got {depth!r}")
@@ -90,10 +91,15 @@ class Pager:
         self.source = source
         self.pages = [list(p) for p in pages]
         self.sizes = [sum(source.tensors[n].nbytes for n in p) for p in self.pages]
+        # what a buffer must be to serve another tensor (recycle.py): its shape and dtype
+        kinds = {n: (i.shape, i.dtype) for n, i in source.tensors.items()}
+        self._recycling = (self.pages, self.sizes, kinds)
+        self.recycled_bytes = 0  # bytes read straight into recycled MLX buffers
         self.limit = limit
         if self.sizes and max(self.sizes) > limit:
             raise PagingError(f"a page of {max(self.sizes)} bytes does not fit under the pager's limit of {limit}")
         self.depth, self.evict, self.threaded, self.timeout = depth, evict, threaded, timeout
+        self.recycle = recycle  # evicted pages' MLX buffers read into by later pages (module docstring)
         self.resident = Event(name="resident")
         self.reclaim = Event(name="reclaim")
         self.error: PagingError | None = None
@@ -173,6 +179,7 @@ class Pager:
         return held.arrays
 
     def _copy_in(self, held: _Held) -> None:
+        """Host copies into MLX's memory; tensors read into recycled buffers cost nothing."""
         for n in list(held.arrays):  # a tensor at a time: one host copy beside its array
             a = held.arrays[n]
             held.arrays[n] = mx.array(a)
@@ -180,6 +187,8 @@ class Pager:
             with self._cv:
                 self.host_bytes -= a.nbytes
             del a
+        held.arrays.update(held.base)
+        held.base, held.views = {}, {}
         held.device = True
         with self._cv:  # from here on, only the pages read ahead are host copies
             self.peak_host_bytes = self.host_bytes
@@ -235,17 +244,14 @@ class Pager:
                 if p not in self.held and p not in seen:
                     seen.add(p)
                     need += self.sizes[p]
-            done = self.reclaim.value
-            while self.resident_bytes + need > self.limit:
-                free = [(h.last, p) for p, h in self.held.items() if h.last < done and h.ready]
-                if not free:
-                    break
-                _, p = max(free) if self.evict == "mru" else min(free)
-                h = self.held.pop(p)
-                self.resident_bytes -= h.nbytes
-                if not h.device:
-                    self.host_bytes -= sum(a.nbytes for a in h.arrays.values())
-                h.arrays.clear()  # on this thread: MLX frees the page's memory here
+            spare: list[tuple[str, Any]] = []  # evicted pages' MLX buffers, by tensor
+            while self.resident_bytes + need > self.limit and self._evict_one(spare):
+                pass
+            wanted = upcoming(self._queue, self._owner, self.held, upto) if spare else []
+            for t, p, base, views in recycle(spare, wanted, self.limit - self.resident_bytes, *self._recycling):
+                self.held[p] = _Held(self.sizes[p], t, base=base, views=views)
+                self.resident_bytes += self.sizes[p]
+            self.peak_bytes = max(self.peak_bytes, self.resident_bytes)
             self._cv.notify_all()
 
     def shrink(self, limit: int) -> None:
@@ -258,13 +264,16 @@ class Pager:
             self._make_room(-1)
             with self._cv:
                 while self.resident_bytes > limit and self.held:
-                    if not self._evict_any():
+                    if not self._evict_one():
                         break
         finally:
             with self._cv:
                 self._queue = queue
 
-    def _evict_any(self) -> bool:
+    def _evict_one(self, spare: list[tuple[str, Any]] | None = None) -> bool:
+        """Evict one completed page (``evict`` picks which); False if none is. Its MLX
+        buffers go to ``spare`` (for :func:`recycle`) where given and recycling is on;
+        else MLX frees them here, on the dispatch thread."""
         done = self.reclaim.value
         free = [(h.last, p) for p, h in self.held.items() if h.last < done and h.ready]
         if not free:
@@ -274,6 +283,8 @@ class Pager:
         self.resident_bytes -= h.nbytes
         if not h.device:
             self.host_bytes -= sum(a.nbytes for a in h.arrays.values())
+        elif spare is not None and self.threaded and self.recycle:
+            spare += h.arrays.items()
         h.arrays.clear()
         return True
 
@@ -340,8 +351,14 @@ class Pager:
                         self.resident_bytes += h.nbytes
                         self.peak_bytes = max(self.peak_bytes, self.resident_bytes)
                 if not h.ready:
-                    for n in self.pages[p]:
-                        a = self.source.host(n)  # raises PagingError naming the file and tensor
+                    for n in self.pages[p]:  # each raises PagingError naming the file and tensor
+                        view = h.views.get(n)
+                        if view is not None:  # a recycled MLX buffer: the bytes go straight in
+                            self.source.read_into(n, view)
+                            with self._cv:
+                                self.recycled_bytes += view.nbytes
+                            continue
+                        a = self.source.host(n)
                         with self._cv:
                             h.arrays[n] = a
                             self.host_bytes += a.nbytes
@@ -372,7 +389,7 @@ class Pager:
         p = self._owner[t]
         h = self.held.get(p)
         if h is None:
-            while self.resident_bytes + self.sizes[p] > self.limit and self._evict_any():
+            while self.resident_bytes + self.sizes[p] > self.limit and self._evict_one():
                 pass
             h = self.held[p] = _Held(self.sizes[p], t, {n: self.source.read(n) for n in self.pages[p]}, True, True)
             self.resident_bytes += h.nbytes

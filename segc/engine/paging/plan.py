@@ -44,6 +44,9 @@ class CallPlan:
     head: int = 0  # the bytes of the outputs the model's head makes (the logits)
     # per layer: (shape, dtype) of each state output its segment makes, in output order
     kv_avals: tuple[tuple[tuple[tuple[int, ...], str], ...], ...] = ()
+    # a segment's output is a parameter or a view of one: a page's buffers may outlive its
+    # band (in the stash or the call's outputs), so the pager must not recycle them
+    aliased: bool = False
 
     def reserve(self, chunks: int = 1) -> int:
         return max(self.temps) + sum(self.kept) + chunks * sum(self.stash) + self.state
@@ -103,7 +106,12 @@ def call_plan(g: Graph, n_layers: int, band: int) -> CallPlan:
         kept.append(keep)
         stash.append(out)
     band_state = tuple(sum(per_layer[i] for i in members) for members in band_members(n_layers, band))
-    return CallPlan(tuple(pages), tuple(temps), tuple(kept), tuple(stash), state, band_state, head, kv_avals)
+    of_params = set(params)  # parameters and views of them only (``views`` also holds broadcasts)
+    for e in g.eqns:
+        if e.prim in VIEWS and e.ins and e.ins[0] in of_params:
+            of_params.update(o.name for o in e.outs)
+    aliased = any(v in of_params for s in segs for v in s.outputs)
+    return CallPlan(tuple(pages), tuple(temps), tuple(kept), tuple(stash), state, band_state, head, kv_avals, aliased)
 
 
 def _container(model: nn.Module, path: str) -> tuple[Any, Any]:

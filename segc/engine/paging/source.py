@@ -131,6 +131,11 @@ class DiskSource:
         """Tensor ``name`` as an evaluated ``mx.array`` (bfloat16 as uint16 bits)."""
         return self._get(name, mx.array)
 
+    def read_into(self, name: str, out: np.ndarray) -> None:
+        """Tensor ``name``'s bytes copied into ``out`` (a host view of an MLX buffer of its
+        numpy dtype and shape): one copy, no MLX call (the pager thread's recycled pages)."""
+        self._get(name, lambda raw: np.copyto(out, raw, casting="no"))
+
     def host(self, name: str) -> np.ndarray:
         """Tensor ``name``'s bytes copied into host memory (a numpy array): read from the
         medium without touching MLX, for :func:`to_device` on the dispatch thread."""
