@@ -399,3 +399,38 @@ def test_a_graph_that_hands_on_a_weight_view_is_not_recycled() -> None:
         m = Model(hands_on)
         g = segc.jit(m, boundaries="layers.*").lower(x).graph
         assert call_plan(g, 1, 1).aliased is hands_on
+
+
+def test_the_dispatch_thread_waits_for_a_slow_pager_without_spinning(
+    dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a slow medium and a tight budget the dispatch thread waits at the admit
+    fence; it helps the pager (waiting for outputs, evicting) only when that frees
+    something. Counted by ``_make_room`` calls: a few per band, where a dispatch thread
+    that spins while the pager reads makes thousands (it did: 76,000 in 8 tokens)."""
+    from segc.engine.paging.pager import Pager
+
+    path = dirs["llama"]
+    pm = PagedModel(path, budget=tight(path, 16, 2), timeout=30)
+    base = pm.source._raw
+
+    def slow(info: Any) -> Any:
+        time.sleep(0.002)  # a slow medium: every tensor takes a while
+        return base(info)
+
+    calls = []
+    real = Pager._make_room
+
+    def counting(self: Pager, upto: int) -> None:
+        calls.append(upto)
+        real(self, upto)
+
+    pm.source.reader = slow
+    monkeypatch.setattr(Pager, "_make_room", counting)
+    try:
+        want = resident(path, 16, 2)
+        assert paged_run(pm, 16, 2, banded=False) == want
+        assert pm.stats.loaded_bytes > pm.weight_bytes  # pages were read again
+        assert len(calls) <= 4 * pm.stats.bands, (len(calls), pm.stats.bands)
+    finally:
+        pm.close()

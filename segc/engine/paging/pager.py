@@ -162,14 +162,16 @@ class Pager:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         raise WaitTimeout("resident", ticket + 1, self.resident.value, self.timeout, where)
-                    if self._pending or self._room_wanted():  # the pager waits on us: help it
+                    if self._pending or self._room_wanted(ticket):  # the pager waits on us: help it
+                        before = (len(self._pending), self.resident_bytes)
                         self._cv.release()
                         try:
                             self._wait_for(ticket)
                             self._make_room(ticket)
                         finally:
                             self._cv.acquire()
-                        continue
+                        if (len(self._pending), self.resident_bytes) != before:
+                            continue  # it helped; else wait for the pager rather than spin
                     self._cv.wait(left)
         if self.error is not None:
             raise self.error
@@ -224,13 +226,12 @@ class Pager:
                 self.reclaim.signal(t + 1)
                 self._cv.notify_all()
 
-    def _room_wanted(self) -> bool:
-        t = self._queue[0] if self._queue else None
-        return (
-            t is not None
-            and self._owner[t] not in self.held
-            and self.resident_bytes + self.sizes[self._owner[t]] > self.limit
-        )
+    def _room_wanted(self, upto: int) -> bool:
+        """The pager waits for room for a ticket up to ``upto`` (for a later one nothing
+        but its own read frees room: spinning would take a core from it)."""
+        t = self._queue[0] if self._queue else upto + 1
+        p = self._owner.get(t)
+        return t <= upto and p not in self.held and self.resident_bytes + self.sizes[p] > self.limit  # type: ignore[index]
 
     def _make_room(self, upto: int) -> None:
         """Evict completed pages until the pages of the tickets not yet read, up to
@@ -263,17 +264,15 @@ class Pager:
         try:
             self._make_room(-1)
             with self._cv:
-                while self.resident_bytes > limit and self.held:
-                    if not self._evict_one():
-                        break
+                while self.resident_bytes > limit and self.held and self._evict_one():
+                    pass
         finally:
             with self._cv:
                 self._queue = queue
 
     def _evict_one(self, spare: list[tuple[str, Any]] | None = None) -> bool:
-        """Evict one completed page (``evict`` picks which); False if none is. Its MLX
-        buffers go to ``spare`` (for :func:`recycle`) where given and recycling is on;
-        else MLX frees them here, on the dispatch thread."""
+        """Evict one completed page (``evict`` picks which; False if none is); its MLX
+        buffers go to ``spare`` (``recycle.py``) or MLX frees them here."""
         done = self.reclaim.value
         free = [(h.last, p) for p, h in self.held.items() if h.last < done and h.ready]
         if not free:
