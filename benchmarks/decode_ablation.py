@@ -1,4 +1,8 @@
-"""Which part of segc's dynamic decode graph costs device time (issue 13), without segc.
+"""Where segc's dynamic decode step spends its time (issue 13), with and without segc.
+
+(It was written to find which part of the dynamic graph costs *device* time; it found
+that a decode step on the GPU is host-bound in MLX's encoding: docs/performance.md,
+"where the host time goes".)
 
 segc's dynamic KV cache differs from mlx-lm's in three ways (segc/trace/kvcache.py):
 the write position is an array (``DynamicSliceUpdate``), attention reads the whole buffer
