@@ -153,17 +153,10 @@ def _nodes(outs: list[mx.array]) -> dict[str, int]:
 
 
 def _model(layers: int) -> Any:
-    from segc.models import tiny_llama
+    """The reference llama (bench_llama.py's preset) with ``layers`` layers."""
+    from bench_llama import make_model  # this directory is on sys.path when run as a script
 
-    return tiny_llama(
-        num_hidden_layers=layers,
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        vocab_size=32000,
-        dtype=mx.bfloat16,
-    )
+    return make_model("reference", layers=layers)
 
 
 def _plain(variant: str, context: int, layers: int, compiled: bool) -> Callable[[], list[mx.array]]:

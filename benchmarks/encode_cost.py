@@ -134,9 +134,10 @@ SEGC = {  # segc's variants: (commit, attention)
 
 def decode_interleaved(
     layers: int, rounds: int, variants: list[str]
-) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
-    """Per variant and run (``A``, ``B``), medians in ms; and per segc variant, its host
-    time split into segc's call path and the executor's loop (``bench_llama.host_split``)."""
+) -> tuple[dict[str, dict[str, float]], dict[str, float], dict[str, dict[str, float]]]:
+    """Per variant and run (``A``, ``B``), medians in ms; per variant, a decode loop's ms
+    per token (``piped``); and per segc variant, its host time split into segc's call
+    path and the executor's loop (``bench_llama.host_split``)."""
     from bench_llama import FixedContext, compiled_with_cache, host_split, make_model
 
     import segc
@@ -169,7 +170,7 @@ def decode_interleaved(
                 acc[k][part].append(t)
     # a decode loop's rate: blocks of calls back to back (each async_eval'd, as mlx-lm's
     # loop does), one wait per block; the variants' blocks alternate
-    piped: dict[str, list[float]] = {f"{v}/piped": [] for v in variants}
+    piped: dict[str, list[float]] = {v: [] for v in variants}
     for i in range(rounds):
         for v in variants if i % 2 == 0 else variants[::-1]:
             mx.synchronize()
@@ -177,12 +178,11 @@ def decode_interleaved(
             for _ in range(8):
                 mx.async_eval(_with_caches(fns[v](), fc))
             mx.eval(fc.arrays())
-            piped[f"{v}/piped"].append((time.perf_counter() - t0) / 8)
-    for k, ts in piped.items():
-        acc[k] = {"build": [0.0], "encode": [0.0], "wait": ts}  # the whole block's time per call, as "wait"
+            piped[v].append((time.perf_counter() - t0) / 8)
     split = {v: host_split(st, fns[v], fc.arrays, rounds) for v, st in steps.items()}
     split = {v: {k: (1e3 * x if k.endswith("_s") else x) for k, x in d.items()} for v, d in split.items()}
-    return {k: {p: 1e3 * statistics.median(v) for p, v in d.items()} for k, d in acc.items()}, split
+    per_call = {k: {p: 1e3 * statistics.median(v) for p, v in d.items()} for k, d in acc.items()}
+    return per_call, {v: 1e3 * statistics.median(ts) for v, ts in piped.items()}, split
 
 
 def main() -> None:
@@ -201,18 +201,23 @@ def main() -> None:
         print(f"  per node, us:           {'build':>8} {'encode':>8} {'wait':>8}")
     for k, v in nc.items():
         print(f"  {k:<30} {v['build']:8.2f} {v['encode']:8.2f} {v['wait']:8.2f}")
-    dec, split = decode_interleaved(a.layers, a.rounds, a.variants.split(","))
+    dec, piped, split = decode_interleaved(a.layers, a.rounds, a.variants.split(","))
     print(f"decode step, {a.layers} layers, context 1024, one process, round-robin x{a.rounds}, ms:")
     print(f"  {'variant/run':<16} {'build':>8} {'encode':>8} {'wait':>8} {'wall':>8}")
     for k, v in dec.items():
         print(f"  {k:<16} {v['build']:8.3f} {v['encode']:8.3f} {v['wait']:8.3f} {sum(v.values()):8.3f}")
+    print("a decode loop (blocks of 8 calls, each async_eval'd), ms per token:")
+    for k, ms in piped.items():
+        print(f"  {k:<16} {ms:8.3f}")
     for k, v in split.items():
         print(
             f"  {k}: build {v['call_s']:.3f} ms = segc's call path {v['call_path_s']:.3f} + executor "
             f"{v['executor_s']:.3f} ({v['segments']} segments, {v['executor_per_segment_s']:.3f} each)"
         )
     if a.json:
-        Path(a.json).write_text(json.dumps({"node_costs": nc, "decode": dec, "host_split": split}, indent=1))
+        Path(a.json).write_text(
+            json.dumps({"node_costs": nc, "decode": dec, "piped": piped, "host_split": split}, indent=1)
+        )
 
 
 if __name__ == "__main__":

@@ -124,14 +124,15 @@ def test_paged_runs_are_the_resident_run(dirs: dict[str, Path], arch: str) -> No
 
 
 @settings(max_examples=examples(6))
-@example(band=1, depth=0, evict="lru", chunk=16, source="disk")
-@example(band=2, depth=2, evict="mru", chunk=8, source="host")
+@example(band=1, depth=0, evict="lru", chunk=16, source="disk", recycle=True)
+@example(band=2, depth=2, evict="mru", chunk=8, source="host", recycle=False)
 @given(
     band=hs.integers(1, 4),
     depth=hs.integers(0, 2),
     evict=hs.sampled_from(["lru", "mru"]),
     chunk=hs.sampled_from([8, 16, 37]),
     source=hs.sampled_from(["disk", "host"]),
+    recycle=hs.booleans(),
 )
 def test_paging_settings_keep_the_bits(
     tmp_path_factory: pytest.TempPathFactory,
@@ -140,11 +141,12 @@ def test_paging_settings_keep_the_bits(
     evict: str,
     chunk: int,
     source: str,
+    recycle: bool,
 ) -> None:
     path = llama_dir(tmp_path_factory)
     want = resident(path, chunk, 2)
     budget = tight(path, chunk, 2, band=band)
-    pm = PagedModel(path, budget=budget, band=band, depth=depth, evict=evict, source=source)
+    pm = PagedModel(path, budget=budget, band=band, depth=depth, evict=evict, source=source, recycle=recycle)
     try:
         assert paged_run(pm, chunk, 2, banded=True) == want
     finally:

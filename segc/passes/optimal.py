@@ -136,10 +136,10 @@ class Optimal:
                     rect[i1, j0] -= lv.nbytes[v]
                 lo = t
         in_b = np.cumsum(np.cumsum(rect, axis=0), axis=1)[:q, :q]
+        kp = np.concatenate([[0.0], np.cumsum(np.array(oc.kernels, dtype=float))])[pts]  # kernels before each point
+        # a segment's device span, with the size term (costmodel: per kernel squared of the segment)
         d = dev[pts][None, :] - dev[pts][:, None] + in_b / m.bytes_per_s
-        if m.segment_sq_s > 0:  # the size term (costmodel): per kernel squared of the segment
-            kern0 = np.concatenate([[0.0], np.cumsum(np.array(oc.kernels, dtype=float))])[pts]
-            d = d + m.segment_sq_s * (kern0[None, :] - kern0[:, None]) ** 2
+        d = d + m.segment_sq_s * (kp[None, :] - kp[:, None]) ** 2
         ok = pts[None, :] > pts[:, None]
         if self.budget is not None:
             feas = np.zeros((q, q), dtype=bool)
@@ -148,8 +148,6 @@ class Optimal:
                     feas[i, idx[b]] = True
             ok &= feas
         d = np.where(ok, d, np.inf)
-        kern = np.concatenate([[0.0], np.cumsum(np.array(oc.kernels, dtype=float))])
-        kp = kern[pts]
         pre_at = m.encode_s * kp[:, None] + m.host_op_s * kp[None, :]  # host work before segment (i, j) starts
         end_at = (m.host_op_s + m.encode_s) * kp
         inf = np.full(q, np.inf)

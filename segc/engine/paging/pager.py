@@ -229,9 +229,10 @@ class Pager:
     def _room_wanted(self, upto: int) -> bool:
         """The pager waits for room for a ticket up to ``upto`` (for a later one nothing
         but its own read frees room: spinning would take a core from it)."""
-        t = self._queue[0] if self._queue else upto + 1
-        p = self._owner.get(t)
-        return t <= upto and p not in self.held and self.resident_bytes + self.sizes[p] > self.limit  # type: ignore[index]
+        if not self._queue or self._queue[0] > upto:
+            return False
+        p = self._owner[self._queue[0]]
+        return p not in self.held and self.resident_bytes + self.sizes[p] > self.limit
 
     def _make_room(self, upto: int) -> None:
         """Evict completed pages until the pages of the tickets not yet read, up to

@@ -29,11 +29,14 @@ def upcoming(queue: Iterable[int], owner: dict[int, int], held: Container[int], 
     """``(ticket, page)`` of the queued tickets up to ``upto`` whose pages are not held,
     each page once, in ticket order."""
     out: list[tuple[int, int]] = []
+    seen: set[int] = set()
     for t in queue:
         if t > upto:
             break
-        if owner[t] not in held and all(owner[t] != p for _, p in out):
-            out.append((t, owner[t]))
+        p = owner[t]
+        if p not in held and p not in seen:
+            seen.add(p)
+            out.append((t, p))
     return out
 
 
