@@ -9,7 +9,8 @@ The machine model: the built-in one of this device (``--machine FILE`` for a sav
 ``--microbench`` to measure its rates here first, ``--fit MODEL`` to fit its overheads on
 another model first); then, with ``--calibration`` plans (the default: none, markers,
 every:4, balanced:2), its overheads and throughput are fitted to those plans' measured
-times on the model under study and every plan is predicted again; the correlation is
+times on the model under study (each workload's to its own plans; ``--overheads shared``:
+one set for every workload) and every plan is predicted again; the correlation is
 reported over every plan and over the held-out ones (the others). ``--processes N``
 times every plan in N fresh processes (the median of their medians) and the summary
 says whether the measured differences exceed the noise. ``--commit segment`` times the
@@ -63,6 +64,10 @@ def main() -> int:
     p.add_argument("--workloads", default="decode:1024,prefill:512")
     p.add_argument("--strategies", default=",".join(EVERY), help="comma list (ranges allowed)")
     p.add_argument("--calibration", default=CALIBRATION, help="calibration plans (comma list; '' for none)")
+    p.add_argument(
+        "--overheads", default="group", choices=("group", "shared"),
+        help="calibration: each workload's overheads fitted to its own plans, or one set for all"
+    )  # fmt: skip
     p.add_argument("--processes", type=int, default=1, help="fresh timing processes per plan")
     p.add_argument(
         "--commit", default="auto", help="the runtime's commit policy (auto, segment, fences, geometric); a comma list "
@@ -99,6 +104,7 @@ def main() -> int:
             workloads=_list(args.workloads),
             strategies=_list(args.strategies),
             calibration=_list(args.calibration),
+            overheads=args.overheads,
             processes=args.processes,
             commit=commit,
             repeats=args.repeats,
@@ -123,14 +129,14 @@ def report(res: Any) -> list[dict[str, Any]]:
     """Print the table, the fitted models and the checks; the checks."""
     print(res.table())
     for m, fit in res.fitted.items():
-        mm = next(iter(fit["machines"].values()))
-        rates = ", ".join(f"{w} x{1 / sc:.3g}" for w, sc in fit["scales"].items())
-        print(
-            f"fitted on {m} ({', '.join(fit['plans'])}; {fit['observations']} timings): throughput of the base rates "
-            f"{rates}; launch {_us(mm['launch_s'])}, dispatch {_us(mm['dispatch_s'])}, host per kernel "
-            f"{_us(mm['host_op_s'])}, commit {_us(mm['commit_s'])}, size {mm.get('segment_sq_s', 0.0):.3g} s per "
-            f"kernel squared (fitted: {', '.join(fit['free'])})"
-        )
+        for w, mm in fit["machines"].items():  # the overheads per workload, or the same for every one
+            print(
+                f"fitted on {m} {w} ({', '.join(fit['plans'])}; {fit['observations']} timings, overheads "
+                f"{fit.get('overheads', 'shared')}): throughput of the base rates x{1 / fit['scales'][w]:.3g}; launch "
+                f"{_us(mm['launch_s'])}, dispatch {_us(mm['dispatch_s'])}, host per kernel {_us(mm['host_op_s'])}, "
+                f"commit {_us(mm['commit_s'])}, size {mm.get('segment_sq_s', 0.0):.3g} s per kernel squared "
+                f"(fitted: {', '.join(fit['free'])})"
+            )
     checks = [check(s) for s in res.summary()]
     for c in checks:
         print(line(c))

@@ -9,7 +9,9 @@ lengths (docs/performance.md, "Paging").
 The model (a random llama, ``--layers`` x ``--hidden`` ...) is saved to a local mlx-lm
 directory first and read back from there. The *medium*'s read bandwidth is measured by
 reading every tensor as the pager does (``DiskSource.read_bandwidth``: memory-mapped
-files, warm in the page cache; ``--source host``: host memory). Budgets are given as the
+files, warm in the page cache; ``--source host``: host memory; on CUDA, unless
+``--transfer host``, by DMA into MLX's buffers, the road recycled pages take, with the
+host-copy road's bandwidth reported beside it). Budgets are given as the
 fraction ``f`` of the weights the pager may hold (``--weights``): the budget is then the
 call's own working set (``PagedModel.min_budget`` less one page) plus ``f`` x the
 weight bytes. Reported:
@@ -151,6 +153,7 @@ def main() -> None:
     p.add_argument("--depth", type=int, default=1)
     p.add_argument("--evict", default="mru")
     p.add_argument("--source", default="disk", choices=["disk", "host"])
+    p.add_argument("--transfer", default="auto", choices=["auto", "host", "cuda"], help="PagedModel's transfer")
     p.add_argument("--settings", help="at this fraction, also run the other depths and the other eviction")
     p.add_argument("--dir", help="where to save the model (default: a temporary directory)")
     p.add_argument("--out", help="write the results as JSON here")
@@ -164,11 +167,15 @@ def main() -> None:
 
 
 def run_all(a: argparse.Namespace, path: Path) -> None:
-    from segc.engine.paging import DiskSource, HostSource, PagedModel
+    from segc.engine.paging import DiskSource, HostSource, PagedModel, cudacopy
 
     build_dir(a, path)
     src = (HostSource if a.source == "host" else DiskSource)(path)
-    bw = max(src.read_bandwidth() for _ in range(3))
+    host_bw = bw = max(src.read_bandwidth() for _ in range(3))  # a host copy into MLX's memory
+    if a.transfer == "cuda" or (a.transfer == "auto" and cudacopy.available()):
+        src.attach(cudacopy.CudaCopier())  # the pager's road on CUDA: a DMA into MLX's buffers
+        bw = max(src.read_bandwidth() for _ in range(3))
+        print(f"host copy into MLX's memory: {host_bw / 1e9:.2f} GB/s; by DMA (the pager's road): {bw / 1e9:.2f} GB/s")
     weight_bytes = sum(i.nbytes for i in src.tensors.values())
     src.close()
     fractions = [float(f) for f in a.weights.split(",")]
@@ -189,7 +196,15 @@ def run_all(a: argparse.Namespace, path: Path) -> None:
         name = f"{mode} f={f:g}" + (f" {settings}" if settings else "")
         # the caches stay in memory here: these rows page the weights (the KV case below pages both)
         pm = PagedModel(
-            path, budget=1 << 50, mode=mode, depth=depth, evict=evict, source=a.source, kv_paging=False, recycle=recycle
+            path,
+            budget=1 << 50,
+            mode=mode,
+            depth=depth,
+            evict=evict,
+            source=a.source,
+            kv_paging=False,
+            recycle=recycle,
+            transfer=a.transfer,
         )
         limit = int(f * weight_bytes)
         if limit < max(pm.page_bytes):
@@ -202,6 +217,7 @@ def run_all(a: argparse.Namespace, path: Path) -> None:
             for n in lengths:
                 v.prefill_round(n, r > 0)
     res = report(a, variants, refused, weight_bytes, bw, lengths)
+    res["host_copy_bandwidth"] = host_bw
     for v in variants:
         if v.pm is not None:
             v.pm.close()

@@ -22,7 +22,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
 from segc.engine import load_local_model
-from segc.engine.paging import PagedModel, save_model_dir
+from segc.engine.paging import PagedModel, cudacopy, save_model_dir
 from segc.errors import PagingError, ScheduleError, WaitTimeout
 from segc.models.zoo import build, tiny_config
 
@@ -31,6 +31,7 @@ ARCHS = {
     "llama-q4": ("llama", 4, {"num_hidden_layers": 4}),
     "mixtral": ("mixtral", None, {"num_hidden_layers": 3}),
 }
+TRANSFERS = ["host", "direct", *(["cuda"] if cudacopy.available() else [])]
 PROMPT = mx.array([[(7 * i + 3) % 128 for i in range(37)]], dtype=mx.uint32)
 
 
@@ -113,8 +114,13 @@ def test_paged_runs_are_the_resident_run(dirs: dict[str, Path], arch: str) -> No
         assert 0 < pm.stats.recycled_bytes < pm.stats.loaded_bytes
     finally:
         pm.close()
-    drained = PagedModel(dirs[arch], budget=pm.budget, mode="drain", evict="lru", depth=0)
-    assert paged_run(drained, 16, 2, banded=True) == want[:3]
+    drain = {"mode": "drain", "evict": "lru", "depth": 0}
+    drained = PagedModel(dirs[arch], budget=tight(dirs[arch], 16, 2, spare=False, **drain), **drain)
+    try:
+        assert paged_run(drained, 16, 2, banded=False) == want[:3]  # each chunk reads every page
+        assert 0 < drained.stats.recycled_bytes < drained.stats.loaded_bytes  # the drain reads into them too
+    finally:
+        drained.close()
     fresh = PagedModel(dirs[arch], budget=pm.budget, recycle=False, timeout=30)
     try:
         assert paged_run(fresh, 16, 2, banded=True) == want[:3]
@@ -124,8 +130,9 @@ def test_paged_runs_are_the_resident_run(dirs: dict[str, Path], arch: str) -> No
 
 
 @settings(max_examples=examples(6))
-@example(band=1, depth=0, evict="lru", chunk=16, source="disk", recycle=True)
-@example(band=2, depth=2, evict="mru", chunk=8, source="host", recycle=False)
+@example(band=1, depth=0, evict="lru", chunk=16, source="disk", recycle=True, transfer="direct", mode="fenced")
+@example(band=2, depth=2, evict="mru", chunk=8, source="host", recycle=False, transfer="host", mode="fenced")
+@example(band=1, depth=1, evict="mru", chunk=16, source="host", recycle=True, transfer="direct", mode="drain")
 @given(
     band=hs.integers(1, 4),
     depth=hs.integers(0, 2),
@@ -133,6 +140,8 @@ def test_paged_runs_are_the_resident_run(dirs: dict[str, Path], arch: str) -> No
     chunk=hs.sampled_from([8, 16, 37]),
     source=hs.sampled_from(["disk", "host"]),
     recycle=hs.booleans(),
+    transfer=hs.sampled_from(TRANSFERS),
+    mode=hs.sampled_from(["fenced", "drain"]),
 )
 def test_paging_settings_keep_the_bits(
     tmp_path_factory: pytest.TempPathFactory,
@@ -142,13 +151,19 @@ def test_paging_settings_keep_the_bits(
     chunk: int,
     source: str,
     recycle: bool,
+    transfer: str,
+    mode: str,
 ) -> None:
     path = llama_dir(tmp_path_factory)
     want = resident(path, chunk, 2)
-    budget = tight(path, chunk, 2, band=band)
-    pm = PagedModel(path, budget=budget, band=band, depth=depth, evict=evict, source=source, recycle=recycle)
+    options = {"band": band, "depth": depth, "evict": evict, "mode": mode}
+    budget = tight(path, chunk, 2, **options)
+    pm = PagedModel(path, budget=budget, source=source, recycle=recycle, transfer=transfer, **options)
     try:
         assert paged_run(pm, chunk, 2, banded=True) == want
+        assert pm.pager is not None
+        if transfer != "host" and mode == "fenced":  # every page read straight into MLX buffers
+            assert pm.pager.peak_host_bytes == 0 and pm.pager.convert_peak == 0
     finally:
         pm.close()
 
@@ -206,7 +221,7 @@ def test_a_model_four_times_the_budget_stays_under_it(tmp_path: Path) -> None:
         assert pm.pager is not None
         assert mx.get_peak_memory() - base + pm.pager.peak_host_bytes <= pm.budget
         assert pm.stats.peak_resident < pm.weight_bytes // 4
-        assert pm.pager.convert_peak > 0
+        assert pm.pager.convert_peak > 0 or pm.transfer != "host"  # direct roads convert nothing
     finally:
         pm.close()
 
@@ -427,10 +442,10 @@ def test_the_dispatch_thread_waits_for_a_slow_pager_without_spinning(
         calls.append(upto)
         real(self, upto)
 
+    want = resident(path, 16, 2)  # first: on a GPU the resident run is a PagedModel too
     pm.source.reader = slow
     monkeypatch.setattr(Pager, "_make_room", counting)
     try:
-        want = resident(path, 16, 2)
         assert paged_run(pm, 16, 2, banded=False) == want
         assert pm.stats.loaded_bytes > pm.weight_bytes  # pages were read again
         assert len(calls) <= 4 * pm.stats.bands, (len(calls), pm.stats.bands)

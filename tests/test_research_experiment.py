@@ -147,8 +147,11 @@ def test_the_fit_reads_calibration_plans_only() -> None:
     a = calibrate(CPU, "segment", [prep(base)])
     b = calibrate(CPU, "segment", [prep(base | {"h1": 5.0, "h2": 1e-9})])
     c = calibrate(CPU, "segment", [prep(base | {"c2": 5e-4})])
-    assert a == b and a["plans"] == ["c1", "c2", "c3"]
+    assert a == b and a["plans"] == ["c1", "c2", "c3"] and a["overheads"] == "group"
     assert a["machines"] != c["machines"]
+    # one workload: its own overheads are the shared ones
+    d = calibrate(CPU, "segment", [prep(base)], overheads="shared")
+    assert d["machines"] == a["machines"] and d["overheads"] == "shared"
 
 
 def test_saved_plans_rerun_bit_identical(sweep: tuple[Path, object]) -> None:

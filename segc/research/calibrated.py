@@ -1,8 +1,8 @@
 """The plans of one model and workload as an experiment holds them (:class:`Prepared`),
 their predictions (:func:`predict_row`), which of them are held out from calibration
 (:func:`mark_held_out`), and the calibration: the machine model fitted to the
-calibration plans' measured times (``fit.py``), then every plan predicted again with it
-(:func:`calibrate`)."""
+calibration plans' measured times (``fit.py``; by default each workload's overheads
+to its own plans), then every plan predicted again with it (:func:`calibrate`)."""
 
 from __future__ import annotations
 
@@ -43,16 +43,18 @@ def mark_held_out(prep: Prepared) -> None:
             r["held_out"] = not r.get("calibration") and key(prep.plans[id(r)]) not in seen
 
 
-def calibrate(machine: MachineModel, policy: str, preps: list[Prepared]) -> dict[str, Any]:
+def calibrate(machine: MachineModel, policy: str, preps: list[Prepared], overheads: str = "group") -> dict[str, Any]:
     """Fit ``machine`` to the calibration rows of every workload, then predict every
-    planned row with the fitted model (``prior_predicted_s``: the prediction before)."""
+    planned row with the fitted model (``prior_predicted_s``: the prediction before).
+    ``overheads``: ``"group"``, each workload's overheads fitted to its own calibration
+    rows, or ``"shared"``, one set for every workload (``fit.fit_machine``)."""
     obs = []
     for prep in preps:
         for r in prep.rows:
             if r.get("calibration") and "measured_median_s" in r and id(r) in prep.cuts:
                 segs = predict_time(prep.cuts[id(r)], machine, policy).segments
                 obs.append(Observation(r["workload"], segs, r["measured_median_s"], r["strategy"]))
-    fit = fit_machine(machine, obs)
+    fit = fit_machine(machine, obs, overheads=overheads)
     for prep in preps:
         m = fit.machines.get(prep.workload.name)
         for r in prep.rows:
@@ -62,6 +64,7 @@ def calibrate(machine: MachineModel, policy: str, preps: list[Prepared]) -> dict
     return {
         "machines": {w: asdict(m) for w, m in fit.machines.items()},
         "free": list(fit.free),
+        "overheads": overheads,
         "scales": fit.scales,
         "loss": fit.loss,
         "plans": sorted({o.name for o in obs}),

@@ -17,7 +17,8 @@ times are whole calls (median, quartiles) and the host's share (until the call r
 
 With ``calibration`` plans (strategies, timed like the others and added to the sweep
 where it lacks them), the machine model's overheads and throughput are fitted per model
-to those plans' measured times (``fit.py``, every workload at once) and every plan is
+to those plans' measured times (``fit.py``; ``overheads``: each workload's to its own
+plans, or one set for all) and every plan is
 predicted again with the fitted model; the plans that are none of the calibration plans
 (nor the same cuts as one) are the held-out ones, whose rank correlation the summary
 reports apart. An ``optimal`` plan is made with the machine model given, before the
@@ -74,6 +75,7 @@ class Experiment:
     commit: str = "auto"  # the runtime's commit policy for every plan (segc.jit(commit=...))
     processes: int = 1  # > 1: time in that many fresh processes, one after another
     calibration: Sequence[str] = ()  # strategies whose measured times the machine model is fitted to
+    overheads: str = "group"  # calibration: each workload's overheads its own ("group") or one set ("shared")
     log: Callable[[str], None] | None = field(default=None, repr=False)
 
     def check(self) -> None:
@@ -85,6 +87,8 @@ class Experiment:
             raise SegcError(f"processes must be >= 1, got {self.processes}")
         if self.commit not in COMMITS:
             raise SegcError(f"commit must be one of {COMMITS}, not {self.commit!r}")
+        if self.overheads not in ("group", "shared"):
+            raise SegcError(f"overheads must be 'group' or 'shared', not {self.overheads!r}")
 
 
 class Progress:
@@ -147,7 +151,7 @@ def run_experiment(exp: Experiment) -> Results:
             if exp.processes > 1:
                 _time_apart(exp, mspec, preps, bar)
             if calib:
-                res.fitted[mspec] = calibrate(machine, policy, preps)
+                res.fitted[mspec] = calibrate(machine, policy, preps, exp.overheads)
             for prep in preps:
                 res.rows.extend(prep.rows)
             del model, preps

@@ -23,6 +23,15 @@ minimised in log space: a few thousand machine models drawn over the bounds, the
 Levenberg-Marquardt from the best few, all evaluated at once
 (``overlap.pipeline_time`` over numpy arrays). Deterministic for a seed.
 
+With ``overheads="group"`` the overheads are fitted per group too (each group's
+observations alone): the figures are effective ones, of the group's kernels (a
+decode's matrix-vector products and small commits against a prefill's large products
+and commits after every segment), and a rank correlation compares plans of one group
+only, so a shared fit lets one workload's plans pull another's figures away from what
+ranks its plans (docs/experiments.md, "The third run": the H200's prefill under
+``auto``). The experiment's calibration fits this way; ``segc calibrate --fit``, whose
+figures go to another model, shares them.
+
 A figure the observations cannot tell apart is left at the base model's value:
 ``commit_s`` when every segment of every observation is committed (it then only adds
 to ``dispatch_s``). The host's queue (``queue_kernels``) is the base model's, not
@@ -141,9 +150,12 @@ def fit_machine(
     samples: int = 4096,
     starts: int = 16,
     rounds: int = 100,
+    overheads: str = "shared",
 ) -> Fit:
     """The machine models (``base`` with the ``free`` figures fitted, per group) whose
-    predictions fit the observations best (module docstring)."""
+    predictions fit the observations best (module docstring). ``overheads="group"``
+    fits each group alone (its own overheads as well as its scale): the fits of the
+    groups one by one, merged."""
     if not obs:
         raise SegcError("calibration needs at least one measured plan")
     if any(not (o.seconds > 0 and math.isfinite(o.seconds)) for o in obs):
@@ -153,7 +165,32 @@ def fit_machine(
         raise SegcError(f"calibration: cannot fit {unknown}; figures: {sorted(BOUNDS)}")
     if scales not in ("group", "shared"):
         raise SegcError(f"calibration: scales must be 'group' or 'shared', not {scales!r}")
+    if overheads not in ("group", "shared"):
+        raise SegcError(f"calibration: overheads must be 'group' or 'shared', not {overheads!r}")
     groups = list(dict.fromkeys(o.group for o in obs))
+    if overheads == "group" and len(groups) > 1:
+        fits = [
+            fit_machine(
+                base,
+                [o for o in obs if o.group == g],
+                free=free,
+                scales=scales,
+                level_weight=level_weight,
+                prior_weight=prior_weight,
+                seed=seed,
+                samples=samples,
+                starts=starts,
+                rounds=rounds,
+            )
+            for g in groups
+        ]
+        return Fit(
+            {g: f.machines[g] for g, f in zip(groups, fits)},
+            {g: f.scales[g] for g, f in zip(groups, fits)},
+            sum(f.loss for f in fits),
+            tuple(dict.fromkeys(x for f in fits for x in f.free)),
+            len(obs),
+        )
     free_ = identifiable(obs, free, base)
     names = [n for n in free_ if n != "scale"]
     if "scale" in free_:

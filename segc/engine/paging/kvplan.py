@@ -21,6 +21,17 @@ from ...errors import PagingError
 from .plan import CallPlan, stub
 
 
+def shallow_copy(c: Any) -> Any:
+    """A cache object with the same attributes (its arrays shared): what a band writes."""
+    p = object.__new__(type(c))
+    p.__dict__.update(vars(c))
+    return p
+
+
+def cache_arrays(c: Any) -> list[mx.array]:
+    return [v for v in vars(c).values() if isinstance(v, mx.array)]
+
+
 def kv_cache_type() -> Any:
     from mlx_lm.models.cache import KVCache
 
@@ -102,8 +113,7 @@ def at_capacity(cache: Sequence[Any], first: CallPlan, caps: Sequence[int | None
                 )
             avals = [(shape, dtypes.to_mx(dt)) for shape, dt in first.kv_avals[i]]
         (ks, kd), (vs, vd) = avals
-        p = object.__new__(type(c))
-        p.__dict__.update(vars(c))
+        p = shallow_copy(c)
         p.keys = stub((*ks[:2], cap, *ks[3:]), kd)
         p.values = stub((*vs[:2], cap, *vs[3:]), vd)
         p.offset = cap - n

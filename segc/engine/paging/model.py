@@ -31,7 +31,8 @@ import mlx.core as mx
 from ...errors import PagingError, ScheduleError
 from ...staging import jit
 from ..banded import BandWindows
-from .kvplan import at_capacity, given_bytes, grows, growth, paged_reserve, unpageable
+from . import cudacopy
+from .kvplan import at_capacity, cache_arrays, given_bytes, grows, growth, paged_reserve, shallow_copy, unpageable
 from .kvstore import KVBlock, KVStore
 from .pager import EVICT, Done, Pager
 from .plan import CallPlan, Skeleton, band_members, call_plan
@@ -61,16 +62,6 @@ class _Call:
     limit: int
 
 
-def _copy(c: Any) -> Any:
-    p = object.__new__(type(c))
-    p.__dict__.update(vars(c))
-    return p
-
-
-def _arrays(c: Any) -> list[mx.array]:
-    return [v for v in vars(c).values() if isinstance(v, mx.array)]
-
-
 def _drop_outputs(stash: dict[str, mx.array], outputs: list[Any]) -> None:
     """The window wrote the call's outputs (new KV buffers, logits) to the stash too; no
     later band reads them, and the caches and the caller hold them: drop them, or the
@@ -98,8 +89,12 @@ class PagedModel:
     the running bands when a call's caches do not fit beside its pages), ``True``
     (always) or ``False`` (never: such a call is refused); ``kv_dir``: where the KV
     store keeps its host copies (default: a new directory in ``/dev/shm``); ``recycle``:
-    evicted pages' buffers read into by the next pages (``recycle.py``). ``budget`` may
-    be changed between calls."""
+    evicted pages' buffers read into by the next pages (``recycle.py``); ``transfer``:
+    how a page's bytes reach MLX: ``"host"`` (a host copy, made an MLX array at the admit
+    fence, unless a recycled buffer takes it), ``"direct"`` (every page read straight
+    into MLX buffers made for it: one copy), ``"cuda"`` (``"direct"`` by DMA on the
+    pager's own CUDA stream, ``cudacopy.py``) or ``"auto"`` (``"cuda"`` where MLX runs
+    on CUDA, else ``"host"``). ``budget`` may be changed between calls."""
 
     def __init__(
         self,
@@ -116,15 +111,17 @@ class PagedModel:
         kv_paging: bool | str = "auto",
         kv_dir: str | Path | None = None,
         recycle: bool = True,
+        transfer: str = "auto",
     ):
-        if not isinstance(recycle, bool):
-            raise ScheduleError(f"recycle must be True or False, got {recycle!r}")
-        if mode not in ("fenced", "drain"):
-            raise ScheduleError(f"mode must be 'fenced' or 'drain', got {mode!r}")
-        if source not in ("disk", "host"):
-            raise ScheduleError(f"source must be 'disk' or 'host', got {source!r}")
-        if evict not in EVICT:
-            raise ScheduleError(f"evict must be one of {EVICT}, got {evict!r}")
+        for what, value, allowed in (
+            ("recycle", recycle, (True, False)),
+            ("mode", mode, ("fenced", "drain")),
+            ("source", source, ("disk", "host")),
+            ("evict", evict, EVICT),
+            ("transfer", transfer, ("auto", "host", "direct", "cuda")),
+        ):
+            if not any(value is a or (isinstance(a, str) and value == a) for a in allowed):
+                raise ScheduleError(f"{what} must be one of {allowed}, got {value!r}")
         if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
             raise ScheduleError(f"prefetch depth must be an int >= 0, got {depth!r}")
         if not isinstance(band, int) or isinstance(band, bool) or band < 1:
@@ -133,6 +130,9 @@ class PagedModel:
             raise PagingError(f"the budget is a number of bytes (an int >= 1), got {budget!r}")
         self.path = Path(path)
         self.source = (HostSource if source == "host" else DiskSource)(self.path, reader=reader)
+        self.transfer = ("cuda" if cudacopy.available() else "host") if transfer == "auto" else transfer
+        if self.transfer == "cuda":
+            self.source.attach(cudacopy.CudaCopier(timeout=timeout))
         self.skeleton = Skeleton(self.path, self.source.tensors)
         self.model = self.skeleton.model
         self.n_layers = self.skeleton.n_layers
@@ -215,14 +215,14 @@ class PagedModel:
     def _tile(self, caches: list[Any], members: range) -> list[Any]:
         """Copies of the band's caches, and proxies of its first for the other layers."""
         like = caches[members[0]]
-        return [_copy(c if i in members else like) for i, c in enumerate(caches)]
+        return [shallow_copy(c if i in members else like) for i, c in enumerate(caches)]
 
     def _plan(self, x: mx.array, cache: list[Any]) -> CallPlan:
-        shapes = tuple(tuple(a.shape) for c in cache for a in _arrays(c))
+        shapes = tuple(tuple(a.shape) for c in cache for a in cache_arrays(c))
         key = (tuple(x.shape), str(x.dtype), shapes, grows(cache, x.shape[1]))
         plan = self._plans.get(key)
         if plan is None:
-            tile = self._tile([_copy(c) for c in cache], self.bands[0])
+            tile = self._tile([shallow_copy(c) for c in cache], self.bands[0])
             g = self.step.lower(x, cache=tile).graph
             plan = self._plans[key] = call_plan(g, self.n_layers, self.band)
             self._aliased |= plan.aliased  # then no page's buffers are recycled (pager.py)
@@ -307,6 +307,7 @@ class PagedModel:
                 threaded=self.mode == "fenced",
                 timeout=self.timeout,
                 kv_store=self.kv,
+                direct=self.transfer != "host",
             )
         p.shrink(limit)
         return p
@@ -347,7 +348,7 @@ class PagedModel:
         call = self._prepare(xs, cache)
         pager = self._pager(call.limit)
         pager.recycle = self.recycle and not self._aliased
-        shadows = [_copy(c) for c in cache]  # the caller's caches are written at the end only
+        shadows = [shallow_copy(c) for c in cache]  # the caller's caches are written at the end only
         stashes: list[dict[str, mx.array]] = [{} for _ in xs]
         reads, last = self._kv_schedule(order, cache) if call.kv_paged else (None, {})
         out: mx.array | None = None
@@ -373,7 +374,7 @@ class PagedModel:
                     for c in tile:  # the jit keeps the last call's objects: they keep no buffer
                         c.__dict__.clear()
                     del tile
-                kept = [a for i in members for a in _arrays(shadows[i])]
+                kept = [a for i in members for a in cache_arrays(shadows[i])]
                 _drop_outputs(stashes[t], [*kept, y])
                 made = [*stashes[t].values(), *kept, *([y] if y is not None else [])]
                 out = y if y is not None else out

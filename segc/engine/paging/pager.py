@@ -11,19 +11,19 @@ bands will run. Two :class:`~segc.runtime.events.Event` timelines record them:
 - ``reclaim`` reaches ``t + 1`` when ticket ``t``'s band has completed (its outputs
   exist): from then on its page may be evicted.
 
-**Every MLX call stays on the dispatch thread** (MLX 0.32.4 is not thread-safe: helper
-threads calling MLX crashed the paging tests, docs/paging.md). The pager thread only
-reads bytes into host memory (numpy), or into the buffers of a page evicted before
-(``recycle.py``); the dispatch thread copies host copies into MLX at the admit fence,
-waits for a band's outputs ``depth`` bands later, and evicts completed pages to make
-room for the pages the pager reads next. The pager thread waits for room, never evicts.
+**Every MLX call stays on the dispatch thread** (MLX 0.32.4 is not thread-safe,
+docs/paging.md). The pager thread reads bytes into host memory (numpy), or into the
+buffers of a page evicted before (``recycle.py``; on CUDA by DMA, ``cudacopy.py``); the
+dispatch thread copies host copies into MLX at the admit fence, waits for a band's
+outputs ``depth`` bands later, and evicts completed pages to make room for the pages
+the pager reads next. The pager thread waits for room, never evicts.
 
 Loading ticket ``t`` waits until ``reclaim >= t - depth`` (at most ``depth`` tickets
 ahead of the running one) and until the page fits under the limit. Which completed page
 goes is ``evict``: ``"mru"`` (the most recently used first: a cyclic decode keeps a
 prefix of the layers resident) or ``"lru"``. With ``threaded=False`` the dispatch thread
-reads each page itself at ``admit`` and waits for each band at ``complete`` (the
-host-draining baseline).
+reads each page itself at ``admit`` (into evicted pages' buffers too, by the same
+road) and waits for each band at ``complete`` (the host-draining baseline).
 
 **KV blocks ride on the tickets.** With KV paging a ticket may also name blocks of the
 KV store (a band's cache buffers, written out after its last call): the pager thread
@@ -49,7 +49,7 @@ from ...errors import PagingError, ScheduleError, WaitTimeout
 from ...runtime.events import Event
 from .kvstore import KVBlock, KVStore
 from .kvtickets import KVTickets
-from .recycle import recycle, upcoming
+from .recycle import fill, fresh_buffers, recycle, upcoming
 from .source import DiskSource
 
 _END = 2**62  # both events jump here when the pager ends: no waiter is left hanging
@@ -83,23 +83,20 @@ class Pager:
         timeout: float = 10.0,
         kv_store: KVStore | None = None,
         recycle: bool = True,
+        direct: bool = False,
     ):
-        if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
-            raise ScheduleError(f"prefetch depth must be an int >= 0, got {depth!r}")
-        if evict not in EVICT:
-            raise ScheduleError(f"evict must be one of {EVICT}, got {evict!r}")
+        if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0 or evict not in EVICT:
+            raise ScheduleError(f"prefetch depth must be an int >= 0 and evict one of {EVICT}: {depth!r}, {evict!r}")
         self.source = source
         self.pages = [list(p) for p in pages]
         self.sizes = [sum(source.tensors[n].nbytes for n in p) for p in self.pages]
-        # what a buffer must be to serve another tensor (recycle.py): its shape and dtype
-        kinds = {n: (i.shape, i.dtype) for n, i in source.tensors.items()}
+        kinds = {n: (i.shape, i.dtype) for n, i in source.tensors.items()}  # which buffers serve which
         self._recycling = (self.pages, self.sizes, kinds)
         self.recycled_bytes = 0  # bytes read straight into recycled MLX buffers
         self.limit = limit
         if self.sizes and max(self.sizes) > limit:
             raise PagingError(f"a page of {max(self.sizes)} bytes does not fit under the pager's limit of {limit}")
-        self.depth, self.evict, self.threaded, self.timeout = depth, evict, threaded, timeout
-        self.recycle = recycle  # evicted pages' MLX buffers read into by later pages (module docstring)
+        self.depth, self.evict, self.threaded, self.timeout, self.recycle = depth, evict, threaded, timeout, recycle
         self.resident = Event(name="resident")
         self.reclaim = Event(name="reclaim")
         self.error: PagingError | None = None
@@ -120,6 +117,8 @@ class Pager:
         self._stop = False
         self._thread: threading.Thread | None = None
         self._consumer = threading.current_thread()
+        # ``direct``: every page read into MLX buffers the dispatch thread gives it (recycle.py)
+        self._fresh = fresh_buffers(source) if direct else None
 
     # ------------------------------------------------------------ dispatch thread
 
@@ -227,12 +226,13 @@ class Pager:
                 self._cv.notify_all()
 
     def _room_wanted(self, upto: int) -> bool:
-        """The pager waits for room for a ticket up to ``upto`` (for a later one nothing
-        but its own read frees room: spinning would take a core from it)."""
-        if not self._queue or self._queue[0] > upto:
-            return False
-        p = self._owner[self._queue[0]]
-        return p not in self.held and self.resident_bytes + self.sizes[p] > self.limit
+        """The pager waits on us for a ticket up to ``upto`` (for a later one nothing but
+        its own read frees room: spinning would take a core from it)."""
+        return bool(self._queue) and self._queue[0] <= upto and self._waits(self._owner[self._queue[0]])
+
+    def _waits(self, p: int) -> bool:
+        """Page ``p`` waits for the dispatch thread: for room, or (``direct``) for buffers."""
+        return p not in self.held and (self._fresh is not None or self.resident_bytes + self.sizes[p] > self.limit)
 
     def _make_room(self, upto: int) -> None:
         """Evict completed pages until the pages of the tickets not yet read, up to
@@ -249,10 +249,12 @@ class Pager:
             spare: list[tuple[str, Any]] = []  # evicted pages' MLX buffers, by tensor
             while self.resident_bytes + need > self.limit and self._evict_one(spare):
                 pass
-            wanted = upcoming(self._queue, self._owner, self.held, upto) if spare else []
-            for t, p, base, views in recycle(spare, wanted, self.limit - self.resident_bytes, *self._recycling):
+            wanted = upcoming(self._queue, self._owner, self.held, upto) if spare or self._fresh else []
+            room = self.limit - self.resident_bytes
+            for t, p, base, views, reused in recycle(spare, wanted, room, *self._recycling, self._fresh):
                 self.held[p] = _Held(self.sizes[p], t, base=base, views=views)
                 self.resident_bytes += self.sizes[p]
+                self.recycled_bytes += reused  # to be read into evicted pages' buffers
             self.peak_bytes = max(self.peak_bytes, self.resident_bytes)
             self._cv.notify_all()
 
@@ -283,7 +285,7 @@ class Pager:
         self.resident_bytes -= h.nbytes
         if not h.device:
             self.host_bytes -= sum(a.nbytes for a in h.arrays.values())
-        elif spare is not None and self.threaded and self.recycle:
+        elif spare is not None and self.recycle:
             spare += h.arrays.items()
         h.arrays.clear()
         return True
@@ -321,16 +323,10 @@ class Pager:
                     t = self._queue[0]
                     p = self._owner[t]
                     # at most ``depth`` tickets ahead of the running ones, and room for the page.
-                    # The dispatch thread reclaims as it runs the bands, which may take long
-                    # (a band's first call compiles its kernels: seconds on a cold GPU), so
-                    # this wait has no deadline of its own: it ends when the dispatch thread
-                    # reclaims, when ``close()`` stops the pager, or when that thread is
-                    # gone (checked every ``timeout`` seconds); the dispatch thread's own
-                    # waits (``admit``) carry the timeouts a caller sees.
-                    while not self._stop and (
-                        self.reclaim.value < t - self.depth
-                        or (p not in self.held and self.resident_bytes + self.sizes[p] > self.limit)
-                    ):
+                    # No deadline (a band's first call may compile for seconds): it ends when
+                    # the dispatch thread reclaims, ``close()`` stops the pager, or that thread
+                    # is gone; ``admit``'s waits carry the timeouts a caller sees.
+                    while not self._stop and (self.reclaim.value < t - self.depth or self._waits(p)):
                         if not self._consumer.is_alive():
                             raise WaitTimeout(
                                 "reclaim",
@@ -353,16 +349,16 @@ class Pager:
                 if not h.ready:
                     for n in self.pages[p]:  # each raises PagingError naming the file and tensor
                         view = h.views.get(n)
-                        if view is not None:  # a recycled MLX buffer: the bytes go straight in
+                        if view is not None:  # an MLX buffer given to it: the bytes go straight in
                             self.source.read_into(n, view)
-                            with self._cv:
-                                self.recycled_bytes += view.nbytes
                             continue
                         a = self.source.host(n)
                         with self._cv:
                             h.arrays[n] = a
                             self.host_bytes += a.nbytes
                             self.peak_host_bytes = max(self.peak_host_bytes, self.host_bytes)
+                    if h.views:
+                        self.source.flush()  # the DMAs into recycled buffers (cudacopy.py)
                     with self._cv:
                         h.ready = True
                         self.loaded_bytes += h.nbytes
@@ -389,11 +385,14 @@ class Pager:
         p = self._owner[t]
         h = self.held.get(p)
         if h is None:
-            while self.resident_bytes + self.sizes[p] > self.limit and self._evict_one():
+            spare: list[tuple[str, Any]] = []  # evicted pages' buffers, read into here too
+            while self.resident_bytes + self.sizes[p] > self.limit and self._evict_one(spare):
                 pass
-            h = self.held[p] = _Held(self.sizes[p], t, {n: self.source.read(n) for n in self.pages[p]}, True, True)
+            arrays, recycled = fill(self.source, self.pages[p], spare, self._recycling[2], self._fresh)
+            h = self.held[p] = _Held(self.sizes[p], t, arrays, True, True)
             self.resident_bytes += h.nbytes
             self.loaded_bytes += h.nbytes
+            self.recycled_bytes += recycled
             self.peak_bytes = max(self.peak_bytes, self.resident_bytes)
         h.last = t
         self.kv.read(t)

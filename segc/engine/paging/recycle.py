@@ -15,14 +15,25 @@ checks that on the traced graph, and the engine turns recycling off for a graph 
 a segment hands on a parameter or a view of one. Pages are given buffers in ticket
 order only, and only while they fit under the limit: a page prepared ahead of an
 earlier one would hold the room that one needs (it cannot be evicted before it is read).
+
+On the CUDA road (a copier on the source, ``cudacopy.py``) every page is read this way:
+the tensors no evicted buffer serves get new ones (:func:`fresh_buffers`), and the pager
+thread sends the bytes by DMA; no page goes through a host copy and ``mx.array``, whose
+managed memory the GPU would then migrate fault by fault.
 """
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from typing import Any
 
+import mlx.core as mx
 import numpy as np
+
+from .source import DTYPES, DiskSource
+
+Fresh = Callable[[str], Any]  # a new MLX buffer for a tensor, by name (the CUDA road)
+_STREAMS: dict[str, Any] = {}  # one stream per device for every pager's new buffers (MLX keeps streams)
 
 
 def upcoming(queue: Iterable[int], owner: dict[int, int], held: Container[int], upto: int) -> list[tuple[int, int]]:
@@ -47,22 +58,80 @@ def recycle(
     pages: Sequence[Sequence[str]],
     sizes: Sequence[int],
     kinds: dict[str, Any],
-) -> list[tuple[int, int, dict[str, Any], dict[str, Any]]]:
+    fresh: Fresh | None = None,
+) -> list[tuple[int, int, dict[str, Any], dict[str, Any], int]]:
     """Give ``spare`` (evicted tensors' names and MLX arrays) to the ``wanted`` pages
     (:func:`upcoming`) while they fit in ``room`` bytes: a buffer to each tensor of the
-    same kind (``kinds``: shape and dtype); stops at the first page it cannot serve. Per
-    page served: ``(ticket, page, buffers, host views)`` by tensor name. The buffers not
-    given are freed when ``spare`` goes."""
+    same kind (``kinds``: shape and dtype); stops at the first page it cannot serve. With
+    ``fresh`` (the CUDA road) every tensor gets a buffer: ``fresh(name)`` makes the ones
+    ``spare`` lacks, after the buffers not given are freed (the page's new buffers never
+    stand beside them). Per page served: ``(ticket, page, buffers, host views, bytes of
+    the evicted buffers among them)``, buffers and views by tensor name."""
     pool: dict[Any, list[Any]] = {}
     for n, a in spare:
         pool.setdefault(kinds[n], []).append(a)
-    out = []
+    spare.clear()
+    chosen = []
     for t, p in wanted:
         if sizes[p] > room:
             break
         base = {n: pool[kinds[n]].pop() for n in pages[p] if pool.get(kinds[n])}
-        if not base:
+        if not base and fresh is None:
             break
-        out.append((t, p, base, {n: np.asarray(b) for n, b in base.items()}))
+        chosen.append((t, p, base))
         room -= sizes[p]
+    pool.clear()
+    out = []
+    for t, p, base in chosen:
+        reused = sum(b.nbytes for b in base.values())
+        base.update({n: fresh(n) for n in pages[p] if n not in base} if fresh is not None else {})
+        out.append((t, p, base, {n: np.asarray(b) for n, b in base.items()}, reused))
     return out
+
+
+def fresh_buffers(source: DiskSource) -> Fresh:
+    """New MLX buffers for tensors of ``source`` to be read into by DMA (the CUDA road):
+    made on a stream of their own (no wait for the bands in flight), their bytes moved
+    to managed memory by the host view (MLX's ``raw_ptr``: a device copy), so a DMA can
+    fill them without a host copy. Call it on the dispatch thread."""
+    device = mx.default_device()
+    stream = _STREAMS.get(str(device)) or _STREAMS.setdefault(str(device), mx.new_stream(device))
+
+    def make(name: str) -> mx.array:
+        info = source.tensors[name]
+        raw = DTYPES[info.dtype]
+        b = mx.zeros(info.shape, mx.uint16 if info.dtype == "BF16" else raw[1], stream=stream)
+        mx.eval(b)
+        return b
+
+    return make
+
+
+def fill(
+    source: DiskSource,
+    names: Sequence[str],
+    spare: list[tuple[str, Any]],
+    kinds: dict[str, Any],
+    fresh: Fresh | None = None,
+) -> tuple[dict[str, Any], int]:
+    """The host-draining pager's page (on the dispatch thread): each of ``names`` read
+    into a ``spare`` buffer of its kind where there is one (the others freed first, so
+    the page's new arrays never stand beside them), else into a ``fresh`` one (the CUDA
+    road) or a new array; the copies waited for. Returns the arrays by name and the
+    bytes read into spare buffers."""
+    pool: dict[Any, list[Any]] = {}
+    for n, a in spare:
+        pool.setdefault(kinds[n], []).append(a)
+    spare.clear()
+    given = {n: pool[kinds[n]].pop() for n in names if pool.get(kinds[n])}
+    pool.clear()
+    arrays: dict[str, Any] = {}
+    for n in names:
+        b = given[n] if n in given else fresh(n) if fresh is not None else None
+        if b is not None:
+            arrays[n] = b
+            source.read_into(n, np.asarray(b))
+        else:
+            arrays[n] = source.read(n)
+    source.flush()
+    return arrays, sum(b.nbytes for b in given.values())
