@@ -153,7 +153,9 @@ def main() -> None:
     p.add_argument("--depth", type=int, default=1)
     p.add_argument("--evict", default="mru")
     p.add_argument("--source", default="disk", choices=["disk", "host"])
-    p.add_argument("--transfer", default="auto", choices=["auto", "host", "cuda"], help="PagedModel's transfer")
+    p.add_argument(
+        "--transfer", default="auto", choices=["auto", "host", "direct", "cuda"], help="PagedModel's transfer"
+    )
     p.add_argument("--settings", help="at this fraction, also run the other depths and the other eviction")
     p.add_argument("--dir", help="where to save the model (default: a temporary directory)")
     p.add_argument("--out", help="write the results as JSON here")
