@@ -23,7 +23,6 @@ from segc.errors import PagingError, ScheduleError
 from segc.models.zoo import build, tiny_config
 
 ON_CUDA = available()
-needs_cuda = pytest.mark.skipif(not ON_CUDA, reason="DMA into MLX's managed memory needs MLX's CUDA build on a GPU")
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +46,7 @@ def test_the_transfer_option_is_checked(tiny) -> None:  # type: ignore[no-untype
     pm.close()
 
 
-@needs_cuda
+@pytest.mark.skipif(not ON_CUDA, reason="DMA into MLX's managed memory needs MLX's CUDA build on a GPU")
 @settings(max_examples=examples(12), deadline=None)
 @given(
     n=hs.integers(1, 300_000),

@@ -51,6 +51,15 @@ def upcoming(queue: Iterable[int], owner: dict[int, int], held: Container[int], 
     return out
 
 
+def _by_kind(spare: list[tuple[str, Any]], kinds: dict[str, Any]) -> dict[Any, list[Any]]:
+    """``spare``'s buffers by kind, taken out of the list (so dropping the pool frees them)."""
+    pool: dict[Any, list[Any]] = {}
+    for n, a in spare:
+        pool.setdefault(kinds[n], []).append(a)
+    spare.clear()
+    return pool
+
+
 def recycle(
     spare: list[tuple[str, Any]],
     wanted: Iterable[tuple[int, int]],
@@ -67,10 +76,7 @@ def recycle(
     ``spare`` lacks, after the buffers not given are freed (the page's new buffers never
     stand beside them). Per page served: ``(ticket, page, buffers, host views, bytes of
     the evicted buffers among them)``, buffers and views by tensor name."""
-    pool: dict[Any, list[Any]] = {}
-    for n, a in spare:
-        pool.setdefault(kinds[n], []).append(a)
-    spare.clear()
+    pool = _by_kind(spare, kinds)
     chosen = []
     for t, p in wanted:
         if sizes[p] > room:
@@ -119,10 +125,7 @@ def fill(
     the page's new arrays never stand beside them), else into a ``fresh`` one (the CUDA
     road) or a new array; the copies waited for. Returns the arrays by name and the
     bytes read into spare buffers."""
-    pool: dict[Any, list[Any]] = {}
-    for n, a in spare:
-        pool.setdefault(kinds[n], []).append(a)
-    spare.clear()
+    pool = _by_kind(spare, kinds)
     given = {n: pool[kinds[n]].pop() for n in names if pool.get(kinds[n])}
     pool.clear()
     arrays: dict[str, Any] = {}
