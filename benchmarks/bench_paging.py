@@ -150,6 +150,7 @@ def main() -> None:
     p.add_argument("--context", type=int, default=32, help="prompt before the decoded tokens")
     p.add_argument("--tokens", type=int, default=8)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--band", type=int, default=1, help="layers per page (and per band call)")
     p.add_argument("--depth", type=int, default=1)
     p.add_argument("--evict", default="mru")
     p.add_argument("--source", default="disk", choices=["disk", "host"])
@@ -201,6 +202,7 @@ def run_all(a: argparse.Namespace, path: Path) -> None:
             path,
             budget=1 << 50,
             mode=mode,
+            band=a.band,
             depth=depth,
             evict=evict,
             source=a.source,
@@ -284,11 +286,20 @@ def report(
         if d and g:
             speed[f] = g["decode_tok_s"] / d["decode_tok_s"]
     res["fenced_over_drain_decode"] = speed
+    pre: dict[float, dict[int, float]] = {}  # the same for banded prefill, paired round by round
+    for f in sorted({r["weights"] for r in rows}):
+        d = next((v for v in variants[1:] if v.name == f"drain f={f:g}"), None)
+        g = next((v for v in variants[1:] if v.name == f"fenced f={f:g}"), None)
+        if d and g:
+            pre[f] = {n: statistics.median(dt / gt for dt, gt in zip(d.prefill_s[n], g.prefill_s[n])) for n in lengths}
+    res["fenced_over_drain_prefill"] = pre
     if crossover:
         print(
             f"banded prefill is compute-bound from a prompt of {crossover} tokens (resident prefill >= reading the weights)"
         )
     print("fenced / drain (decode): " + ", ".join(f"f={f:g}: {s:.2f}x" for f, s in speed.items()))
+    for f, by_n in pre.items():
+        print(f"fenced / drain (banded prefill), f={f:g}: " + ", ".join(f"{n}: {s:.2f}x" for n, s in by_n.items()))
     return res
 
 

@@ -8,7 +8,9 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
-from conftest import Block, Net, assert_same_bits, same_bits, seeded
+from conftest import Block, Net, assert_same_bits, examples, same_bits, seeded
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 from mlx.utils import tree_flatten
 
 import segc
@@ -174,6 +176,40 @@ def test_gatherer_sees_every_change(net: Net, change: str) -> None:
         assert sig == s0  # same shapes: same signature, no retrace
     else:
         assert sig != s0
+
+
+@settings(max_examples=examples(40), deadline=None)
+@given(hst.lists(hst.tuples(hst.integers(0, 10**6), hst.sampled_from(["same", "shape", "dtype", "back"])), max_size=12))
+def test_gatherer_follows_swapped_parameters(swaps: list[tuple[int, str]]) -> None:
+    """An engine binds a few parameters at a time (a page of weights) and puts the old
+    ones back: after every swap the gatherer gives what ``tree_flatten`` gives, and keeps
+    its signature object while shapes and dtypes are unchanged (no retrace)."""
+    net = Net(d=8, n=6, out=4)
+    g = ParamGatherer(net)
+    _, sig = g.gather()
+    for pick, how in swaps:
+        names = [k for k, _ in tree_flatten(net.parameters())]
+        name = names[pick % len(names)]
+        *path, leaf = name.split(".")
+        holder: Any = net
+        for part in path:
+            holder = holder[int(part)] if isinstance(holder, list) else holder[part]
+        old = holder[leaf]
+        new = {
+            "same": mx.zeros_like(old),
+            "shape": mx.zeros((old.size + 1,), old.dtype),
+            "dtype": old.astype(mx.float16),
+            "back": old,
+        }[how]
+        holder[leaf] = new
+        params, sig2 = g.gather()
+        ref = dict(tree_flatten(net.parameters()))
+        assert list(params) == list(ref) and all(params[k] is ref[k] for k in ref)
+        want = [(k, tuple(v.shape), short(v.dtype)) for k, v in ref.items()]
+        assert list(sig2) == want
+        if list(sig) == want:
+            assert sig2 is sig  # same shapes and dtypes: the cached object (its hash) is kept
+        sig = sig2
 
 
 def test_jit_follows_new_weights_without_retracing(net: ExtraNet) -> None:

@@ -118,3 +118,39 @@ def test_quantizing_the_model_leaves_the_fast_path(model: Any) -> None:
     x = mx.array([[3, 1, 4]])
     assert same_bits(step(x, cache=cache2), ref(x, cache=ref_cache))
     assert same_bits(step(mx.array([[2]]), cache=cache2), ref(mx.array([[2]]), cache=ref_cache))
+
+
+def test_calls_of_alternating_shapes_through_the_same_caches_take_the_fast_path(
+    model: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A banded prefill runs chunks of two shapes through the same cache objects: both
+    patterns are kept (``fastpath.Recent``), and every call has eager's bits."""
+    ref = _ref(model)
+    step = segc.jit(model, boundaries="layers.*")
+    cache, ref_cache = make_prompt_cache(model), make_prompt_cache(model)
+    prompt = mx.array([[3, 1, 4, 1, 5]])
+    assert same_bits(step(prompt, cache=cache), ref(prompt, cache=ref_cache))
+    binds = Binds(monkeypatch, step)
+    for t in range(12):
+        x = mx.array([[t + 1]] if t % 2 else [[t + 1, t + 2]])
+        assert same_bits(step(x, cache=cache), ref(x, cache=ref_cache))
+    # each shape binds the general way twice (its miss, then the hit that teaches its
+    # pattern); the other eight calls take the fast path
+    assert binds.n == 4
+
+
+def test_the_fast_path_lets_go_of_caches_it_no_longer_sees(model: Any) -> None:
+    import gc
+    import weakref
+
+    step = segc.jit(model, boundaries="layers.*")
+    cache = make_prompt_cache(model)
+    step(mx.array([[3, 1, 4]]), cache=cache)
+    for t in range(3):
+        step(mx.array([[t]]), cache=cache)
+    gone = weakref.ref(cache[0])
+    del cache
+    fresh = make_prompt_cache(model)
+    step(mx.array([[3, 1, 4]]), cache=fresh)
+    gc.collect()
+    assert gone() is None

@@ -451,3 +451,83 @@ def test_the_dispatch_thread_waits_for_a_slow_pager_without_spinning(
         assert len(calls) <= 4 * pm.stats.bands, (len(calls), pm.stats.bands)
     finally:
         pm.close()
+
+
+def test_a_banded_prefill_that_grows_the_caches_is_the_resident_run(
+    dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """600 tokens in chunks of 200: the caches grow at the second and third chunks,
+    trimmed back to their offsets first (200 and 400 are not multiples of mlx-lm's step
+    of 256). The engine grows each band's caches before its call (``grow_ahead``), so
+    once a first prompt has traced the graphs, no band call of the next takes the jitted
+    call's general path; the logits and caches are eager mlx-lm's all the same."""
+    from segc.staging import Jitted
+
+    path = dirs["llama"]
+    x = mx.array([[(5 * i + 1) % 128 for i in range(600)]], dtype=mx.uint32)
+    if mx.default_device() == mx.cpu:
+        model, _ = load_local_model(path)
+        ref = make_prompt_cache(model)
+        for s in range(0, 600, 200):
+            want_logits = model(x[:, s : s + 200], cache=ref)
+    else:  # the resident engine (see ``resident``)
+        with_all = PagedModel(path, budget=1 << 40, timeout=30)
+        ref = with_all.make_cache()
+        want_logits = with_all.prefill(x, ref, chunk=200, banded=False)
+        with_all.close()
+    want = (bits(want_logits), cache_bits(ref))
+    pm = PagedModel(path, budget=1 << 40, timeout=30)
+    try:
+        cache = pm.make_cache()
+        assert (bits(pm.prefill(x, cache, chunk=200)), cache_bits(cache)) == want
+        binds = []
+        real = Jitted._bind
+        monkeypatch.setattr(Jitted, "_bind", lambda self, *a, **k: binds.append(1) or real(self, *a, **k))
+        cache = pm.make_cache()
+        assert (bits(pm.prefill(x, cache, chunk=200)), cache_bits(cache)) == want
+        assert binds == []
+    finally:
+        pm.close()
+
+
+@pytest.mark.parametrize("banded", [True, False])
+def test_with_every_page_held_no_band_waits_for_the_band_before_it(dirs: dict[str, Path], banded: bool) -> None:
+    """Every page held (a budget that holds them all, a first call reads them): the
+    dispatch thread never waits for the band it dispatched last before dispatching the
+    next (that would drain the device between bands): only ``finish`` waits for the last.
+    A banded prefill's later chunks of a held page are resident at once, whatever the
+    prefetch depth (the depth bounds reads, and they read nothing)."""
+    from segc.engine.paging.pager import Pager
+
+    pm = PagedModel(dirs["llama"], budget=1 << 40, timeout=30)
+    drains: list[int] = []
+    real_wait, real_finish = Pager._wait_for, Pager.finish
+    in_finish = threading.local()
+
+    def wait_for(self: Pager, upto: int) -> None:
+        newest = self._pending[-1][0] if self._pending else None
+        real_wait(self, upto)
+        if (
+            newest is not None
+            and not getattr(in_finish, "on", False)
+            and not any(t == newest for t, *_ in self._pending)
+        ):
+            drains.append(newest)
+
+    def finish(self: Pager) -> None:
+        in_finish.on = True
+        try:
+            real_finish(self)
+        finally:
+            in_finish.on = False
+
+    try:
+        paged_run(pm, 8, 2, banded=banded)  # reads every page
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(Pager, "_wait_for", wait_for)
+            mp.setattr(Pager, "finish", finish)
+            for _ in range(3):
+                paged_run(pm, 8, 2, banded=banded)
+        assert drains == []
+    finally:
+        pm.close()

@@ -246,3 +246,50 @@ def test_growth_found_while_tracing(llama) -> None:
     _lockstep(llama, step, [_tokens(33), _tokens(300, 1)], 3)
     info = step.cache_info()
     assert any("grows" in a for a in info.aborted), info.aborted
+
+
+def test_growth_found_while_tracing_is_remembered(llama, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same chunks again, through fresh caches: the call that had to grow grows
+    before its lookup, without tracing again (an engine's banded prefill makes such a
+    call for every band of every prompt), and still gives eager's results."""
+    from segc.staging import Jitted
+
+    step = segc.jit(llama, boundaries="auto")
+    chunks = [_tokens(33), _tokens(300, 1)]
+    _lockstep(llama, step, chunks, 1)
+    traced = []
+    real = Jitted._trace
+    monkeypatch.setattr(Jitted, "_trace", lambda self, *a, **k: traced.append(1) or real(self, *a, **k))
+    aborted = len(step.cache_info().aborted)
+    for _ in range(2):
+        _lockstep(llama, step, chunks, 1)
+    assert traced == [] and len(step.cache_info().aborted) == aborted
+
+
+def test_caches_over_the_same_buffers_grow_once() -> None:
+    """``state.grow``: slots whose caches share their buffers (the paging engine's
+    stand-ins for the layers outside a band) share one grown copy; others get their own,
+    each as mlx-lm would grow it."""
+    from segc.trace import state as tst
+
+    def filled(seed: int) -> KVCache:
+        c = KVCache()
+        k = mx.random.normal((1, 2, 256, 4), key=mx.random.key(seed))
+        c.update_and_fetch(k, k * 2)
+        return c
+
+    a, b = filled(0), filled(1)
+    proxy = object.__new__(KVCache)
+    proxy.__dict__.update(vars(a))
+    slots = [tst.make_slot(i, o, exact=False) for i, o in enumerate([a, proxy, b])]
+    grown: dict = {}
+    assert tst.grow(slots, 10, grown)
+    assert grown[0] is grown[1] and grown[2] is not grown[0]
+    for i, c in ((0, a), (2, b)):
+        ref = object.__new__(KVCache)
+        ref.__dict__.update(vars(c))
+        ref.update_and_fetch(mx.zeros((1, 2, 10, 4)), mx.zeros((1, 2, 10, 4)))  # mlx-lm grows it
+        assert grown[i]["keys"].shape == ref.keys.shape
+        assert same_bits(grown[i]["keys"][..., :256, :], c.keys)
+        assert same_bits(grown[i]["values"][..., :256, :], c.values)
+    assert not tst.grow(slots, 0, {})  # room enough: nothing grows

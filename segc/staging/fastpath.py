@@ -17,6 +17,7 @@ the general path, so this changes which code binds a call, never what it binds t
 from __future__ import annotations
 
 import operator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,7 @@ from ..trace.params import ParamSig
 from .signature import CallSpec, Signature
 
 _SCALARS = (bool, int, float, str, type(None))
+Bound = tuple[list[mx.array], dict[str, mx.array], list[st.Slot]]  # a call's leaves, parameters and slots
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,46 @@ class Pattern:
     kinds: tuple[str, ...]  # per state object: its StateKind's name
     keys: tuple[tuple, ...]  # per state object: its slot's key
     psig: ParamSig | None
+    objs: tuple[Any, ...]  # the state objects, in order
+
+
+class Recent:
+    """The last hits' patterns, the most recent first, all of the same state objects: a
+    decode loop has one; an engine that runs chunks of several shapes through the same
+    cache objects (a banded prefill, ``segc.engine``) has one per shape. A call with
+    other objects drops them (``retain``): a pattern keeps its objects alive."""
+
+    def __init__(self, size: int = 8):
+        self.size = size
+        self.items: list[Pattern] = []
+
+    def matches(self, spec: CallSpec, args: tuple, kwargs: dict) -> Iterator[tuple[Pattern, Bound]]:
+        for p in self.items:
+            bound = match(p, spec, args, kwargs)
+            if bound is not None:
+                yield p, bound
+
+    def hit(self, p: Pattern) -> Pattern:
+        if self.items[0] is not p:
+            self.items.remove(p)
+            self.items.insert(0, p)
+        return p
+
+    def retain(self, objs: list[Any]) -> None:
+        if self.items and not _same(self.items[0].objs, objs):
+            self.items.clear()
+
+    def add(self, p: Pattern | None) -> None:
+        if p is not None:
+            same = [q for q in self.items if q.sig != p.sig and _same(q.objs, p.objs)]
+            self.items = [p, *same][: self.size]
+
+    def clear(self) -> None:
+        self.items.clear()
+
+
+def _same(a: Sequence[Any], b: Sequence[Any]) -> bool:
+    return len(a) == len(b) and all(map(operator.is_, a, b))
 
 
 def learn(
@@ -81,14 +123,11 @@ def learn(
     if len(arrays) != len(leaves) or not all(map(same, arrays, leaves)):
         return None
     psig = spec.params.gather()[1] if spec.params is not None else None
-    return Pattern(
-        sig, len(args), tuple(kwargs), tuple(where), tuple(s.kind for s in slots), tuple(s.key for s in slots), psig
-    )
+    kinds, keys = tuple(s.kind for s in slots), tuple(s.key for s in slots)
+    return Pattern(sig, len(args), tuple(kwargs), tuple(where), kinds, keys, psig, tuple(objs))
 
 
-def match(
-    p: Pattern, spec: CallSpec, args: tuple, kwargs: dict
-) -> tuple[list[mx.array], dict[str, mx.array], list[st.Slot]] | None:
+def match(p: Pattern, spec: CallSpec, args: tuple, kwargs: dict) -> Bound | None:
     """The call's leaves, parameters and slots if it has pattern ``p``; else None."""
     if len(args) != p.n_args or len(kwargs) != len(p.kw) or tuple(kwargs) != p.kw:
         return None
@@ -110,15 +149,15 @@ def match(
             objs.append(v)
         elif type(v) is not w[1] or v != w[2]:
             return None
+    slots: list[st.Slot] = []
+    for i, (o, kind, key) in enumerate(zip(objs, p.kinds, p.keys)):  # first: a pattern of
+        s = st.KINDS[kind].slot(i, o, None)  # other cache shapes fails at its first object
+        if s is None or s.key != key:
+            return None
+        slots.append(s)
     params: dict[str, mx.array] = {}
     if spec.params is not None:
         params, psig = spec.params.gather()
         if psig is not p.psig and psig != p.psig:
             return None
-    slots: list[st.Slot] = []
-    for i, (o, kind, key) in enumerate(zip(objs, p.kinds, p.keys)):
-        s = st.KINDS[kind].slot(i, o, None)
-        if s is None or s.key != key:
-            return None
-        slots.append(s)
     return leaves, params, slots

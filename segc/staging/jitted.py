@@ -31,22 +31,11 @@ from ..trace.params import ParamGatherer
 from ..trace.pytree import flatten, unflatten
 from . import fastpath, rng
 from .effects import EngineHooks
-from .signature import ROOTS, CacheInfo, CallSpec, Signature
+from .signature import ROOTS, CacheInfo, CallSpec, Signature, as_tuple
 from .stages import Compiled, Effects, Lowered, Traced
 from .validate import check_against_eager
 
 Bound = tuple[Traced, "Compiled | None", list[mx.array], dict[str, mx.array], list[st.Slot]]
-
-
-def _as_tuple(x: Any, kind: type, what: str) -> tuple:
-    words = {int: "ints", str: "strings"}[kind]
-    try:
-        out = (x,) if isinstance(x, kind) else tuple(x)
-    except TypeError:
-        raise TraceError(f"{what} takes {words}, got {x!r}") from None
-    if not all(isinstance(i, kind) and not isinstance(i, bool) for i in out):
-        raise TraceError(f"{what} takes {words}, got {x!r}")
-    return out
 
 
 class Jitted(EngineHooks):
@@ -81,7 +70,8 @@ class Jitted(EngineHooks):
         if state_mode not in ("auto", "exact"):
             raise TraceError(f"state_mode must be 'auto' or 'exact', got {state_mode!r}")
         self.state_mode = state_mode
-        self._exact_after: dict[Signature, frozenset[int]] = {}
+        self._exact_after: dict[Signature, frozenset[int]] = {}  # signatures traced again in exact mode
+        self._writes: dict[Signature, int] = {}  # and tokens their calls write, where they had to grow
         if self.boundaries and self.module is None:
             raise TraceError("boundaries= globs name submodules: pass an nn.Module to segc.jit")
         if self.module is not None and self.boundaries and not matching_modules(self.module, self.boundaries):
@@ -99,8 +89,8 @@ class Jitted(EngineHooks):
         self.spec = CallSpec(
             fn,
             self.name,
-            _as_tuple(static_argnums, int, "static_argnums"),
-            _as_tuple(static_argnames, str, "static_argnames"),
+            as_tuple(static_argnums, int, "static_argnums"),
+            as_tuple(static_argnames, str, "static_argnames"),
             state,
             gather,
         )
@@ -112,7 +102,7 @@ class Jitted(EngineHooks):
         self._active: WindowRun | None = None  # the window calls run, and its stash (use_window)
         self._warned = False
         self._last: Signature | None = None
-        self._fast: fastpath.Pattern | None = None  # the last hit's call pattern
+        self._fast = fastpath.Recent()  # the last hits' call patterns
         self.info = CacheInfo()
         functools.update_wrapper(self, fn if not isinstance(fn, nn.Module) else type(fn).__call__, updated=())  # type: ignore[arg-type]
 
@@ -239,19 +229,18 @@ class Jitted(EngineHooks):
             return self._call(args, kwargs)
 
     def _call(self, args: tuple, kwargs: dict) -> Any:
-        if self._fast is not None:  # a decode loop's repeated call (fastpath.py)
-            bound = fastpath.match(self._fast, self.spec, args, kwargs)
-            c = self._cache.get(self._fast.sig) if bound is not None else None
-            if c is not None and bound is not None:
-                leaves, params, slots = bound
-                if not any(st.needs_growth(s, p) for s, p in zip(slots, c.commits)):
-                    self._cache.move_to_end(self._fast.sig)
-                    self.info.hits += 1
-                    self._last = self._fast.sig
-                    return c.run(leaves, params, slots, self._active)
-        self._fast = None
+        for pat, (leaves, params, slots) in self._fast.matches(self.spec, args, kwargs):  # fastpath.py
+            c = self._cache.get(pat.sig)
+            if c is not None:
+                if any(st.needs_growth(s, p) for s, p in zip(slots, c.commits)):
+                    break
+                self._cache.move_to_end(pat.sig)
+                self.info.hits += 1
+                self._last = self._fast.hit(pat).sig
+                return c.run(leaves, params, slots, self._active)
         given = args, kwargs
         args, kwargs, objs = self.spec.extract(args, kwargs)
+        self._fast.retain(objs)  # the patterns of other objects would keep those alive
         why = next((r for o in objs if (r := st.eager_reason(o)) is not None), None)
         if why is not None:
             return self._eager(args, kwargs, objs, why)
@@ -273,7 +262,7 @@ class Jitted(EngineHooks):
             return self._validated(c, args, kwargs, objs, leaves, params, slots)
         out = c.run(leaves, params, slots, self._active)
         if self.info.misses == misses:  # a hit: the next call like it may take the fast path
-            self._fast = fastpath.learn(self.spec, *given, objs, slots, leaves, c.signature)
+            self._fast.add(fastpath.learn(self.spec, *given, objs, slots, leaves, c.signature))
         return out
 
     def _eager(self, args: tuple, kwargs: dict, objs: list[Any], why: str) -> Any:
@@ -307,8 +296,7 @@ class Jitted(EngineHooks):
             return out
         self.info.aborted.append(f"dynamic KV caches disagree with eager ({why}): state_mode='exact' from now on")
         self.state_mode = "exact"
-        self._cache.clear()
-        self._exact_after.clear()
+        self._forget()
         _, c2, leaves, params, slots = self._bind(args, kwargs, objs, cached=True)
         assert c2 is not None
         return c2.run(leaves, params, slots, self._active)
@@ -331,6 +319,8 @@ class Jitted(EngineHooks):
             if c is None and sig in self._exact_after:
                 exact |= self._exact_after[sig]
                 continue
+            if c is None and sig in self._writes and st.grow(slots, self._writes[sig], grown):
+                continue  # grown as this signature's last trace found it must be: no trace
             if c is not None:
                 growing = [s for s, p in zip(slots, c.commits) if st.needs_growth(s, p)]
                 if growing:
@@ -343,6 +333,7 @@ class Jitted(EngineHooks):
                 t = self._trace(sig, args, kwargs, leaves, params, slots)
             except st.NeedsGrowth as g:
                 self.info.aborted.append(f"state[{g.slot}] grows for {g.n} more tokens")
+                self._writes[sig] = g.n
                 st.grow(slots, g.n, grown)
                 continue
             except st.NeedsExact as e:
@@ -356,16 +347,20 @@ class Jitted(EngineHooks):
             return t, self._compile(t), leaves, params, slots
         raise StateError(f"{self.name}: the state objects' layout did not settle: {self.info.aborted[-3:]}")
 
+    def _forget(self) -> None:
+        self._cache.clear()
+        self._exact_after.clear()
+        self._writes.clear()
+
     def cache_info(self) -> CacheInfo:
         return self.info
 
     def clear_cache(self) -> None:
         """Drop every compiled entry and hand the memory back to MLX's allocator (and
         MLX's buffer cache back to the system: ``mx.clear_cache``)."""
-        self._cache.clear()
-        self._exact_after.clear()
+        self._forget()
         self._last = None
-        self._fast = None
+        self._fast.clear()
         gc.collect()
         mx.clear_cache()
 

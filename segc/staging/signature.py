@@ -17,7 +17,7 @@ from typing import Any
 import mlx.core as mx
 
 from ..dtypes import short
-from ..errors import SignatureError
+from ..errors import SignatureError, TraceError
 from ..trace import state as st
 from ..trace.params import ParamGatherer, ParamSig
 from ..trace.pytree import TreeDef, flatten
@@ -199,3 +199,15 @@ class CallSpec:
             sig.bind(*args, **kwargs)
         except TypeError as exc:
             raise SignatureError(f"{self.name}: {exc}") from None
+
+
+def as_tuple(x: Any, kind: type, what: str) -> tuple:
+    """``static_argnums``-like options as a tuple of ``kind``, or a TraceError."""
+    words = {int: "ints", str: "strings"}[kind]
+    try:
+        out = (x,) if isinstance(x, kind) else tuple(x)
+    except TypeError:
+        raise TraceError(f"{what} takes {words}, got {x!r}") from None
+    if not all(isinstance(i, kind) and not isinstance(i, bool) for i in out):
+        raise TraceError(f"{what} takes {words}, got {x!r}")
+    return out

@@ -126,9 +126,28 @@ class ParamGatherer:
         if plan is None or not plan.valid():
             return self._rebuild()
         arrays = plan.read()
-        if len(arrays) == len(self._arrays) and all(map(operator.is_, arrays, self._arrays)):
-            return self._params, self._sig
+        if len(arrays) == len(self._arrays):
+            same = list(map(operator.is_, arrays, self._arrays))
+            if all(same):
+                return self._params, self._sig
+            if len(self._sig) == len(arrays):
+                changed = [i for i, s in enumerate(same) if not s]
+                if len(changed) * 4 <= len(arrays) and (hit := self._swap(arrays, changed)) is not None:
+                    return hit
         return self._update(plan.names, arrays)
+
+    def _swap(self, arrays: list[Any], changed: list[int]) -> tuple[dict[str, mx.array], ParamSig] | None:
+        """A few parameters replaced by arrays of the same shape and dtype (an engine
+        binding a page of weights into its model): a new dict, the same signature; None
+        when any of them differs in shape or dtype (then ``_update`` rebuilds)."""
+        params = dict(self._params)
+        for i in changed:
+            v, (name, shape, dtype) = arrays[i], self._sig[i]
+            if not isinstance(v, mx.array) or tuple(v.shape) != shape or dtypes.short(v.dtype) != dtype:
+                return None
+            params[name] = v
+        self._arrays, self._params = arrays, params
+        return params, self._sig
 
     def _rebuild(self) -> tuple[dict[str, mx.array], ParamSig]:
         flat = cast(list[tuple[str, Any]], tree_flatten(self.module.parameters()))

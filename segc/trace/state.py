@@ -337,13 +337,22 @@ def needs_growth(slot: Slot, plan: Commit) -> bool:
     return kind is not None and slot.kind == plan.kind and kind.needs_growth(slot, plan)
 
 
-def grow(slots: list[Slot], n: int, grown: dict[int, dict[str, Any]]) -> None:
-    """Grow (on the host, uncommitted) every dynamic slot that cannot take ``n`` more tokens."""
+def grow(slots: list[Slot], n: int, grown: dict[int, dict[str, Any]]) -> bool:
+    """Grow (on the host, uncommitted) every dynamic slot that cannot take ``n`` more
+    tokens; whether any had to. Slots of the same kind over the same buffers (an engine's
+    stand-ins for the layers outside a band share the band's) share one grown copy."""
+    any_ = False
+    done: dict[tuple, dict[str, Any] | None] = {}
     for s in slots:
         kind = KINDS.get(s.kind)
-        bufs = kind.grow(s, n) if kind is not None else None
+        if kind is None:
+            continue
+        key = (s.kind, *map(id, s.inputs))
+        bufs = done[key] if key in done else done.setdefault(key, kind.grow(s, n))
         if bufs is not None:
             grown[s.index] = bufs
+            any_ = True
+    return any_
 
 
 def donate(slots: list[Slot], commits: tuple[Commit, ...]) -> bool:

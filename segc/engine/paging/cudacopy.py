@@ -168,7 +168,7 @@ class CudaCopier:
             if time.monotonic() > deadline:
                 raise WaitTimeout("CUDA copy", 1, 0, self.timeout, what)
             time.sleep(pause)
-            pause = min(pause * 2, 1e-3)
+            pause = min(pause * 2, 2e-4)  # short: a page's copies end a band's wait
 
     def flush(self) -> None:
         """Wait (at most ``timeout`` seconds) for every copy started."""

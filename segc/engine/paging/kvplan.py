@@ -18,6 +18,7 @@ import mlx.core as mx
 
 from ... import dtypes
 from ...errors import PagingError
+from ...trace import kvcache
 from .plan import CallPlan, stub
 
 
@@ -36,6 +37,14 @@ def kv_cache_type() -> Any:
     from mlx_lm.models.cache import KVCache
 
     return KVCache
+
+
+def grow_ahead(c: Any, n: int) -> None:
+    """Grow an mlx-lm ``KVCache`` that cannot take ``n`` more tokens, as mlx-lm would
+    (and as ``segc.jit`` would on the host before the call): done by the engine before a
+    band's call, the call then finds its graph without the jit's general path."""
+    if type(c) is kv_cache_type() and c.keys is not None and c.offset + n > c.keys.shape[2]:
+        c.__dict__.update(kvcache.grow(c, n))
 
 
 def unpageable(cache: Sequence[Any]) -> str | None:

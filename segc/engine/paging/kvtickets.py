@@ -39,6 +39,9 @@ class KVTickets:
     def assign(self, ticket: int, blocks: Sequence[KVBlock]) -> None:
         self._blocks[ticket] = blocks
 
+    def has(self, ticket: int) -> bool:
+        return bool(self._blocks.get(ticket))
+
     def read(self, ticket: int) -> None:
         """Read ``ticket``'s blocks into host memory (either thread: no MLX call)."""
         blocks = self._blocks.pop(ticket, None)

@@ -32,11 +32,22 @@ from ...errors import PagingError, ScheduleError
 from ...staging import jit
 from ..banded import BandWindows
 from . import cudacopy
-from .kvplan import at_capacity, cache_arrays, given_bytes, grows, growth, paged_reserve, shallow_copy, unpageable
+from .kvplan import (
+    at_capacity,
+    cache_arrays,
+    given_bytes,
+    grow_ahead,
+    grows,
+    growth,
+    paged_reserve,
+    shallow_copy,
+    unpageable,
+)
 from .kvstore import KVBlock, KVStore
 from .pager import EVICT, Done, Pager
 from .plan import CallPlan, Skeleton, band_members, call_plan
 from .source import DiskSource, HostSource, Reader
+from .tiles import Tiles, drop_outputs
 
 Hook = Callable[[int, int, list[mx.array]], None]  # (band, chunk, the outputs it makes)
 
@@ -60,15 +71,6 @@ class _Call:
 
     kv_paged: bool
     limit: int
-
-
-def _drop_outputs(stash: dict[str, mx.array], outputs: list[Any]) -> None:
-    """The window wrote the call's outputs (new KV buffers, logits) to the stash too; no
-    later band reads them, and the caches and the caller hold them: drop them, or the
-    stash would keep every tile's KV buffers alive until the end of a banded prefill."""
-    ids = {id(a) for a in outputs if a is not None}
-    for name in [n for n, a in stash.items() if id(a) in ids]:
-        del stash[name]
 
 
 def _kv_option(value: Any) -> bool | str:
@@ -146,6 +148,7 @@ class PagedModel:
         self.stats = PagingStats()
         self._plans: dict[Any, CallPlan] = {}
         self._aliased = False  # a traced graph hands on a view of a parameter: no recycling
+        self._tiles = Tiles()  # the band calls' cache objects
         self.pages: tuple[tuple[str, ...], ...] | None = None
         self.page_bytes: list[int] = []
         self.pager: Pager | None = None
@@ -212,18 +215,13 @@ class PagedModel:
 
     # ------------------------------------------------------------------ internals
 
-    def _tile(self, caches: list[Any], members: range) -> list[Any]:
-        """Copies of the band's caches, and proxies of its first for the other layers."""
-        like = caches[members[0]]
-        return [shallow_copy(c if i in members else like) for i, c in enumerate(caches)]
-
     def _plan(self, x: mx.array, cache: list[Any]) -> CallPlan:
         shapes = tuple(tuple(a.shape) for c in cache for a in cache_arrays(c))
         key = (tuple(x.shape), str(x.dtype), shapes, grows(cache, x.shape[1]))
         plan = self._plans.get(key)
         if plan is None:
-            tile = self._tile([shallow_copy(c) for c in cache], self.bands[0])
-            g = self.step.lower(x, cache=tile).graph
+            g = self.step.lower(x, cache=self._tiles.fill(cache, self.bands[0])).graph
+            self._tiles.clear()
             plan = self._plans[key] = call_plan(g, self.n_layers, self.band)
             self._aliased |= plan.aliased  # then no page's buffers are recycled (pager.py)
             if self.pages is None:
@@ -360,8 +358,10 @@ class PagedModel:
                 arrays = pager.admit(ticket, where)
                 for i, bufs in pager.take_kv(ticket).items():  # the band's KV, read back
                     shadows[i].__dict__.update(bufs)
+                for i in members:
+                    grow_ahead(shadows[i], xs[t].shape[1])
                 self.skeleton.bind(arrays)
-                tile = self._tile(shadows, members)
+                tile = self._tiles.fill(shadows, members)
                 try:
                     self.step.use_window(f"band{k}", stashes[t])
                     y = self.step(xs[t], cache=tile)
@@ -371,11 +371,9 @@ class PagedModel:
                     self.skeleton.unbind(arrays)
                     self.step.spec.params.gather()  # forget the page's arrays: reclaim frees them
                     del arrays
-                    for c in tile:  # the jit keeps the last call's objects: they keep no buffer
-                        c.__dict__.clear()
-                    del tile
+                    self._tiles.clear()  # the jit keeps the last call's objects: they keep no buffer
                 kept = [a for i in members for a in cache_arrays(shadows[i])]
-                _drop_outputs(stashes[t], [*kept, y])
+                drop_outputs(stashes[t], [*kept, y])
                 made = [*stashes[t].values(), *kept, *([y] if y is not None else [])]
                 out = y if y is not None else out
                 pager.complete(ticket, made, self._write_out(shadows, members) if last.get(k) == j else None)

@@ -19,7 +19,8 @@ outputs ``depth`` bands later, and evicts completed pages to make room for the p
 the pager reads next. The pager thread waits for room, never evicts.
 
 Loading ticket ``t`` waits until ``reclaim >= t - depth`` (at most ``depth`` tickets
-ahead of the running one) and until the page fits under the limit. Which completed page
+ahead of the running one) and until the page fits under the limit; a ticket whose page
+is held, read in full, is resident at once (a banded prefill's later chunks). Which completed page
 goes is ``evict``: ``"mru"`` (the most recently used first: a cyclic decode keeps a
 prefix of the layers resident) or ``"lru"``. With ``threaded=False`` the dispatch thread
 reads each page itself at ``admit`` (into evicted pages' buffers too, by the same
@@ -40,7 +41,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
@@ -49,23 +49,12 @@ from ...errors import PagingError, ScheduleError, WaitTimeout
 from ...runtime.events import Event
 from .kvstore import KVBlock, KVStore
 from .kvtickets import KVTickets
-from .recycle import fill, fresh_buffers, recycle, upcoming
+from .recycle import Held, fill, fresh_buffers, recycle, upcoming
 from .source import DiskSource
 
 _END = 2**62  # both events jump here when the pager ends: no waiter is left hanging
 EVICT = ("lru", "mru")
 Done = Callable[[], None] | None  # run once a ticket's outputs exist (the KV write-out)
-
-
-@dataclass
-class _Held:
-    nbytes: int
-    last: int  # the last ticket that uses it
-    arrays: dict[str, Any] = field(default_factory=dict)  # numpy host copies, then mx.arrays
-    ready: bool = False  # read in full
-    device: bool = False  # its arrays are mx.arrays
-    base: dict[str, Any] = field(default_factory=dict)  # recycled MLX buffers to read tensors into
-    views: dict[str, Any] = field(default_factory=dict)  # and host views of them, made on the dispatch thread
 
 
 class Pager:
@@ -100,7 +89,7 @@ class Pager:
         self.resident = Event(name="resident")
         self.reclaim = Event(name="reclaim")
         self.error: PagingError | None = None
-        self.held: dict[int, _Held] = {}
+        self.held: dict[int, Held] = {}
         self.resident_bytes = 0  # pages held or being read
         self.peak_bytes = 0  # the most weight bytes held at once
         self.loaded_bytes = 0  # bytes read in all
@@ -161,12 +150,16 @@ class Pager:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         raise WaitTimeout("resident", ticket + 1, self.resident.value, self.timeout, where)
-                    if self._pending or self._room_wanted(ticket):  # the pager waits on us: help it
+                    want = self._reclaim_wanted()
+                    if want or self._room_wanted(ticket):  # the pager waits on us: help it
                         before = (len(self._pending), self.resident_bytes)
                         self._cv.release()
-                        try:
-                            self._wait_for(ticket)
-                            self._make_room(ticket)
+                        try:  # no more than it waits for: the bands in flight keep the device busy
+                            self._wait_for(want)
+                            self._make_room(ticket + self.depth)  # and room, for the pages after too
+                            if self._room_wanted(ticket):  # none without the bands in flight
+                                self._wait_for(ticket)
+                                self._make_room(ticket + self.depth)
                         finally:
                             self._cv.acquire()
                         if (len(self._pending), self.resident_bytes) != before:
@@ -179,7 +172,7 @@ class Pager:
             self._copy_in(held)
         return held.arrays
 
-    def _copy_in(self, held: _Held) -> None:
+    def _copy_in(self, held: Held) -> None:
         """Host copies into MLX's memory; tensors read into recycled buffers cost nothing."""
         for n in list(held.arrays):  # a tensor at a time: one host copy beside its array
             a = held.arrays[n]
@@ -230,6 +223,14 @@ class Pager:
         its own read frees room: spinning would take a core from it)."""
         return bool(self._queue) and self._queue[0] <= upto and self._waits(self._owner[self._queue[0]])
 
+    def _reclaim_wanted(self) -> int:
+        """The ``reclaim`` the pager's next ticket waits for (0: none): one that reads (its
+        page, KV blocks) waits for the prefetch depth; one of a page held in full does not."""
+        t = self._queue[0] if self._queue else 0
+        h = self.held.get(self._owner[t]) if self._queue else None
+        reads = h is None or not h.ready or self.kv.has(t)
+        return t - self.depth if self._queue and self.reclaim.value < t - self.depth and reads else 0
+
     def _waits(self, p: int) -> bool:
         """Page ``p`` waits for the dispatch thread: for room, or (``direct``) for buffers."""
         return p not in self.held and (self._fresh is not None or self.resident_bytes + self.sizes[p] > self.limit)
@@ -252,7 +253,7 @@ class Pager:
             wanted = upcoming(self._queue, self._owner, self.held, upto) if spare or self._fresh else []
             room = self.limit - self.resident_bytes
             for t, p, base, views, reused in recycle(spare, wanted, room, *self._recycling, self._fresh):
-                self.held[p] = _Held(self.sizes[p], t, base=base, views=views)
+                self.held[p] = Held(self.sizes[p], t, base=base, views=views)
                 self.resident_bytes += self.sizes[p]
                 self.recycled_bytes += reused  # to be read into evicted pages' buffers
             self.peak_bytes = max(self.peak_bytes, self.resident_bytes)
@@ -326,7 +327,7 @@ class Pager:
                     # No deadline (a band's first call may compile for seconds): it ends when
                     # the dispatch thread reclaims, ``close()`` stops the pager, or that thread
                     # is gone; ``admit``'s waits carry the timeouts a caller sees.
-                    while not self._stop and (self.reclaim.value < t - self.depth or self._waits(p)):
+                    while not self._stop and (self._reclaim_wanted() or self._waits(p)):
                         if not self._consumer.is_alive():
                             raise WaitTimeout(
                                 "reclaim",
@@ -343,7 +344,7 @@ class Pager:
                     if h is not None:  # still resident
                         h.last = t
                     else:
-                        h = self.held[p] = _Held(self.sizes[p], t)
+                        h = self.held[p] = Held(self.sizes[p], t)
                         self.resident_bytes += h.nbytes
                         self.peak_bytes = max(self.peak_bytes, self.resident_bytes)
                 if not h.ready:
@@ -389,7 +390,7 @@ class Pager:
             while self.resident_bytes + self.sizes[p] > self.limit and self._evict_one(spare):
                 pass
             arrays, recycled = fill(self.source, self.pages[p], spare, self._recycling[2], self._fresh)
-            h = self.held[p] = _Held(self.sizes[p], t, arrays, True, True)
+            h = self.held[p] = Held(self.sizes[p], t, arrays, True, True)
             self.resident_bytes += h.nbytes
             self.loaded_bytes += h.nbytes
             self.recycled_bytes += recycled

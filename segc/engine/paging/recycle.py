@@ -25,12 +25,27 @@ managed memory the GPU would then migrate fault by fault.
 from __future__ import annotations
 
 from collections.abc import Callable, Container, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
 import numpy as np
 
 from .source import DTYPES, DiskSource
+
+
+@dataclass
+class Held:
+    """A page the pager holds (or is reading): its arrays, and the buffers given to it."""
+
+    nbytes: int
+    last: int  # the last ticket that uses it
+    arrays: dict[str, Any] = field(default_factory=dict)  # numpy host copies, then mx.arrays
+    ready: bool = False  # read in full
+    device: bool = False  # its arrays are mx.arrays
+    base: dict[str, Any] = field(default_factory=dict)  # recycled MLX buffers to read tensors into
+    views: dict[str, Any] = field(default_factory=dict)  # and host views of them, made on the dispatch thread
+
 
 Fresh = Callable[[str], Any]  # a new MLX buffer for a tensor, by name (the CUDA road)
 _STREAMS: dict[str, Any] = {}  # one stream per device for every pager's new buffers (MLX keeps streams)
