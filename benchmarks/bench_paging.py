@@ -157,6 +157,7 @@ def main() -> None:
     p.add_argument(
         "--transfer", default="auto", choices=["auto", "host", "direct", "cuda"], help="PagedModel's transfer"
     )
+    p.add_argument("--piece", type=int, help="cudacopy.PIECE_BYTES: CUDA copies at most this long (0: a tensor)")
     p.add_argument("--settings", help="at this fraction, also run the other depths and the other eviction")
     p.add_argument("--dir", help="where to save the model (default: a temporary directory)")
     p.add_argument("--out", help="write the results as JSON here")
@@ -173,6 +174,8 @@ def run_all(a: argparse.Namespace, path: Path) -> None:
     from segc.engine.paging import DiskSource, HostSource, PagedModel, cudacopy
 
     build_dir(a, path)
+    if a.piece is not None:
+        cudacopy.PIECE_BYTES = a.piece
     src = (HostSource if a.source == "host" else DiskSource)(path)
     host_bw = bw = max(src.read_bandwidth() for _ in range(3))  # a host copy into MLX's memory
     if a.transfer == "cuda" or (a.transfer == "auto" and cudacopy.available()):

@@ -531,3 +531,110 @@ def test_with_every_page_held_no_band_waits_for_the_band_before_it(dirs: dict[st
         assert drains == []
     finally:
         pm.close()
+
+
+def test_a_banded_prefill_reads_the_next_page_while_every_chunk_of_the_band_runs(dirs: dict[str, Path]) -> None:
+    """The prefetch depth counts pages (runs of one page's tickets: a band's chunks), not
+    tickets: with ``depth=1`` the next band's page is read as soon as the first chunk of
+    the running band is admitted, nothing completed yet (it used to wait until all but
+    the band's last chunk were complete, so a read overlapped one chunk of compute); the
+    page after it waits until the band before the running one is complete."""
+    from segc.engine.paging.pager import Pager
+    from segc.engine.paging.source import DiskSource
+
+    pm = PagedModel(dirs["llama"], budget=1 << 40)
+    pages = pm.pages
+    pm.close()
+    assert pages is not None and len(pages) >= 3
+    chunks = 3
+    pager = Pager(DiskSource(dirs["llama"]), pages, 1 << 40, depth=1, timeout=30)
+    try:
+        tickets = pager.request([p for p in range(3) for _ in range(chunks)])
+        pager.admit(tickets[0], "band 0, chunk 0")
+        pager.resident.wait(chunks + 1, timeout=10, where="band 1's page, read ahead")
+        time.sleep(0.2)  # time enough to read another page, were it allowed
+        assert pager.resident.value == 2 * chunks, "band 1's chunks resident, band 2's page not read"
+        for t in tickets[:chunks]:  # band 0 completes: band 2's page may be read
+            pager.admit(t, "band 0")
+            pager.complete(t, [mx.array(t)])
+        pager.finish()
+        pager.resident.wait(2 * chunks + 1, timeout=10, where="band 2's page")
+    finally:
+        pager.close()
+
+
+def test_the_next_page_is_sent_before_the_last_has_landed_and_pages_land_in_order(dirs: dict[str, Path]) -> None:
+    """On the CUDA road the pager does not wait for a page's copies before it starts the
+    next page's (it marks them and lands the page once the mark has passed: the copy
+    engine is never idle between pages); ``resident`` still moves in ticket order. Here a
+    source whose copies land only when the test says so (its marks), on any machine."""
+    from segc.engine.paging.pager import Pager
+    from segc.engine.paging.source import DiskSource
+
+    class Landing(DiskSource):
+        def __init__(self, path: Path) -> None:
+            super().__init__(path)
+            self.marks: list[int] = []
+            self.done: set[int] = set()
+
+        def mark(self) -> Any:
+            self.marks.append(len(self.marks))
+            return ("mark", self.marks[-1])
+
+        def landed(self, mark: Any) -> bool:
+            return mark is None or mark[1] in self.done
+
+    pm = PagedModel(dirs["llama"], budget=1 << 40)
+    pages = pm.pages
+    pm.close()
+    assert pages is not None
+    src = Landing(dirs["llama"])
+    pager = Pager(src, pages, 1 << 40, depth=1, timeout=30, direct=True)
+    try:
+        pager.request([0, 1, 2])
+        pager._make_room(1)  # the dispatch thread's part: buffers for the first two pages
+        deadline = time.monotonic() + 10
+        while len(src.marks) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert src.marks == [0, 1], "the second page's copies wait for the first page's"
+        assert pager.resident.value == 0
+        src.done.add(1)  # the second page's copies are done first: it may not land before the first
+        time.sleep(0.1)
+        assert pager.resident.value == 0
+        src.done.add(0)
+        pager.resident.wait(2, timeout=10, where="both pages landed")
+        for t, page in ((0, pages[0]), (1, pages[1])):
+            arrays = pager.admit(t, f"ticket {t}")
+            assert {n: bits(a) for n, a in arrays.items()} == {n: bits(src.read(n)) for n in page}
+    finally:
+        pager.close()
+
+
+def test_pages_held_between_do_not_hold_back_the_next_read(dirs: dict[str, Path]) -> None:
+    """The prefetch depth counts the runs that read their page: with page 1 held from an
+    earlier call, page 2 is read while band 0 runs (``depth=1``: one page read ahead of
+    the running one), not once bands 0 and 1 have completed; page 3 waits until band 0
+    is complete (two read pages would be ahead of it)."""
+    from segc.engine.paging.pager import Pager
+    from segc.engine.paging.source import DiskSource
+
+    pm = PagedModel(dirs["llama"], budget=1 << 40)
+    pages = pm.pages
+    pm.close()
+    assert pages is not None and len(pages) >= 4
+    pager = Pager(DiskSource(dirs["llama"]), pages, 1 << 40, depth=1, timeout=30)
+    try:
+        (t,) = pager.request([1])  # an earlier call: page 1 stays held
+        pager.admit(t, "earlier")
+        pager.complete(t, [mx.array(t)])
+        pager.finish()
+        first = pager.request([0, 1, 2, 3])[0]
+        pager.admit(first, "band 0")  # dispatched, not complete
+        pager.resident.wait(first + 3, timeout=10, where="page 2, read ahead past the held page")
+        time.sleep(0.2)  # time enough to read page 3, were it allowed
+        assert pager.resident.value == first + 3, "page 3 read with page 2 not yet used"
+        pager.complete(first, [mx.array(0)])
+        pager.finish()
+        pager.resident.wait(first + 4, timeout=10, where="page 3, once band 0 is complete")
+    finally:
+        pager.close()

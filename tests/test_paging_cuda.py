@@ -7,6 +7,7 @@ there) are checked by ``test_paging.py`` and ``test_paging_kv.py`` on the GPU ma
 from __future__ import annotations
 
 import mmap
+import time
 
 import mlx.core as mx
 import numpy as np
@@ -53,8 +54,13 @@ def test_the_transfer_option_is_checked(tiny) -> None:  # type: ignore[no-untype
     staging=hs.sampled_from([4096, 65536, 1 << 20]),
     pinned=hs.booleans(),
     dtype=hs.sampled_from([np.uint8, np.uint16, np.float32]),
+    piece=hs.sampled_from([0, 4096, 65536]),
 )
-def test_dma_copies_arrive_whole_and_the_gpu_reads_them(n: int, staging: int, pinned: bool, dtype: type) -> None:
+def test_dma_copies_arrive_whole_and_the_gpu_reads_them(
+    n: int, staging: int, pinned: bool, dtype: type, piece: int
+) -> None:
+    """Sent whole or in pieces (``piece_bytes``), waited for by a mark (as the pager
+    does) rather than a flush: the bytes arrive whole."""
     rng = np.random.default_rng(n)
     raw = rng.integers(0, 255, n * np.dtype(dtype).itemsize, dtype=np.uint8)
     if pinned:  # page-aligned memory of its own (two arrays in one page cannot both be registered)
@@ -70,8 +76,13 @@ def test_dma_copies_arrive_whole_and_the_gpu_reads_them(n: int, staging: int, pi
     try:
         if pinned:
             assert copier.pin(src)
+        copier.piece_bytes = piece
         copier.copy(np.asarray(buf), src)
-        copier.flush()
+        mark = copier.mark()
+        deadline = time.monotonic() + 30
+        while not copier.landed(mark):
+            assert time.monotonic() < deadline, "the copies' mark never passed"
+            time.sleep(1e-4)
         assert copier.copied_bytes == src.nbytes
         octets = buf.view(mx.uint8)
         on_gpu = octets + mx.zeros((), dtype=mx.uint8)  # a kernel reads the buffer on the device (exact)

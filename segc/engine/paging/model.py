@@ -80,23 +80,11 @@ def _kv_option(value: Any) -> bool | str:
 
 
 class PagedModel:
-    """Model directory ``path`` run in ``budget`` bytes (see docs/paging.md).
-
-    ``band``: layers per page; ``depth``: pages loaded ahead of the running one;
-    ``evict``: ``"mru"`` or ``"lru"``; ``mode``: ``"fenced"`` (a pager thread, events,
-    no host drain) or ``"drain"`` (the host loads each page and waits for each band: the
-    baseline); ``source``: ``"disk"`` or ``"host"`` (every tensor in host memory first);
-    ``reader``: replaces the tensor reader (fault injection); ``timeout``: seconds any
-    wait may block; ``kv_paging``: ``"auto"`` (page the KV caches of the layers outside
-    the running bands when a call's caches do not fit beside its pages), ``True``
-    (always) or ``False`` (never: such a call is refused); ``kv_dir``: where the KV
-    store keeps its host copies (default: a new directory in ``/dev/shm``); ``recycle``:
-    evicted pages' buffers read into by the next pages (``recycle.py``); ``transfer``:
-    how a page's bytes reach MLX: ``"host"`` (a host copy, made an MLX array at the admit
-    fence, unless a recycled buffer takes it), ``"direct"`` (every page read straight
-    into MLX buffers made for it: one copy), ``"cuda"`` (``"direct"`` by DMA on the
-    pager's own CUDA stream, ``cudacopy.py``) or ``"auto"`` (``"cuda"`` where MLX runs
-    on CUDA, else ``"host"``). ``budget`` may be changed between calls."""
+    """Model directory ``path`` run in ``budget`` bytes: its settings (``band``,
+    ``depth``, ``evict``, ``mode``, ``source``, ``reader``, ``timeout``, ``kv_paging``,
+    ``kv_dir``, ``recycle``, ``transfer``) are the table in docs/paging.md, "Settings".
+    ``budget`` may be changed between calls; ``timeline`` set to a list records the
+    pager's and the dispatch thread's steps (``Pager.timeline``)."""
 
     def __init__(
         self,
@@ -154,6 +142,7 @@ class PagedModel:
         self.pager: Pager | None = None
         self._need = 0
         self.on_segment: Hook | None = None  # called after each band's dispatch
+        self.timeline: list[tuple[float, str, int]] | None = None
         self._prepare([mx.array([[0]], dtype=mx.uint32)], self.make_cache())  # refused up front
 
     # ------------------------------------------------------------------ public
@@ -308,6 +297,7 @@ class PagedModel:
                 direct=self.transfer != "host",
             )
         p.shrink(limit)
+        p.timeline = self.timeline
         return p
 
     def _kv_schedule(
@@ -365,6 +355,7 @@ class PagedModel:
                 try:
                     self.step.use_window(f"band{k}", stashes[t])
                     y = self.step(xs[t], cache=tile)
+                    pager.note("called", ticket)
                     for i in members:  # the band's new buffers and offsets
                         shadows[i].__dict__.update(vars(tile[i]))
                 finally:
@@ -377,6 +368,7 @@ class PagedModel:
                 made = [*stashes[t].values(), *kept, *([y] if y is not None else [])]
                 out = y if y is not None else out
                 pager.complete(ticket, made, self._write_out(shadows, members) if last.get(k) == j else None)
+                pager.note("completed", ticket)
                 self.stats.bands += 1
                 if self.on_segment is not None:
                     self.on_segment(k, t, made)

@@ -11,28 +11,23 @@ bands will run. Two :class:`~segc.runtime.events.Event` timelines record them:
 - ``reclaim`` reaches ``t + 1`` when ticket ``t``'s band has completed (its outputs
   exist): from then on its page may be evicted.
 
-**Every MLX call stays on the dispatch thread** (MLX 0.32.4 is not thread-safe,
-docs/paging.md). The pager thread reads bytes into host memory (numpy), or into the
-buffers of a page evicted before (``recycle.py``; on CUDA by DMA, ``cudacopy.py``); the
-dispatch thread copies host copies into MLX at the admit fence, waits for a band's
-outputs ``depth`` bands later, and evicts completed pages to make room for the pages
-the pager reads next. The pager thread waits for room, never evicts.
+**Every MLX call stays on the dispatch thread** (MLX is not thread-safe). The pager
+thread reads bytes into host memory (numpy) or into buffers the dispatch thread gave it
+(an evicted page's, ``recycle.py``; on CUDA by DMA, ``cudacopy.py``); the dispatch
+thread copies host copies in at the admit fence, waits for a band's outputs ``depth``
+bands later and evicts completed pages to make room. The pager thread never evicts.
 
-Loading ticket ``t`` waits until ``reclaim >= t - depth`` (at most ``depth`` tickets
-ahead of the running one) and until the page fits under the limit; a ticket whose page
-is held, read in full, is resident at once (a banded prefill's later chunks). Which completed page
-goes is ``evict``: ``"mru"`` (the most recently used first: a cyclic decode keeps a
+Loading a page waits until the bands ``depth + 1`` runs back are complete (a *run*:
+consecutive tickets of one page, ``runs.py``; at most ``depth`` pages ahead of the
+running one) and until it fits under the limit; a ticket whose page is held, read in
+full, is resident at once (a banded prefill's later chunks). Which completed page goes is ``evict``: ``"mru"`` (the most recently used first: a cyclic decode keeps a
 prefix of the layers resident) or ``"lru"``. With ``threaded=False`` the dispatch thread
 reads each page itself at ``admit`` (into evicted pages' buffers too, by the same
 road) and waits for each band at ``complete`` (the host-draining baseline).
 
-**KV blocks ride on the tickets.** With KV paging a ticket may also name blocks of the
-KV store (a band's cache buffers, written out after its last call): the pager thread
-reads their bytes into host memory with the ticket's page (no MLX call), ``resident``
-covers both, and the dispatch thread copies them in with :meth:`Pager.take_kv` after the
-admit fence. ``complete(ticket, outputs, done)`` runs ``done`` on the dispatch thread
-once the outputs exist, before ``reclaim`` moves: the engine writes the band's new
-buffers out there and drops them.
+**KV blocks ride on the tickets** (``kvtickets.py``): the pager thread reads them with
+the ticket's page, ``resident`` covers both; ``complete(ticket, outputs, done)`` runs
+``done`` (the KV write-out) on the dispatch thread once the outputs exist.
 """
 
 from __future__ import annotations
@@ -47,10 +42,13 @@ import mlx.core as mx
 
 from ...errors import PagingError, ScheduleError, WaitTimeout
 from ...runtime.events import Event
+from .drain import load_here
 from .kvstore import KVBlock, KVStore
 from .kvtickets import KVTickets
-from .recycle import Held, fill, fresh_buffers, recycle, upcoming
+from .recycle import Held, fresh_buffers, recycle, upcoming
+from .runs import Runs
 from .source import DiskSource
+from .thread import run
 
 _END = 2**62  # both events jump here when the pager ends: no waiter is left hanging
 EVICT = ("lru", "mru")
@@ -97,9 +95,12 @@ class Pager:
         self.peak_host_bytes = 0
         self.convert_peak = 0  # MLX's active memory plus host copies, sampled while copying in
         self._owner: dict[int, int] = {}  # ticket -> page
+        self._runs = Runs()  # consecutive tickets of one page: the prefetch depth counts them
         self._next = 0  # the next ticket number
         self._cv = threading.Condition()  # guards everything above that both threads change
         self._queue: deque[int] = deque()  # tickets requested, not yet read
+        self._landing: deque[tuple[int, Held | None, Any, float]] = deque()  # read, maybe in flight (thread.py)
+        self._due, self._since, self._rate = 0.0, 0.0, 0.0  # when the copies should land (thread.py)
         self._pending: deque[tuple[int, list[mx.array], Done]] = deque()  # dispatched, not yet waited for
         self.kv_store = kv_store
         self.kv = KVTickets(kv_store, self)
@@ -108,6 +109,12 @@ class Pager:
         self._consumer = threading.current_thread()
         # ``direct``: every page read into MLX buffers the dispatch thread gives it (recycle.py)
         self._fresh = fresh_buffers(source) if direct else None
+        self.timeline: list[tuple[float, str, int]] | None = None  # a list: both threads' steps, timed
+
+    def note(self, what: str, ticket: int) -> None:
+        """A step, timed, in ``timeline`` if it is a list (``benchmarks/paging_timeline.py``)."""
+        if self.timeline is not None:
+            self.timeline.append((time.perf_counter(), what, ticket))
 
     # ------------------------------------------------------------ dispatch thread
 
@@ -124,6 +131,7 @@ class Pager:
                 if kv is not None and kv[j]:
                     self.kv.assign(self._next, kv[j])  # type: ignore[arg-type]
                 self._owner[self._next] = p
+                self._runs.add(self._next, p)
                 self._queue.append(self._next)
                 tickets.append(self._next)
                 self._next += 1
@@ -138,12 +146,13 @@ class Pager:
         """Block until ``ticket``'s page has been read (at most ``timeout`` seconds:
         ``WaitTimeout``), copy it into MLX's memory; its arrays by tensor name. Raises
         the pager's error if it failed."""
+        self.note("admit", ticket)
         if not self.threaded:
             while self._queue and self._queue[0] <= ticket:
-                self._load_here(self._queue.popleft())
+                load_here(self, self._queue.popleft())
         else:
             self._wait_for(ticket - self.depth)  # outputs ``depth`` bands old: surely done
-            self._make_room(ticket + self.depth)
+            self._make_room(self._runs.ahead(ticket, self.depth, self.held.__contains__))
             deadline = time.monotonic() + self.timeout
             with self._cv:
                 while self.error is None and self.resident.value <= ticket:
@@ -156,10 +165,12 @@ class Pager:
                         self._cv.release()
                         try:  # no more than it waits for: the bands in flight keep the device busy
                             self._wait_for(want)
-                            self._make_room(ticket + self.depth)  # and room, for the pages after too
+                            self._make_room(
+                                self._runs.ahead(ticket, self.depth, self.held.__contains__)
+                            )  # and room, for the pages after too
                             if self._room_wanted(ticket):  # none without the bands in flight
                                 self._wait_for(ticket)
-                                self._make_room(ticket + self.depth)
+                                self._make_room(self._runs.ahead(ticket, self.depth, self.held.__contains__))
                         finally:
                             self._cv.acquire()
                         if (len(self._pending), self.resident_bytes) != before:
@@ -170,6 +181,7 @@ class Pager:
         held = self.held[self._owner[ticket]]
         if not held.device:
             self._copy_in(held)
+        self.note("admitted", ticket)
         return held.arrays
 
     def _copy_in(self, held: Held) -> None:
@@ -197,20 +209,26 @@ class Pager:
         ``done()`` runs (on this thread) and its page may be reclaimed. Waited for
         ``depth`` bands later (or now, unthreaded)."""
         if not self.threaded:
+            self.note("eval", ticket)
             mx.eval(outputs)  # the host drains: the baseline
+            self.note("evaled", ticket)
             if done is not None:
                 done()
             self.reclaim.signal(ticket + 1)
             return
         self._pending.append((ticket, outputs, done))
         self._wait_for(ticket + 1 - self.depth)
-        self._make_room(ticket + 1 + self.depth)  # room for the pages read ahead
+        self._make_room(
+            self._runs.ahead(ticket + 1, self.depth, self.held.__contains__)
+        )  # room for the pages read ahead
 
     def _wait_for(self, upto: int) -> None:
         """Wait for the outputs of the dispatched tickets below ``upto``; signal reclaim."""
         while self._pending and self._pending[0][0] < upto:
             t, outs, done = self._pending.popleft()
+            self.note("eval", t)
             mx.eval(outs)
+            self.note("evaled", t)
             del outs
             if done is not None:
                 done()
@@ -226,10 +244,13 @@ class Pager:
     def _reclaim_wanted(self) -> int:
         """The ``reclaim`` the pager's next ticket waits for (0: none): one that reads (its
         page, KV blocks) waits for the prefetch depth; one of a page held in full does not."""
-        t = self._queue[0] if self._queue else 0
-        h = self.held.get(self._owner[t]) if self._queue else None
-        reads = h is None or not h.ready or self.kv.has(t)
-        return t - self.depth if self._queue and self.reclaim.value < t - self.depth and reads else 0
+        if not self._queue:
+            return 0
+        t = self._queue[0]
+        h = self.held.get(self._owner[t])
+        reads = h is None or not (h.ready or h.sent) or self.kv.has(t)
+        need = self._runs.needs(t, self.depth, self.reclaim.value)
+        return need if self.reclaim.value < need and reads else 0
 
     def _waits(self, p: int) -> bool:
         """Page ``p`` waits for the dispatch thread: for room, or (``direct``) for buffers."""
@@ -238,6 +259,7 @@ class Pager:
     def _make_room(self, upto: int) -> None:
         """Evict completed pages until the pages of the tickets not yet read, up to
         ``upto``, fit beside the held ones."""
+        self.note("room", upto)
         with self._cv:
             need, seen = 0, set()
             for t in self._queue:
@@ -258,6 +280,7 @@ class Pager:
                 self.recycled_bytes += reused  # to be read into evicted pages' buffers
             self.peak_bytes = max(self.peak_bytes, self.resident_bytes)
             self._cv.notify_all()
+        self.note("roomed", upto)
 
     def shrink(self, limit: int) -> None:
         """Set the limit and evict completed pages until the held ones fit (between calls)."""
@@ -294,6 +317,10 @@ class Pager:
     def finish(self) -> None:
         """Every dispatched ticket's outputs waited for and reclaimed (the end of a call)."""
         self._wait_for(self._next)
+        with self._cv:  # nothing is left in flight: forget the tickets' pages and runs
+            if not self._queue and not self._landing:
+                self._owner.clear()
+                self._runs = Runs()
 
     def close(self) -> None:
         """End the pager thread (it finishes the tensor it is reading) and drop every page."""
@@ -307,68 +334,14 @@ class Pager:
         self._pending.clear()
         with self._cv:
             self.held.clear()
+            self._landing.clear()
             self.kv.clear()
             self.resident_bytes = self.host_bytes = 0
 
     # ------------------------------------------------------------ pager thread
 
     def _run(self) -> None:
-        """Read the requested pages into host memory, in ticket order: no MLX call here."""
-        try:
-            while True:
-                with self._cv:
-                    while not self._queue and not self._stop:
-                        self._cv.wait()
-                    if self._stop:
-                        return
-                    t = self._queue[0]
-                    p = self._owner[t]
-                    # at most ``depth`` tickets ahead of the running ones, and room for the page.
-                    # No deadline (a band's first call may compile for seconds): it ends when
-                    # the dispatch thread reclaims, ``close()`` stops the pager, or that thread
-                    # is gone; ``admit``'s waits carry the timeouts a caller sees.
-                    while not self._stop and (self._reclaim_wanted() or self._waits(p)):
-                        if not self._consumer.is_alive():
-                            raise WaitTimeout(
-                                "reclaim",
-                                max(t - self.depth, 0),
-                                self.reclaim.value,
-                                self.timeout,
-                                f"the pager, before ticket {t} (the thread that dispatched the bands has ended)",
-                            )
-                        self._cv.wait(self.timeout)
-                    if self._stop:
-                        return
-                    self._queue.popleft()
-                    h = self.held.get(p)
-                    if h is not None:  # still resident
-                        h.last = t
-                    else:
-                        h = self.held[p] = Held(self.sizes[p], t)
-                        self.resident_bytes += h.nbytes
-                        self.peak_bytes = max(self.peak_bytes, self.resident_bytes)
-                if not h.ready:
-                    for n in self.pages[p]:  # each raises PagingError naming the file and tensor
-                        view = h.views.get(n)
-                        if view is not None:  # an MLX buffer given to it: the bytes go straight in
-                            self.source.read_into(n, view)
-                            continue
-                        a = self.source.host(n)
-                        with self._cv:
-                            h.arrays[n] = a
-                            self.host_bytes += a.nbytes
-                            self.peak_host_bytes = max(self.peak_host_bytes, self.host_bytes)
-                    if h.views:
-                        self.source.flush()  # the DMAs into recycled buffers (cudacopy.py)
-                    with self._cv:
-                        h.ready = True
-                        self.loaded_bytes += h.nbytes
-                self.kv.read(t)
-                with self._cv:
-                    self.resident.signal(t + 1)
-                    self._cv.notify_all()
-        except BaseException as exc:
-            self._fail(exc)
+        run(self)  # thread.py
 
     def _fail(self, exc: BaseException) -> None:
         err = exc if isinstance(exc, PagingError) else PagingError(f"the pager failed: {type(exc).__name__}: {exc}")
@@ -378,23 +351,3 @@ class Pager:
             self.error = err
             self.resident.signal(max(self.resident.value, _END))
             self._cv.notify_all()
-
-    # ------------------------------------------------------------ unthreaded
-
-    def _load_here(self, t: int) -> None:
-        """The host-draining baseline: read ticket ``t``'s page on the dispatch thread."""
-        p = self._owner[t]
-        h = self.held.get(p)
-        if h is None:
-            spare: list[tuple[str, Any]] = []  # evicted pages' buffers, read into here too
-            while self.resident_bytes + self.sizes[p] > self.limit and self._evict_one(spare):
-                pass
-            arrays, recycled = fill(self.source, self.pages[p], spare, self._recycling[2], self._fresh)
-            h = self.held[p] = Held(self.sizes[p], t, arrays, True, True)
-            self.resident_bytes += h.nbytes
-            self.loaded_bytes += h.nbytes
-            self.recycled_bytes += recycled
-            self.peak_bytes = max(self.peak_bytes, self.resident_bytes)
-        h.last = t
-        self.kv.read(t)
-        self.resident.signal(t + 1)

@@ -45,6 +45,7 @@ class Held:
     device: bool = False  # its arrays are mx.arrays
     base: dict[str, Any] = field(default_factory=dict)  # recycled MLX buffers to read tensors into
     views: dict[str, Any] = field(default_factory=dict)  # and host views of them, made on the dispatch thread
+    sent: bool = False  # its read has started (the pager thread); ``ready`` once it has landed
 
 
 Fresh = Callable[[str], Any]  # a new MLX buffer for a tensor, by name (the CUDA road)

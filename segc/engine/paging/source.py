@@ -151,6 +151,14 @@ class DiskSource:
         if self.copier is not None:
             self.copier.flush()
 
+    def mark(self) -> Any:
+        """A mark after the copies :meth:`read_into` started so far (None without a copier:
+        they are done); :meth:`landed` says whether they are."""
+        return self.copier.mark() if self.copier is not None else None
+
+    def landed(self, mark: Any) -> bool:
+        return mark is None or self.copier is None or self.copier.landed(mark)
+
     def host(self, name: str) -> np.ndarray:
         """Tensor ``name``'s bytes copied into host memory (a numpy array): read from the
         medium without touching MLX, for :func:`to_device` on the dispatch thread."""
@@ -169,16 +177,20 @@ class DiskSource:
 
     def read_bandwidth(self, names: list[str] | None = None) -> float:
         """Bytes per second of :meth:`read` over ``names`` (default: every tensor), or with
-        a copier of :meth:`read_into` (a DMA into MLX buffers): the medium's bandwidth as
-        the pager sees it (the bound of a paged run)."""
+        a copier of :meth:`read_into` (a DMA into MLX buffers, one wait at the end): the
+        medium's bandwidth as the pager sees it (the bound of a paged run)."""
         names = list(self.tensors) if names is None else names
         keep, views = [], {}
         if self.copier is not None:  # the road a recycled page takes: into MLX buffers by DMA
             for n in names:
                 i = self.tensors[n]
-                if (i.shape, i.dtype) not in views:
-                    keep.append(self.read(n))  # managed memory, as a page's first copy is
+                if (i.shape, i.dtype) not in views:  # made on the GPU, as the pager's buffers are
+                    keep.append(mx.zeros(i.shape, mx.uint16 if i.dtype == "BF16" else DTYPES[i.dtype][1]))
+                    mx.eval(keep[-1])
                     views[i.shape, i.dtype] = np.asarray(keep[-1])
+        piece = self.copier.piece_bytes if self.copier is not None else 0
+        if self.copier is not None:  # the medium's best: a copy per tensor (the pager sends pieces)
+            self.copier.piece_bytes = 0
         t0 = time.perf_counter()
         total = 0
         for n in names:
@@ -190,6 +202,8 @@ class DiskSource:
                 del a
             total += i.nbytes
         self.flush()
+        if self.copier is not None:
+            self.copier.piece_bytes = piece
         return total / max(time.perf_counter() - t0, 1e-9)
 
     def close(self) -> None:
