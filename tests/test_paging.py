@@ -638,3 +638,43 @@ def test_pages_held_between_do_not_hold_back_the_next_read(dirs: dict[str, Path]
         pager.resident.wait(first + 4, timeout=10, where="page 3, once band 0 is complete")
     finally:
         pager.close()
+
+
+def test_mru_waits_for_the_band_just_dispatched_rather_than_evict_an_older_page(dirs: dict[str, Path]) -> None:
+    """While the admit fence waits for a page (here a slow one), the band dispatched last
+    completes, and the room for the page read ahead is made from its page (the most
+    recently used) rather than from an older one, which would be read again (here kept
+    from an earlier call). Pages 1 and 2 cannot both stay beside 0 and 3."""
+    from segc.engine.paging.pager import Pager
+    from segc.engine.paging.source import DiskSource
+
+    pm = PagedModel(dirs["llama"], budget=1 << 40)
+    pages = pm.pages
+    pm.close()
+    assert pages is not None and len(pages) == 4
+    src = DiskSource(dirs["llama"])
+    slow = {(src.tensors[n].file, src.tensors[n].start) for n in pages[0]}
+    base = DiskSource(dirs["llama"]).raw
+
+    def reader(info: Any) -> Any:
+        if (info.file, info.start) in slow:
+            time.sleep(0.05)  # page 0 is slow: the admit fence waits for it
+        return base(info)
+
+    src.reader = reader
+    sizes = [sum(src.tensors[n].nbytes for n in p) for p in pages]
+    assert sizes[3] >= min(sizes[1], sizes[2])
+    limit = sizes[0] + sizes[3] + max(sizes[1], sizes[2])
+    pager = Pager(src, pages, limit, depth=1, timeout=30)
+    try:
+        (t,) = pager.request([1])  # an earlier call: page 1 stays held
+        pager.admit(t, "earlier")
+        pager.complete(t, [mx.array(t)])
+        pager.finish()
+        for t, p in zip(pager.request([2, 0, 3]), [2, 0, 3]):
+            pager.admit(t, f"page {p}")
+            pager.complete(t, [mx.array(t)])
+        pager.finish()
+        assert 1 in pager.held and 2 not in pager.held, sorted(pager.held)
+    finally:
+        pager.close()

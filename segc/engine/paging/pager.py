@@ -152,7 +152,9 @@ class Pager:
                 load_here(self, self._queue.popleft())
         else:
             self._wait_for(ticket - self.depth)  # outputs ``depth`` bands old: surely done
-            self._make_room(self._runs.ahead(ticket, self.depth, self.held.__contains__))
+            mru_waits = self.evict == "mru" and self.resident.value <= ticket  # see below
+            if not mru_waits:
+                self._make_room(self._runs.ahead(ticket, self.depth, self.held.__contains__))
             deadline = time.monotonic() + self.timeout
             with self._cv:
                 while self.error is None and self.resident.value <= ticket:
@@ -165,6 +167,9 @@ class Pager:
                         self._cv.release()
                         try:  # no more than it waits for: the bands in flight keep the device busy
                             self._wait_for(want)
+                            if mru_waits and self._room_wanted(ticket):  # we wait for the page anyway: the
+                                self._wait_for(ticket)  # band dispatched last completes, and its page (the
+                                # most recently used) makes the room, not an older one read again later
                             self._make_room(
                                 self._runs.ahead(ticket, self.depth, self.held.__contains__)
                             )  # and room, for the pages after too
@@ -218,9 +223,9 @@ class Pager:
             return
         self._pending.append((ticket, outputs, done))
         self._wait_for(ticket + 1 - self.depth)
-        self._make_room(
-            self._runs.ahead(ticket + 1, self.depth, self.held.__contains__)
-        )  # room for the pages read ahead
+        # room for the pages the pager may read now (not those after: an older page than
+        # this band's, still running, would be evicted for them)
+        self._make_room(self._runs.ahead(ticket, self.depth, self.held.__contains__))
 
     def _wait_for(self, upto: int) -> None:
         """Wait for the outputs of the dispatched tickets below ``upto``; signal reclaim."""
@@ -239,6 +244,7 @@ class Pager:
     def _room_wanted(self, upto: int) -> bool:
         """The pager waits on us for a ticket up to ``upto`` (for a later one nothing but
         its own read frees room: spinning would take a core from it)."""
+        upto = self._runs.ahead(upto, self.depth, self.held.__contains__)  # the pages read ahead too
         return bool(self._queue) and self._queue[0] <= upto and self._waits(self._owner[self._queue[0]])
 
     def _reclaim_wanted(self) -> int:

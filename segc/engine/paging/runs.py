@@ -61,5 +61,5 @@ class Runs:
         q, count = r, 0
         while count < depth and q + 1 < len(self.last):
             q += 1
-            count += not held(self.page[q])
+            count += self.reads.get(q, not held(self.page[q]))  # reached: whether it read
         return self.last[q]
