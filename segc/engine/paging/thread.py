@@ -65,7 +65,8 @@ def run(pager: Any) -> None:
         try:
             pager.source.flush()  # no copy may outlive the thread: its buffers go with ``close``
         except BaseException as exc:
-            pager._fail(exc)
+            if pager.error is None:  # the first error is the one to report
+                pager._fail(exc)
 
 
 def _next(pager: Any) -> tuple[int, int]:
