@@ -336,7 +336,7 @@ class Pager:
             self._cv.notify_all()
         self.reclaim.signal(max(self.reclaim.value, _END))
         if self._thread is not None:
-            self._thread.join(timeout=self.timeout)
+            self._thread.join(timeout=2 * self.timeout)  # it flushes its copies first (thread.py)
         self._pending.clear()
         with self._cv:
             self.held.clear()
