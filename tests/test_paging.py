@@ -678,3 +678,46 @@ def test_mru_waits_for_the_band_just_dispatched_rather_than_evict_an_older_page(
         assert 1 in pager.held and 2 not in pager.held, sorted(pager.held)
     finally:
         pager.close()
+
+
+def test_the_admit_fence_never_waits_for_a_page_that_has_landed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dispatch thread helps the pager with the lock released; a page that lands
+    meanwhile notifies no one, so the fence checks again before it waits (it used to
+    wait out its timeout: 10 s stalls in a decode with ``depth=0`` at a quarter of the
+    weights). Checked at every wait of the dispatch thread: the page it admits has not
+    landed. An 8-layer llama, as ``benchmarks/paging_timeline.py`` found it."""
+    from segc.engine.paging import pager as pager_module
+
+    main = threading.current_thread()
+    holder: dict[str, Any] = {}
+    bad: list[tuple[int, int]] = []
+
+    class Checking(threading.Condition):
+        def wait(self, timeout: float | None = None) -> bool:
+            p = holder.get("pm")
+            p = p.pager if p is not None else None
+            if threading.current_thread() is main and p is not None and p.timeline:
+                admits = [k for _, w, k in p.timeline if w == "admit"]
+                done = [k for _, w, k in p.timeline if w == "admitted"]
+                if admits and (not done or done[-1] < admits[-1]) and p.resident.value > admits[-1]:
+                    bad.append((admits[-1], p.resident.value))
+            return super().wait(timeout)
+
+    monkeypatch.setattr(pager_module.threading, "Condition", Checking)
+    kw = {"num_hidden_layers": 8, "hidden_size": 256, "intermediate_size": 512}
+    path = save_model_dir(build("llama", seed=2, **kw), tiny_config("llama", **kw), tmp_path / "m")
+    pm = PagedModel(path, budget=1 << 40, depth=0, timeout=30, kv_paging=False)
+    holder["pm"] = pm
+    pm.timeline = []
+    x = mx.array([[(7 * i + 3) % 128 for i in range(64)]], dtype=mx.uint32)
+    try:
+        for _ in range(3):  # banded prefill, chunks of 16
+            cache = pm.make_cache()
+            pm.budget = pm.min_budget(x[:, :16], cache, 4) - max(pm.page_bytes) + pm.weight_bytes // 4
+            mx.eval(pm.prefill(x, cache, chunk=16))
+        assert pm.stats.loaded_bytes > 2 * pm.weight_bytes  # pages were read again and again
+        assert bad == []
+    finally:
+        pm.close()

@@ -156,15 +156,17 @@ class Pager:
             if not mru_waits:
                 self._make_room(self._runs.ahead(ticket, self.depth, self.held.__contains__))
             deadline = time.monotonic() + self.timeout
+            seen = None  # what the pager waited for when we last helped
             with self._cv:
                 while self.error is None and self.resident.value <= ticket:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         raise WaitTimeout("resident", ticket + 1, self.resident.value, self.timeout, where)
-                    want = self._reclaim_wanted()
-                    if want or self._room_wanted(ticket):  # the pager waits on us: help it
-                        before = (len(self._pending), self.resident_bytes)
-                        self._cv.release()
+                    want, room = self._reclaim_wanted(), self._room_wanted(ticket)
+                    state = (len(self._pending), self.resident_bytes, want, room, self._queue[0] if self._queue else -1)
+                    if (want or room) and state != seen:  # the pager waits on us (for something new): help
+                        seen = state
+                        self._cv.release()  # (a notify while we help is seen by the next check)
                         try:  # no more than it waits for: the bands in flight keep the device busy
                             self._wait_for(want)
                             if mru_waits and self._room_wanted(ticket):  # we wait for the page anyway: the
@@ -178,8 +180,7 @@ class Pager:
                                 self._make_room(self._runs.ahead(ticket, self.depth, self.held.__contains__))
                         finally:
                             self._cv.acquire()
-                        if (len(self._pending), self.resident_bytes) != before:
-                            continue  # it helped; else wait for the pager rather than spin
+                        continue  # check again; the same wants with nothing changed: wait, not spin
                     self._cv.wait(left)
         if self.error is not None:
             raise self.error
