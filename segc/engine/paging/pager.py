@@ -17,11 +17,12 @@ thread reads bytes into host memory (numpy) or into buffers the dispatch thread 
 thread copies host copies in at the admit fence, waits for a band's outputs ``depth``
 bands later and evicts completed pages to make room. The pager thread never evicts.
 
-Loading a page waits until the bands ``depth + 1`` runs back are complete (a *run*:
-consecutive tickets of one page, ``runs.py``; at most ``depth`` pages ahead of the
-running one) and until it fits under the limit; a ticket whose page is held, read in
-full, is resident at once (a banded prefill's later chunks). Which completed page goes is ``evict``: ``"mru"`` (the most recently used first: a cyclic decode keeps a
-prefix of the layers resident) or ``"lru"``. With ``threaded=False`` the dispatch thread
+Loading a page waits until the ``depth + 1``-th run back that read its page is
+complete (a *run*: consecutive tickets of one page, ``runs.py``; so at most ``depth``
+pages are read ahead of the running one) and until it fits under the limit; a ticket
+whose page is held, read in full, is resident at once (a banded prefill's later
+chunks). Which completed page goes is ``evict``: ``"mru"`` (the most recently used
+first: a cyclic decode keeps a prefix of the layers resident) or ``"lru"``. With ``threaded=False`` the dispatch thread
 reads each page itself at ``admit`` (into evicted pages' buffers too, by the same
 road) and waits for each band at ``complete`` (the host-draining baseline).
 
