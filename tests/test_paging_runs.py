@@ -22,6 +22,14 @@ def _runs(pages: list[int]) -> list[list[int]]:
     return out
 
 
+def _built(pages: list[int]) -> tuple[Runs, list[list[int]]]:
+    """``Runs`` given the tickets of ``pages`` in order, and the runs written out here."""
+    runs = Runs()
+    for t, p in enumerate(pages):
+        runs.add(t, p)
+    return runs, _runs(pages)
+
+
 @settings(max_examples=examples(200), deadline=None)
 @given(
     pages=hs.lists(hs.integers(0, 4), min_size=1, max_size=30),
@@ -32,10 +40,7 @@ def _runs(pages: list[int]) -> list[list[int]]:
 def test_needs_is_the_smallest_reclaim_that_leaves_depth_read_runs_ahead(
     pages: list[int], reads: list[bool], depth: int, data: hs.DataObject
 ) -> None:
-    runs = Runs()
-    for t, p in enumerate(pages):
-        runs.add(t, p)
-    groups = _runs(pages)
+    runs, groups = _built(pages)
     for r, g in enumerate(groups):
         runs.reached(g[0], reads[r])
     t = data.draw(hs.integers(0, len(pages) - 1))
@@ -60,10 +65,7 @@ def test_needs_is_the_smallest_reclaim_that_leaves_depth_read_runs_ahead(
 def test_ahead_reaches_the_depth_th_run_that_reads(
     pages: list[int], held: set[int], depth: int, data: hs.DataObject
 ) -> None:
-    runs = Runs()
-    for t, p in enumerate(pages):
-        runs.add(t, p)
-    groups = _runs(pages)
+    runs, groups = _built(pages)
     t = data.draw(hs.integers(0, len(pages) - 1))
     r = next(i for i, g in enumerate(groups) if t in g)
     reading = [q for q in range(r + 1, len(groups)) if pages[groups[q][0]] not in held]

@@ -40,10 +40,7 @@ def model() -> Any:
 
 
 X = mx.array([[3, 1, 4, 1, 5, 9, 2, 6]])
-CPU_ONLY = pytest.mark.skipif(
-    mx.default_device() != mx.cpu,
-    reason="a helper thread's mx.eval of another thread's arrays segfaults on MLX 0.32.4's CUDA build",
-)
+HELPER_EVAL = "a helper thread's mx.eval of another thread's arrays segfaults on MLX 0.32.4's CUDA build"
 
 
 def layer_ends(step: Any) -> list[int]:
@@ -61,7 +58,7 @@ def first_ids(step: Any) -> list[int]:
     [
         pytest.param(
             "eval",
-            marks=CPU_ONLY,
+            marks=pytest.mark.skipif(mx.default_device() != mx.cpu, reason=HELPER_EVAL),
         ),
         "inline",
     ],
@@ -189,7 +186,16 @@ def test_a_refused_signal_does_not_stop_later_ones(model: Any) -> None:
     assert ahead.value == 100
 
 
-@pytest.mark.parametrize("mode", [pytest.param("eval", marks=CPU_ONLY), "inline"])
+@pytest.mark.parametrize(
+    "mode",
+    [
+        pytest.param(
+            "eval",
+            marks=pytest.mark.skipif(mx.default_device() != mx.cpu, reason=HELPER_EVAL),
+        ),
+        "inline",
+    ],
+)
 def test_the_completer_signals_in_order_and_keeps_refusals(mode: str) -> None:
     """Both ways of signalling on completion (a worker evaluating the outputs, on the CPU;
     the dispatching thread itself, where MLX cannot evaluate another thread's arrays): in

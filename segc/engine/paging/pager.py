@@ -155,7 +155,7 @@ class Pager:
             self._wait_for(ticket - self.depth)  # outputs ``depth`` bands old: surely done
             mru_waits = self.evict == "mru" and self.resident.value <= ticket  # see below
             if not mru_waits:
-                self._make_room(self._runs.ahead(ticket, self.depth, self.held.__contains__))
+                self._make_room(self._ahead(ticket))
             deadline = time.monotonic() + self.timeout
             seen = None  # what the pager waited for when we last helped
             with self._cv:
@@ -173,12 +173,10 @@ class Pager:
                             if mru_waits and self._room_wanted(ticket):  # we wait for the page anyway: the
                                 self._wait_for(ticket)  # band dispatched last completes, and its page (the
                                 # most recently used) makes the room, not an older one read again later
-                            self._make_room(
-                                self._runs.ahead(ticket, self.depth, self.held.__contains__)
-                            )  # and room, for the pages after too
+                            self._make_room(self._ahead(ticket))  # and room, for the pages after too
                             if self._room_wanted(ticket):  # none without the bands in flight
                                 self._wait_for(ticket)
-                                self._make_room(self._runs.ahead(ticket, self.depth, self.held.__contains__))
+                                self._make_room(self._ahead(ticket))
                         finally:
                             self._cv.acquire()
                         continue  # check again; the same wants with nothing changed: wait, not spin
@@ -227,7 +225,7 @@ class Pager:
         self._wait_for(ticket + 1 - self.depth)
         # room for the pages the pager may read now (not those after: an older page than
         # this band's, still running, would be evicted for them)
-        self._make_room(self._runs.ahead(ticket, self.depth, self.held.__contains__))
+        self._make_room(self._ahead(ticket))
 
     def _wait_for(self, upto: int) -> None:
         """Wait for the outputs of the dispatched tickets below ``upto``; signal reclaim."""
@@ -246,8 +244,12 @@ class Pager:
     def _room_wanted(self, upto: int) -> bool:
         """The pager waits on us for a ticket up to ``upto`` (for a later one nothing but
         its own read frees room: spinning would take a core from it)."""
-        upto = self._runs.ahead(upto, self.depth, self.held.__contains__)  # the pages read ahead too
+        upto = self._ahead(upto)  # the pages read ahead too
         return bool(self._queue) and self._queue[0] <= upto and self._waits(self._owner[self._queue[0]])
+
+    def _ahead(self, ticket: int) -> int:
+        """The last ticket whose page is read ahead of ``ticket``'s (``Runs.ahead``)."""
+        return self._runs.ahead(ticket, self.depth, self.held.__contains__)
 
     def _reclaim_wanted(self) -> int:
         """The ``reclaim`` the pager's next ticket waits for (0: none): one that reads (its

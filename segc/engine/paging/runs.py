@@ -23,15 +23,14 @@ class Runs:
         self.last: list[int] = []  # per run, its last ticket
         self.page: list[int] = []  # per run, its page
         self.reads: dict[int, bool] = {}  # per run the pager has reached: whether it read its page
-        self._page = -1
 
     def add(self, ticket: int, page: int) -> None:
         """Ticket ``ticket`` (the next one) of page ``page``."""
-        if not self.last or page != self._page:
+        if not self.page or page != self.page[-1]:
             self.last.append(ticket)
             self.page.append(page)
         self.of[ticket] = len(self.last) - 1
-        self.last[-1], self._page = ticket, page
+        self.last[-1] = ticket
 
     def reached(self, ticket: int, reads: bool) -> None:
         """The pager has reached ``ticket``: whether it reads the page (its run's first)."""

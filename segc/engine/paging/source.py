@@ -193,17 +193,19 @@ class DiskSource:
             self.copier.piece_bytes = 0
         t0 = time.perf_counter()
         total = 0
-        for n in names:
-            i = self.tensors[n]
-            if views:
-                self.read_into(n, views[i.shape, i.dtype])
-            else:
-                a = self.read(n)
-                del a
-            total += i.nbytes
-        self.flush()
-        if self.copier is not None:
-            self.copier.piece_bytes = piece
+        try:
+            for n in names:
+                i = self.tensors[n]
+                if views:
+                    self.read_into(n, views[i.shape, i.dtype])
+                else:
+                    a = self.read(n)
+                    del a
+                total += i.nbytes
+            self.flush()
+        finally:
+            if self.copier is not None:
+                self.copier.piece_bytes = piece
         return total / max(time.perf_counter() - t0, 1e-9)
 
     def close(self) -> None:
