@@ -17,7 +17,11 @@ One run times, interleaved round by round so that drift hits every variant alike
 * ``fused`` / ``fusedfences`` -- (optional, CUDA only) ``segc`` and ``fences`` with
   ``attention="on"``: the dynamic cache's masked decode attention as segc's fused kernel
   (what ``"auto"`` picks on a CUDA GPU); ``unfused`` -- ``fences`` with
-  ``attention="off"``: MLX's decomposition of that attention.
+  ``attention="off"``: MLX's decomposition of that attention;
+* ``concat`` / ``concatfences`` -- (optional) ``segc`` and ``fences`` with
+  ``concat_projections=True``: each layer's q/k/v and gate/up products as one product
+  over concatenated weights (the module's weights become views of them, so in one
+  process every later variant runs on those views: the same values).
 
 ``--isolate`` runs every variant in a process of its own (MLX's kernel and CUDA-graph
 caches are per process, so one variant's commits cannot slow another down); the
@@ -96,8 +100,30 @@ PRESETS: dict[str, dict[str, Any]] = {
     ),
 }
 
-VARIANTS = ("eager", "compile", "segc", "drain", "whole", "each", "fences", "geo", "fused", "fusedfences", "unfused")
-COMMIT = {"each": "segment", "fences": "fences", "geo": "geometric", "fusedfences": "fences", "unfused": "fences"}
+VARIANTS = (
+    "eager",
+    "compile",
+    "segc",
+    "drain",
+    "whole",
+    "each",
+    "fences",
+    "geo",
+    "fused",
+    "fusedfences",
+    "unfused",
+    "concat",
+    "concatfences",
+)
+COMMIT = {
+    "each": "segment",
+    "fences": "fences",
+    "geo": "geometric",
+    "fusedfences": "fences",
+    "unfused": "fences",
+    "concatfences": "fences",
+}
+CONCAT = ("concat", "concatfences")  # concat_projections=True: sibling products as one
 FUSED = ("fused", "fusedfences")  # attention="on": segc's fused decode attention (CUDA)
 UNFUSED = ("unfused",)  # attention="off": MLX's decomposition of the masked attention
 DEFAULT_VARIANTS = ("eager", "compile", "segc", "drain")
@@ -291,6 +317,7 @@ def workload(
                     commit=COMMIT.get(v, "auto"),
                     attention="on" if v in FUSED else "off" if v in UNFUSED else "auto",
                     validate=False,
+                    concat_projections=v in CONCAT,
                 )
                 jitted[v] = step
                 fns[v] = _bind_segc(step, x, fc)
@@ -431,7 +458,7 @@ def isolated(argv: list[str], variants: tuple[str, ...], out_json: str | None, r
         and all(
             passes(w, v, r["device_kind"] == "gpu")
             for w in r["workloads"].values()
-            for v in ("segc", "drain", "whole", "each", "fences", "geo", *FUSED)
+            for v in ("segc", "drain", "whole", "each", "fences", "geo", *FUSED, *UNFUSED, *CONCAT)
             if v in variants
         )
     )
@@ -856,7 +883,7 @@ def main(argv: list[str] | None = None) -> int:
     ok = not r["errors"] and all(
         passes(w, v, r["device_kind"] == "gpu") and v not in w["errors"]
         for w in r["workloads"].values()
-        for v in ("segc", "drain", "whole", "each", "fences", "geo", *FUSED)
+        for v in ("segc", "drain", "whole", "each", "fences", "geo", *FUSED, *UNFUSED, *CONCAT)
         if v in variants
     )
     r["segc_bit_identical"] = ok

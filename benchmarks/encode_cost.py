@@ -16,7 +16,7 @@ move the figures. Then a decode loop's rate (``piped``: blocks of 8 calls back t
 each ``mx.async_eval``'d, the variants' blocks alternating) and, for segc's variants,
 its host time split into segc's call path and the executor's compiled calls.
 
-    python benchmarks/encode_cost.py [--layers 16] [--rounds 30] [--skip-nodes]
+    python benchmarks/encode_cost.py [--layers 16] [--rounds 30] [--skip-nodes] [--arch mixtral] [--bits 4]
 """
 
 from __future__ import annotations
@@ -125,15 +125,17 @@ def _with_caches(y: Any, fc: Any) -> list[mx.array]:
     return y if isinstance(y, list) else [y, *fc.arrays()]
 
 
-SEGC = {  # segc's variants: (commit, attention)
-    "segc": ("fences", "off"),
-    "segcfused": ("fences", "on"),
-    "segcauto": ("auto", "auto"),  # the defaults
+SEGC = {  # segc's variants: (commit, attention, concat_projections)
+    "segc": ("fences", "off", False),
+    "segcfused": ("fences", "on", False),
+    "segcauto": ("auto", "auto", False),  # the defaults
+    "segcconcat": ("fences", "auto", True),  # one commit, sibling products as one
+    "segcautoconcat": ("auto", "auto", True),
 }
 
 
 def decode_interleaved(
-    layers: int, rounds: int, variants: list[str]
+    layers: int, rounds: int, variants: list[str], arch: str = "llama", bits: int | None = None
 ) -> tuple[dict[str, dict[str, float]], dict[str, float], dict[str, dict[str, float]]]:
     """Per variant and run (``A``, ``B``), medians in ms; per variant, a decode loop's ms
     per token (``piped``); and per segc variant, its host time split into segc's call
@@ -142,11 +144,20 @@ def decode_interleaved(
 
     import segc
 
-    model = make_model("reference", layers=layers)
+    model = make_model("reference", layers=layers, arch=arch, bits=bits)
     fc = FixedContext(model, 1024)
     x = mx.array([[1]])
     fns: dict[str, Callable[[], Any]] = {}
     steps: dict[str, Any] = {}
+    second: list[Any] = []
+
+    def own() -> tuple[Any, Any]:
+        if not second:
+            m2 = make_model("reference", layers=layers, arch=arch, bits=bits)
+            second.extend([m2, FixedContext(m2, 1024)])
+        return second[0], second[1]
+
+    fcs: dict[str, Any] = {v: fc for v in variants}  # the caches each variant updates
     for v in variants:
         if v == "eager":
             fns[v] = lambda: model(x, cache=fc.reset())
@@ -154,18 +165,23 @@ def decode_interleaved(
             f = compiled_with_cache(model, fc)
             fns[v] = lambda f=f: f(x)
         else:
-            commit, attention = SEGC[v]
-            step = segc.jit(model, boundaries="layers.*", commit=commit, attention=attention, validate=False)
-            fns[v] = lambda step=step: step(x, cache=fc.reset())
-            steps[v] = step
-    order = [(f"{v}/{r}", fns[v]) for r in "AB" for v in variants]
-    for _, f in order:
-        mx.eval(f(), fc.arrays())
-    acc: dict[str, dict[str, list[float]]] = {k: {"build": [], "encode": [], "wait": []} for k, _ in order}
+            commit, attention, concat = SEGC[v]
+            # concat_projections rebinds the module's weights to views of their
+            # concatenations: those variants get a model (and caches) of their own
+            m, c = (model, fc) if not concat else own()
+            step = segc.jit(
+                m, boundaries="layers.*", commit=commit, attention=attention, validate=False, concat_projections=concat
+            )
+            fns[v] = lambda step=step, c=c: step(x, cache=c.reset())
+            steps[v], fcs[v] = step, c
+    order = [(f"{v}/{r}", fns[v], fcs[v]) for r in "AB" for v in variants]
+    for _, f, c in order:
+        mx.eval(f(), c.arrays())
+    acc: dict[str, dict[str, list[float]]] = {k: {"build": [], "encode": [], "wait": []} for k, _, _ in order}
     for i in range(rounds):
         seq = order if i % 2 == 0 else order[::-1]
-        for k, f in seq:
-            parts = split_call(lambda f=f: _with_caches(f(), fc))
+        for k, f, c in seq:
+            parts = split_call(lambda f=f, c=c: _with_caches(f(), c))
             for part, t in zip(("build", "encode", "wait"), parts):
                 acc[k][part].append(t)
     # a decode loop's rate: blocks of calls back to back (each async_eval'd, as mlx-lm's
@@ -176,10 +192,10 @@ def decode_interleaved(
             mx.synchronize()
             t0 = time.perf_counter()
             for _ in range(8):
-                mx.async_eval(_with_caches(fns[v](), fc))
-            mx.eval(fc.arrays())
+                mx.async_eval(_with_caches(fns[v](), fcs[v]))
+            mx.eval(fcs[v].arrays())
             piped[v].append((time.perf_counter() - t0) / 8)
-    split = {v: host_split(st, fns[v], fc.arrays, rounds) for v, st in steps.items()}
+    split = {v: host_split(st, fns[v], fcs[v].arrays, rounds) for v, st in steps.items()}
     split = {v: {k: (1e3 * x if k.endswith("_s") else x) for k, x in d.items()} for v, d in split.items()}
     per_call = {k: {p: 1e3 * statistics.median(v) for p, v in d.items()} for k, d in acc.items()}
     return per_call, {v: 1e3 * statistics.median(ts) for v, ts in piped.items()}, split
@@ -190,6 +206,8 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=400)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--arch", default="llama", help="mlx-lm architecture at the reference sizes (mixtral: 8 experts)")
+    ap.add_argument("--bits", type=int, default=None, help="quantize the weights (group size 64)")
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--variants", default="eager,compile,segc,segcfused")
     ap.add_argument("--skip-nodes", action="store_true", help="only the decode steps")
@@ -201,8 +219,9 @@ def main() -> None:
         print(f"  per node, us:           {'build':>8} {'encode':>8} {'wait':>8}")
     for k, v in nc.items():
         print(f"  {k:<30} {v['build']:8.2f} {v['encode']:8.2f} {v['wait']:8.2f}")
-    dec, piped, split = decode_interleaved(a.layers, a.rounds, a.variants.split(","))
-    print(f"decode step, {a.layers} layers, context 1024, one process, round-robin x{a.rounds}, ms:")
+    dec, piped, split = decode_interleaved(a.layers, a.rounds, a.variants.split(","), a.arch, a.bits)
+    what = a.arch + (f", {a.bits}-bit" if a.bits else "")
+    print(f"decode step, {what}, {a.layers} layers, context 1024, one process, round-robin x{a.rounds}, ms:")
     print(f"  {'variant/run':<16} {'build':>8} {'encode':>8} {'wait':>8} {'wall':>8}")
     for k, v in dec.items():
         print(f"  {k:<16} {v['build']:8.3f} {v['encode']:8.3f} {v['wait']:8.3f} {sum(v.values()):8.3f}")

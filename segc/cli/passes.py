@@ -26,7 +26,7 @@ from .common import FORMATS, choice_error, emit, positive_int, progress, read_te
 from .target import Target, add_target_arguments, load, strategy_spec
 
 LLAMA = {"layers": 8, "hidden": 256, "intermediate": 688, "heads": 8, "kv_heads": 4, "vocab": 1024}
-STAGES = ("input", "cut", "fences", "window")  # what --print-after can name, in order
+STAGES = ("input", "cut", "concat_projections", "fences", "window")  # what --print-after can name, in order
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -46,6 +46,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(repeatable; default markers)",
     )
     p.add_argument("--no-legalize", action="store_true", help="keep cuts that split a fused chain")
+    p.add_argument(
+        "--concat-projections",
+        action="store_true",
+        help="run the concat_projections pass after cut (sibling products over concatenated weights)",
+    )
     p.add_argument("--compare", action="store_true", help="a table of the strategies")
     p.add_argument("--format", choices=(*FORMATS, "markdown"), default="table", help="--compare's table format")
     p.add_argument("--check-bits", action="store_true", help="run each plan; compare with the unsegmented graph")
@@ -146,6 +151,8 @@ def run(args: argparse.Namespace) -> int:
         plan.save(args.plan_out)
         print(f"plan {plan.strategy!r} ({len(plan.cuts)} cuts) -> {args.plan_out}", file=sys.stderr)
     steps = [Step("cut", {"plan": plan})]
+    if args.concat_projections:
+        steps.append(Step("concat_projections"))
     if schedule is not None:
         steps.append(Step("fences", {"schedule": schedule}))
     if args.window:

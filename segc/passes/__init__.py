@@ -5,17 +5,19 @@ Invariants every pass keeps (the pipeline checks them when checks are on):
 - fences and windows (``segc.ir.EFFECTS``) are never dropped or reordered: a pass
   that is not a fence or window pass leaves that sequence exactly as it was, and those
   passes only add to it;
-- a pass never changes what a graph computes: only cuts, order and effects.
+- a pass never changes what a graph computes: only cuts, order and effects; the one
+  rewrite, ``concat_projections``, changes equations but keeps every output's bits
+  (it checks each shape on the device first).
 
 Passes: ``strip_cuts``, ``cut`` (a strategy or a saved plan), ``legalize``, ``fences``,
-``window``. Cut-placement strategies (``strategies.py``) produce a :class:`Plan`;
+``window``, ``concat_projections``. Cut-placement strategies (``strategies.py``) produce a :class:`Plan`;
 analyses (``analysis.py``) compute costs, liveness and boundary bytes. Passes import the
 IR and the primitive table (``segc.lower.prim``), never the runtime: a strategy that
 measures takes measured times as an argument.
 """
 
 # importing each pass module registers its pass
-from . import cut, fences, legalize, strip, windows  # noqa: F401
+from . import concat, cut, fences, legalize, strip, windows  # noqa: F401
 from .fences import Schedule as Schedule
 from .pipeline import Step as Step
 from .pipeline import run as run

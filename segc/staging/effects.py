@@ -18,6 +18,7 @@ from ..passes.fences import Schedule
 from ..runtime import DISPATCH_LOCK
 from ..runtime.completion import Completer
 from ..runtime.fenced import Fences, WindowRun
+from .concat import Concats
 from .signature import Signature
 from .stages import Compiled, Effects
 
@@ -31,6 +32,8 @@ class EngineHooks:
     _cache: OrderedDict[Signature, Compiled]
     drain: bool
     commit: str
+    attention: Any
+    _concats: Concats
 
     def set_boundary_schedule(
         self,
@@ -121,7 +124,12 @@ class EngineHooks:
         """Lower every cached trace again with ``effects`` (no re-trace); on an error
         (a window endpoint missing from one graph) nothing changes."""
         fresh = OrderedDict(
-            (sig, c.lowered.traced.lower(effects=effects).compile(drain=self.drain, commit=self.commit))
+            (
+                sig,
+                c.lowered.traced.lower(effects=effects).compile(
+                    drain=self.drain, commit=self.commit, attention=self.attention, concats=self._concats
+                ),
+            )
             for sig, c in self._cache.items()
         )
         self._effects = effects

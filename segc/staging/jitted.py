@@ -24,12 +24,14 @@ from ..errors import SegcWarning, StateError, TraceError, UsageError
 from ..lower import ATTENTION
 from ..runtime import DISPATCH_LOCK, resolve_commit
 from ..runtime.fenced import WindowRun
-from ..trace import auto_boundaries, matching_modules, module_boundaries, trace, tracing
+from ..trace import module_boundaries, trace, tracing
 from ..trace import state as st
+from ..trace.boundaries import resolve_boundaries
 from ..trace.clone import clone_modules
 from ..trace.params import ParamGatherer
 from ..trace.pytree import flatten, unflatten
 from . import fastpath, rng
+from .concat import Concats
 from .effects import EngineHooks
 from .signature import ROOTS, CacheInfo, CallSpec, Signature, as_tuple
 from .stages import Compiled, Effects, Lowered, Traced
@@ -55,27 +57,18 @@ class Jitted(EngineHooks):
         strategy: Any = None,
         validate: bool = True,
         cache_size: int = 64,
+        concat_projections: bool = False,
     ):
         if not callable(fn):
             raise TraceError(f"segc.jit needs a function or an nn.Module, got {type(fn).__name__}")
         self.module = fn if isinstance(fn, nn.Module) else None
         self.fn = fn
-        if boundaries == "auto":
-            boundaries = auto_boundaries(self.module) if self.module is not None else None
-        if boundaries is not None and not isinstance(boundaries, str | list | tuple):
-            raise TraceError(f"boundaries= takes a glob or a list of globs, got {type(boundaries).__name__}")
-        self.boundaries = [boundaries] if isinstance(boundaries, str) else list(boundaries or [])
-        if not all(isinstance(b, str) for b in self.boundaries):
-            raise TraceError(f"boundaries= takes a glob or a list of globs (strings), got {boundaries!r}")
+        self.boundaries = resolve_boundaries(self.module, boundaries)
         if state_mode not in ("auto", "exact"):
             raise TraceError(f"state_mode must be 'auto' or 'exact', got {state_mode!r}")
         self.state_mode = state_mode
         self._exact_after: dict[Signature, frozenset[int]] = {}  # signatures traced again in exact mode
         self._writes: dict[Signature, int] = {}  # and tokens their calls write, where they had to grow
-        if self.boundaries and self.module is None:
-            raise TraceError("boundaries= globs name submodules: pass an nn.Module to segc.jit")
-        if self.module is not None and self.boundaries and not matching_modules(self.module, self.boundaries):
-            raise TraceError(f"boundaries {self.boundaries} match no submodule of {type(self.module).__name__}")
         self.drain = drain
         resolve_commit(commit)  # a bad policy is refused here, not at the first call
         self.commit = commit
@@ -83,6 +76,9 @@ class Jitted(EngineHooks):
             raise UsageError(f"attention must be one of {ATTENTION}, not {attention!r}")
         self.attention = attention
         self.validate = validate  # check each new dynamic-cache graph against eager once
+        if not isinstance(concat_projections, bool):
+            raise UsageError(f"concat_projections must be True or False, not {concat_projections!r}")
+        self.concat_projections = concat_projections  # sibling products as one (passes/concat.py)
         self.strategy = strategy  # cut placement (segc.passes): None keeps the markers' cuts
         self.name = name or getattr(fn, "__qualname__", None) or type(fn).__name__
         gather = ParamGatherer(self.module, self.name) if self.module is not None else None
@@ -94,6 +90,8 @@ class Jitted(EngineHooks):
             state,
             gather,
         )
+        # concatenated weights of every signature; the module's rebound to views of them
+        self._concats = Concats(gather.rebind if gather is not None else None)
         if not isinstance(cache_size, int) or isinstance(cache_size, bool) or cache_size < 1:
             raise TraceError(f"cache_size must be an int >= 1, got {cache_size!r}")
         self.cache_size = cache_size
@@ -204,11 +202,14 @@ class Jitted(EngineHooks):
         out_tree = tr.out_tree.children[0] if slots else tr.out_tree
         exact = frozenset(s.index for s in slots if s.mode == "exact")
         graph = rng.key_as_input(tr.graph, key) if draws else tr.graph
-        return Traced(self.spec, sig, graph, out_tree, tuple(recorded), exact, self.strategy, draws=draws)
+        rest = (tuple(recorded), exact, self.strategy)
+        return Traced(self.spec, sig, graph, out_tree, *rest, draws=draws, concat=self.concat_projections)
 
     def _compile(self, t: Traced) -> Compiled:
         """The miss path: lower and compile a fresh trace, and file it in the cache."""
-        c = t.lower(effects=self._effects).compile(drain=self.drain, commit=self.commit, attention=self.attention)
+        c = t.lower(effects=self._effects).compile(
+            drain=self.drain, commit=self.commit, attention=self.attention, concats=self._concats
+        )
         self.info.misses += 1
         # against the entry this call was expected to hit (the nearest cached signature)
         expected = t.signature.closest(list(self._cache)) if self._cache else self._last
@@ -361,6 +362,7 @@ class Jitted(EngineHooks):
         self._forget()
         self._last = None
         self._fast.clear()
+        self._concats.clear()
         gc.collect()
         mx.clear_cache()
 
@@ -386,7 +388,9 @@ def jit(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
     callable, ...; see :mod:`segc.passes.strategies`), ``validate`` (default True: the
     first call of each graph with dynamic KV caches is also run eagerly on copies of the
     caches and compared; on a mismatch the function falls back to ``state_mode="exact"``),
-    ``cache_size`` (default 64: the most signatures kept, least recently used out).
+    ``cache_size`` (default 64: the most signatures kept, least recently used out),
+    ``concat_projections`` (default False; sibling products as one over concatenated
+    weights, the module's weights rebound to views: :mod:`segc.passes.concat`).
     Usable as ``@segc.jit`` or ``@segc.jit(boundaries=...)``.
     """
     if fn is None:

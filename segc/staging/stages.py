@@ -27,6 +27,7 @@ from ..runtime.fenced import Fences, Timeline, WindowRun
 from ..trace import state as st
 from ..trace.pytree import TreeDef, unflatten
 from . import rng
+from .concat import Concats, is_concat
 from .signature import CallSpec, Signature
 
 
@@ -57,12 +58,14 @@ class Traced:
         strategy: Any = None,
         *,
         draws: int = 0,
+        concat: bool = False,
     ):
         self.spec, self.signature, self.graph, self.out_tree = spec, signature, graph, out_tree
         self.commits = commits  # per state object: how its outputs are written back
         self.exact = exact  # indices of the state objects traced in exact mode
         self.strategy = strategy  # the jitted function's default cut placement
         self.draws = draws  # how many times a call splits MLX's global random key (jit/rng.py)
+        self.concat = concat  # run the concat_projections pass (segc.passes.concat)
 
     def as_text(self) -> str:
         return self.graph.as_text()
@@ -70,8 +73,12 @@ class Traced:
     def lower(self, strategy: Any = None, *, effects: Effects | None = None) -> Lowered:
         """Place the cuts by ``strategy`` (default: the jit's; see
         ``segc.passes.pipeline.place``), then the engine's persistent ``effects``: its
-        boundary schedule (the ``fences`` pass) and its window (the ``window`` pass)."""
+        boundary schedule (the ``fences`` pass) and its window (the ``window`` pass).
+        With ``concat`` (``segc.jit(..., concat_projections=True)``) sibling products
+        become one over concatenated weights first, inside each segment."""
         g = place(self.graph, strategy if strategy is not None else self.strategy)
+        if self.concat:
+            g = run_pass("concat_projections", g)
         effects = effects or Effects()
         if effects.schedule is not None:
             g = run_pass("fences", g, schedule=effects.schedule)
@@ -100,8 +107,10 @@ class Lowered:
     def __str__(self) -> str:
         return self.as_text()
 
-    def compile(self, *, drain: bool = False, commit: str = "auto", attention: Any = "auto") -> Compiled:
-        return Compiled(self, drain=drain, commit=commit, attention=attention)
+    def compile(
+        self, *, drain: bool = False, commit: str = "auto", attention: Any = "auto", concats: Concats | None = None
+    ) -> Compiled:
+        return Compiled(self, drain=drain, commit=commit, attention=attention, concats=concats)
 
 
 class Compiled:
@@ -115,6 +124,7 @@ class Compiled:
         compile: bool = True,
         commit: str = "auto",
         attention: Any = "auto",
+        concats: Concats | None = None,
     ):
         self.lowered = lowered
         self.graph = lowered.graph
@@ -132,6 +142,9 @@ class Compiled:
         self._key_in = any(i.path == rng.KEY_PATH for i in self.graph.inputs)
         self._ran = False
         self._param_order = [i.path for i in self.graph.inputs if i.kind == "param"]
+        # concatenated weights (segc.passes.concat): built from the members, once
+        self._derived = [is_concat(p) for p in self._param_order]
+        self._concats = (concats or Concats()) if any(self._derived) else None
         eff = lowered.effects
         fenced = any(st.effects.signals or st.effects.waits for st in self.executor.steps)
         self._fences = eff.fences if fenced else None
@@ -168,7 +181,12 @@ class Compiled:
 
     def _inputs(self, leaves: list[mx.array], params: dict[str, mx.array], slots: Sequence[st.Slot]) -> list[mx.array]:
         key = [rng.current_key()] if self._key_in else []
-        return leaves + [x for s in slots for x in s.inputs] + key + [params[p] for p in self._param_order]
+        if self._concats is None:
+            ps = [params[p] for p in self._param_order]
+        else:
+            get = self._concats.get
+            ps = [get(p, params) if d else params[p] for p, d in zip(self._param_order, self._derived)]
+        return leaves + [x for s in slots for x in s.inputs] + key + ps
 
     def execute(self, inputs: list[mx.array]) -> list[mx.array]:
         """Run the segments on flat graph inputs; the graph's outputs (not waited for),

@@ -13,6 +13,7 @@ from typing import Any
 
 import mlx.nn as nn
 
+from ..errors import TraceError
 from .markers import boundary
 
 
@@ -114,3 +115,20 @@ def auto_boundaries(module: nn.Module) -> str | None:
         if best is None or n > best[0]:
             best = (n, head)
     return None if best is None else f"{best[1]}.*"
+
+
+def resolve_boundaries(module: nn.Module | None, boundaries: Any) -> list[str]:
+    """``segc.jit``'s ``boundaries=`` as a list of globs (``"auto"``: the model's layers
+    list), checked: globs are strings, name submodules of a module, and match one."""
+    if boundaries == "auto":
+        boundaries = auto_boundaries(module) if module is not None else None
+    if boundaries is not None and not isinstance(boundaries, str | list | tuple):
+        raise TraceError(f"boundaries= takes a glob or a list of globs, got {type(boundaries).__name__}")
+    out = [boundaries] if isinstance(boundaries, str) else list(boundaries or [])
+    if not all(isinstance(b, str) for b in out):
+        raise TraceError(f"boundaries= takes a glob or a list of globs (strings), got {boundaries!r}")
+    if out and module is None:
+        raise TraceError("boundaries= globs name submodules: pass an nn.Module to segc.jit")
+    if module is not None and out and not matching_modules(module, out):
+        raise TraceError(f"boundaries {out} match no submodule of {type(module).__name__}")
+    return out

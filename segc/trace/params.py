@@ -136,6 +136,22 @@ class ParamGatherer:
                     return hit
         return self._update(plan.names, arrays)
 
+    def rebind(self, arrays: dict[str, mx.array]) -> None:
+        """Write ``arrays`` into the module where the parameters of those names live
+        (``segc.staging.concat``: weights rebound to views of their concatenation)."""
+        if self._plan is None or not self._plan.valid():
+            self._rebuild()
+        plan = self._plan
+        if plan is None:  # an exotic container: the module's own update
+            from mlx.utils import tree_unflatten
+
+            self.module.update(tree_unflatten(list(arrays.items())), strict=False)
+            return
+        where = {n: i for i, n in enumerate(plan.names)}
+        for name, a in arrays.items():
+            i = where[name]
+            plan.leaf_in[i][plan.leaf_key[i]] = a
+
     def _swap(self, arrays: list[Any], changed: list[int]) -> tuple[dict[str, mx.array], ParamSig] | None:
         """A few parameters replaced by arrays of the same shape and dtype (an engine
         binding a page of weights into its model): a new dict, the same signature; None
