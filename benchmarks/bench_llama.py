@@ -203,7 +203,9 @@ class FixedContext:
         self.model = model
         self.context = context
         self.cache = make_prompt_cache(model)
-        dtype = model.parameters()["model"]["embed_tokens"]["weight"].dtype
+        emb = model.parameters()["model"]["embed_tokens"]
+        # a quantized embedding's weight is packed uint32: the model computes in its scales' dtype
+        dtype = emb["scales"].dtype if "scales" in emb else emb["weight"].dtype
         args = model.args
         kvh = args.num_key_value_heads
         hd = getattr(args, "head_dim", None) or args.hidden_size // args.num_attention_heads

@@ -145,6 +145,7 @@ class Compiled:
         # concatenated weights (segc.passes.concat): built from the members, once
         self._derived = [is_concat(p) for p in self._param_order]
         self._concats = (concats or Concats()) if any(self._derived) else None
+        self._memo: tuple[dict[str, mx.array], list[mx.array]] | None = None  # the last call's
         eff = lowered.effects
         fenced = any(st.effects.signals or st.effects.waits for st in self.executor.steps)
         self._fences = eff.fences if fenced else None
@@ -183,9 +184,12 @@ class Compiled:
         key = [rng.current_key()] if self._key_in else []
         if self._concats is None:
             ps = [params[p] for p in self._param_order]
+        elif self._memo is not None and self._memo[0] is params:
+            ps = self._memo[1]  # the gatherer returns the same dict while no parameter changed
         else:
             get = self._concats.get
             ps = [get(p, params) if d else params[p] for p, d in zip(self._param_order, self._derived)]
+            self._memo = (params, ps)
         return leaves + [x for s in slots for x in s.inputs] + key + ps
 
     def execute(self, inputs: list[mx.array]) -> list[mx.array]:
