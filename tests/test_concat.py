@@ -38,10 +38,10 @@ class Siblings(nn.Module):
     """``k`` products of one input (the output of a first layer), read back in several
     ways: summed, concatenated, one of them alone."""
 
-    def __init__(self, dim: int, outs: list[int], dtype: mx.Dtype, bias_first: bool):
+    def __init__(self, dim: int, outs: list[int], dtype: mx.Dtype, bias_first: bool, bias_heads: bool = False):
         super().__init__()
         self.pre = nn.Linear(dim, dim, bias=bias_first)
-        self.heads = [nn.Linear(dim, n, bias=False) for n in outs]
+        self.heads = [nn.Linear(dim, n, bias=bias_heads) for n in outs]
         self.update(self.parameters())
         for m in [self.pre, *self.heads]:
             m.weight = m.weight.astype(dtype)
@@ -61,12 +61,13 @@ class Siblings(nn.Module):
     rows=hs.sampled_from([(1,), (1, 1), (1, 1, 1), (3,), (2, 5), (1, 17)]),
     dtype=hs.sampled_from([mx.float32, mx.float16, mx.bfloat16]),
     bias=hs.booleans(),
+    bias_heads=hs.booleans(),
     seed=hs.integers(0, 2**16),
 )
 def test_random_sibling_programs_keep_eager_bits(
-    dim: int, outs: list[int], rows: tuple[int, ...], dtype: mx.Dtype, bias: bool, seed: int
+    dim: int, outs: list[int], rows: tuple[int, ...], dtype: mx.Dtype, bias: bool, bias_heads: bool, seed: int
 ) -> None:
-    model = seeded(lambda: Siblings(dim, outs, dtype, bias), seed)
+    model = seeded(lambda: Siblings(dim, outs, dtype, bias, bias_heads), seed)
     x = (mx.random.normal((*rows, dim), key=mx.random.key(seed + 1))).astype(dtype)
     want = model(x)
     mx.eval(want)
@@ -78,11 +79,16 @@ def test_random_sibling_programs_keep_eager_bits(
     cats = [i for i in g.inputs if members(i.path) is not None]
     # the device's own check of this shape (on the CPU every shape here passes it; on
     # CUDA some do not, and those products stay apart)
-    h = Var("h", (*rows, dim), dtypes.short(dtype))
+    # (the products see the input flattened to rows x dim, as MLX's Linear makes it)
+    h, d = Var("h", (math.prod(rows), dim), dtypes.short(dtype)), dtypes.short(dtype)
+    if bias_heads:  # x @ W.T + b: AddMM, the weights and the biases concatenated
+        prim, shapes, kinds, args = "AddMM", [[(n, dim), (n,)] for n in outs], [d, d], (1.0, 1.0)
+    else:
+        prim, shapes, kinds, args = "Matmul", [[(n, dim)] for n in outs], [d], ()
     if math.prod(rows) > 1:  # products of one row only (segc.passes.concat)
         assert not cats
-    elif same_shape_bits("Matmul", h, [[(n, dim)] for n in outs], [dtypes.short(dtype)], ()):
-        assert len(cats) == 1 and len(members(cats[0].path) or []) == len(outs)
+    elif same_shape_bits(prim, h, shapes, kinds, args):
+        assert len(cats) == len(kinds) and all(len(members(c.path) or []) == len(outs) for c in cats)
         assert sum(e.prim in ("Matmul", "AddMM") for e in g.eqns) == 2  # pre, and one for the siblings
     else:
         assert not cats and mx.default_device() != mx.cpu
@@ -124,6 +130,7 @@ def _assert_like_eager(arch: str, bits: int | None = None) -> segc.Jitted:
         ("llama", None, 3),  # q/k/v -> 1, gate/up -> 1: three products fewer a layer
         ("llama", 4, 3),
         ("qwen3", None, 3),
+        ("qwen2", None, 3),  # q/k/v with biases (AddMM)
         ("mixtral", None, 2),  # attention only: the experts are gathered products
     ],
 )
@@ -138,7 +145,8 @@ def test_models_keep_eager_bits(arch: str, bits: int | None, fewer: int) -> None
         g = j.entries()[-1].graph
         params = {i.var.name for i in g.inputs if i.kind == "param"}
         by_t = {e.outs[0].name for e in g.eqns if e.prim == "Transpose" and e.ins[0] in params}
-        return sum(e.prim in ("Matmul", "QuantizedMatmul") and bool({*e.ins[1:]} & (params | by_t)) for e in g.eqns)
+        prods = ("Matmul", "AddMM", "QuantizedMatmul")
+        return sum(e.prim in prods and bool({*e.ins[1:]} & (params | by_t)) for e in g.eqns)
 
     n_layers = len(model.layers)
     if mx.default_device() == mx.cpu:

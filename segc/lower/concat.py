@@ -34,6 +34,9 @@ def _random(shape: Sequence[int], dtype: str, key: mx.array) -> mx.array:
 def _product(prim: str, x: mx.array, ws: list[mx.array], args: tuple[Any, ...]) -> mx.array:
     if prim == "Matmul":
         return x @ ws[0].T
+    if prim == "AddMM":
+        out = (*x.shape[:-1], ws[0].shape[0])
+        return mx.addmm(mx.broadcast_to(ws[1], out), x, ws[0].T, alpha=args[0], beta=args[1])
     group_size, bits = int(args[0]), int(args[1])
     return mx.quantized_matmul(x, ws[0], ws[1], ws[2], transpose=True, group_size=group_size, bits=bits)
 
@@ -54,7 +57,9 @@ def same_bits(
     )
     if key in _KNOWN:
         return _KNOWN[key]
-    if prim not in ("Matmul", "QuantizedMatmul") or (prim == "QuantizedMatmul" and (len(args) < 3 or args[2] != 0)):
+    if prim not in ("Matmul", "AddMM", "QuantizedMatmul") or (
+        prim == "QuantizedMatmul" and (len(args) < 3 or args[2] != 0)
+    ):
         _KNOWN[key] = False  # only the forms the pass makes, affine quantization
         return False
     keys = mx.random.split(mx.random.key(0), 1 + len(wshapes) * len(wdtypes))

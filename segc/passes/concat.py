@@ -12,8 +12,9 @@ of that product::
     Matmul(x, Transpose(q)), Matmul(x, Transpose(k))   ->   y = Matmul(x, Transpose(q|k))
                                                             Slice(y)[.., :nq], Slice(y)[.., nq:]
 
-``QuantizedMatmul`` groups (weights, scales and biases, ``transpose=True``, the same
-group size, bits and mode) are concatenated the same way.
+``AddMM`` groups (a projection with a bias, ``x @ W.T + b``: the weights and the biases
+concatenated) and ``QuantizedMatmul`` groups (weights, scales and biases,
+``transpose=True``, the same group size, bits and mode) are concatenated the same way.
 
 Only products of one row (a decode step of one sequence): there a member's slice of the
 row is contiguous, and what reads it (a reshape into heads) stays a view. With more rows
@@ -64,8 +65,8 @@ def members(path: str) -> list[str] | None:
 @dataclass
 class _Member:
     eqn: Eqn  # the product
-    weights: tuple[str, ...]  # the parameter values it reads (weight; or weight, scales, biases)
-    drop: tuple[str, ...]  # values only it reads that go with it (the weight's Transpose)
+    weights: tuple[str, ...]  # the parameters it reads (weight; weight, bias; weight, scales, biases)
+    drop: tuple[str, ...]  # values only it reads that go with it (the weight's Transpose, the bias's Broadcast)
 
 
 def _transposed_param(g_defs: dict[str, Eqn], params: dict[str, Input], name: str) -> str | None:
@@ -94,9 +95,20 @@ def _candidates(g: Graph) -> dict[tuple, list[_Member]]:
             p = _transposed_param(defs, params, e.ins[1])
             if p is None or params[p].var.shape[1] != defs[e.ins[1]].outs[0].shape[0]:
                 continue
-            drop = (e.ins[1],) if uses.get(e.ins[1]) == 1 else ()
+            drop: tuple[str, ...] = (e.ins[1],) if uses.get(e.ins[1]) == 1 else ()
             m = _Member(e, (p,), drop)
             key: tuple = (seg, e.prim, e.ins[0], params[p].var.dtype, params[p].var.shape[1], e.outs[0].dtype)
+        elif e.prim == "AddMM" and len(e.ins) == 3 and len(e.args) == 2:  # x @ W.T + bias
+            p = _transposed_param(defs, params, e.ins[1])
+            b = defs.get(e.ins[2])
+            if p is None or b is None or b.prim != "Broadcast" or b.ins[0] not in params:
+                continue
+            if params[b.ins[0]].var.shape != e.outs[0].shape[-1:] or tuple(b.args[0]) != e.outs[0].shape:
+                continue
+            drop = tuple(v for v in e.ins[1:] if uses.get(v) == 1)
+            m = _Member(e, (p, b.ins[0]), drop)
+            w, bias = params[p].var, params[b.ins[0]].var
+            key = (seg, e.prim, e.ins[0], w.dtype, w.shape[1], bias.dtype, tuple(e.args), e.outs[0].dtype)
         elif e.prim == "QuantizedMatmul" and len(e.ins) == 4 and len(e.args) >= 4 and e.args[3] is True:
             if not all(v in params for v in e.ins[1:]):
                 continue
@@ -166,11 +178,18 @@ def concat_projections(g: Graph, *, check: Check | None = None) -> Graph:
         n_total = sum(m.eqn.outs[0].shape[-1] for m in ms)
         out = Var(fresh("vc"), (*first.outs[0].shape[:-1], n_total), first.outs[0].dtype)
         made: list[Eqn] = []
-        if first.prim == "Matmul":
+        if first.prim in ("Matmul", "AddMM"):
             t = Var(fresh("vc"), (cat_vars[0].shape[1], cat_vars[0].shape[0]), cat_vars[0].dtype)
             made.append(Eqn(next_id, "Transpose", (cat_vars[0].name,), (t,), ((1, 0),)))
-            made.append(Eqn(next_id + 1, "Matmul", (first.ins[0], t.name), (out,)))
-            next_id += 2
+            next_id += 1
+            if first.prim == "Matmul":
+                made.append(Eqn(next_id, "Matmul", (first.ins[0], t.name), (out,)))
+            else:  # the biases concatenated too, broadcast to the product's shape
+                c = Var(fresh("vc"), out.shape, cat_vars[1].dtype)
+                made.append(Eqn(next_id, "Broadcast", (cat_vars[1].name,), (c,), (out.shape,)))
+                made.append(Eqn(next_id + 1, "AddMM", (first.ins[0], t.name, c.name), (out,), first.args))
+                next_id += 1
+            next_id += 1
         else:
             made.append(Eqn(next_id, first.prim, (first.ins[0], *(v.name for v in cat_vars)), (out,), first.args))
             next_id += 1
