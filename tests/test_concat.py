@@ -246,3 +246,16 @@ def test_the_rewritten_graph_prints_parses_and_verifies() -> None:
     done = run_pass("concat_projections", g, check=lambda *a: True)
     assert done is not g and parse(done.as_text()) == done
     verify(done)
+
+
+def test_the_stage_api_builds_through_the_jitted_function() -> None:
+    """``step.lower(x).compile()`` concatenates as the jitted function does: the module's
+    weights rebound to views, the result eager's bits."""
+    model = build("llama")
+    x = mx.array([[4]])
+    want = model(x)
+    before = model.layers[0].mlp.up_proj.weight
+    compiled = segc.jit(model, concat_projections=True).lower(x).compile()
+    assert same_bits(compiled(x), want)
+    after = model.layers[0].mlp.up_proj.weight
+    assert after is not before and same_bits(after, before)

@@ -203,7 +203,8 @@ class Jitted(EngineHooks):
         exact = frozenset(s.index for s in slots if s.mode == "exact")
         graph = rng.key_as_input(tr.graph, key) if draws else tr.graph
         rest = (tuple(recorded), exact, self.strategy)
-        return Traced(self.spec, sig, graph, out_tree, *rest, draws=draws, concat=self.concat_projections)
+        concat = self.concat_projections
+        return Traced(self.spec, sig, graph, out_tree, *rest, draws=draws, concat=concat, concats=self._concats)
 
     def _compile(self, t: Traced) -> Compiled:
         """The miss path: lower and compile a fresh trace, and file it in the cache."""

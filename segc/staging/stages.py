@@ -59,6 +59,7 @@ class Traced:
         *,
         draws: int = 0,
         concat: bool = False,
+        concats: Concats | None = None,
     ):
         self.spec, self.signature, self.graph, self.out_tree = spec, signature, graph, out_tree
         self.commits = commits  # per state object: how its outputs are written back
@@ -66,6 +67,7 @@ class Traced:
         self.strategy = strategy  # the jitted function's default cut placement
         self.draws = draws  # how many times a call splits MLX's global random key (jit/rng.py)
         self.concat = concat  # run the concat_projections pass (segc.passes.concat)
+        self.concats = concats  # and where its weights are built (the jitted function's)
 
     def as_text(self) -> str:
         return self.graph.as_text()
@@ -110,6 +112,7 @@ class Lowered:
     def compile(
         self, *, drain: bool = False, commit: str = "auto", attention: Any = "auto", concats: Concats | None = None
     ) -> Compiled:
+        concats = concats if concats is not None else self.traced.concats
         return Compiled(self, drain=drain, commit=commit, attention=attention, concats=concats)
 
 
