@@ -6,7 +6,7 @@
 #
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_decode.sh [PARTS]
 #
-# PARTS: any of  dense quant moe runtime  (default: dense runtime). Logs go to $OUT.
+# PARTS: any of  dense quant moe concat runtime  (default: dense runtime). Logs go to $OUT.
 # VARIANTS (default eager,compile,segc,each,whole,drain), REPEATS (40), ROUNDS (1),
 # BENCH_LIMIT (400 s).
 set -u
@@ -27,6 +27,15 @@ for p in $parts; do
   dense) bench dense ;;
   quant) bench quant --bits 4 --first-call-layers 0 --no-dispatch ;;
   moe) bench moe --arch mixtral --first-call-layers 0 --no-dispatch ;;
+  concat)  # one process, interleaved: concat_projections on the llama, its 4-bit version, a mixtral
+    for a in "llama" "llama --bits 4" "mixtral"; do
+      set -- $a
+      name="concat_$1${3:+_$3bit}"
+      timeout 200 $PY benchmarks/encode_cost.py --skip-nodes --rounds 30 --arch "$@" \
+        --variants eager,compile,segcauto,segcconcat,segcautoconcat >"$OUT/$name.txt" 2>&1
+      echo "$name: rc=$?"
+    done
+    ;;
   runtime)
     timeout 300 $PY benchmarks/bench_runtime.py --layers 16 --hidden 2048 --intermediate 8192 --heads 32 \
       --kv-heads 8 --vocab 32000 --dtype bfloat16 --context 1024 --tokens 30 --only decode >"$OUT/runtime.txt" 2>&1
