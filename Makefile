@@ -12,9 +12,13 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test,lm,research]'
-	@# a browser for tests/test_cli_browser.py; without network the test uses a system
-	@# Chromium, or is skipped with the reason
-	-$(BIN)/python -m playwright install chromium || echo "no Chromium download: tests/test_cli_browser.py will look for a system Chromium"
+	@# a browser for tests/test_cli_browser.py: Playwright's Chromium, else (where its
+	@# download is not reachable) Debian's, installed as root; else a system Chromium on
+	@# PATH is used, or the test is skipped with the reason
+	-$(BIN)/python -m playwright install chromium || command -v chromium || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	    (apt-get install -y -q chromium >/dev/null 2>&1 || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1)); } || \
+	  echo "no Chromium: tests/test_cli_browser.py will be skipped, with the reason"
 	touch $(STAMP)
 
 install: $(STAMP)
