@@ -337,3 +337,24 @@ def test_decode_with_the_kernel_over_shapes(heads, dtype, prompt, layers):
         np.testing.assert_allclose(
             np.array(a.astype(mx.float32)), np.array(want.astype(mx.float32)), rtol=tol, atol=tol
         )
+
+
+def test_an_engine_hook_keeps_the_attention_setting():
+    """``record_timeline`` (like ``set_boundary_schedule`` and ``set_window``) compiles
+    the cached graphs again: the jit's kernel must stay in them, not fall back to
+    ``"auto"``."""
+    model, _, _ = _decode_graph(4, 2, layers=2)
+    calls = []
+
+    def counting(q, k, v, mask, scale):
+        calls.append(q.shape)
+        return reference_attention(q, k, v, mask, scale)
+
+    step = segc.jit(model, boundaries="layers.*", attention=counting, validate=False)
+    cache = make_prompt_cache(model)
+    step(mx.array([[1, 2, 3, 4, 5]]), cache=cache)
+    step(mx.array([[7]]), cache=cache)
+    calls.clear()
+    step.record_timeline([])
+    step(mx.array([[9]]), cache=cache)  # the recompiled decode graph traces the kernel again
+    assert calls and set(calls) == {(1, 4, 1, 32)}
