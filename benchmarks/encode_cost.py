@@ -125,12 +125,14 @@ def _with_caches(y: Any, fc: Any) -> list[mx.array]:
     return y if isinstance(y, list) else [y, *fc.arrays()]
 
 
-SEGC = {  # segc's variants: (commit, attention, concat_projections)
-    "segc": ("fences", "off", False),
-    "segcfused": ("fences", "on", False),
-    "segcauto": ("auto", "auto", False),  # the defaults
-    "segcconcat": ("fences", "auto", True),  # one commit, sibling products as one
-    "segcautoconcat": ("auto", "auto", True),
+SEGC = {  # segc's variants: (commit, attention, concat_projections, boundaries)
+    "segc": ("fences", "off", False, "layers.*"),
+    "segcfused": ("fences", "on", False, "layers.*"),
+    "segcauto": ("auto", "auto", False, "layers.*"),  # the defaults, a segment per layer
+    "segcconcat": ("fences", "auto", True, "layers.*"),  # one commit, sibling products as one
+    "segcautoconcat": ("auto", "auto", True, "layers.*"),
+    "segcwhole": ("auto", "auto", False, None),  # segc.jit(model): no boundaries, one segment
+    "segcwholeconcat": ("auto", "auto", True, None),
 }
 
 
@@ -164,13 +166,22 @@ def decode_interleaved(
         elif v == "compile":
             f = compiled_with_cache(model, fc)
             fns[v] = lambda f=f: f(x)
+        elif v == "compileconcat":  # plain MLX: q/k/v and gate/up concatenated by hand (llama)
+            from fused_projections import _install_dispatch, fuse
+
+            _install_dispatch()
+            m3 = make_model("reference", layers=layers, arch=arch, bits=bits)
+            fuse(m3)
+            fc3 = FixedContext(m3, 1024)
+            f = compiled_with_cache(m3, fc3)
+            fns[v], fcs[v] = (lambda f=f: f(x)), fc3
         else:
-            commit, attention, concat = SEGC[v]
+            commit, attention, concat, bounds = SEGC[v]
             # concat_projections rebinds the module's weights to views of their
             # concatenations: those variants get a model (and caches) of their own
             m, c = (model, fc) if not concat else own()
             step = segc.jit(
-                m, boundaries="layers.*", commit=commit, attention=attention, validate=False, concat_projections=concat
+                m, boundaries=bounds, commit=commit, attention=attention, validate=False, concat_projections=concat
             )
             fns[v] = lambda step=step, c=c: step(x, cache=c.reset())
             steps[v], fcs[v] = step, c

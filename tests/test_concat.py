@@ -259,3 +259,51 @@ def test_the_stage_api_builds_through_the_jitted_function() -> None:
     assert same_bits(compiled(x), want)
     after = model.layers[0].mlp.up_proj.weight
     assert after is not before and same_bits(after, before)
+
+
+def _in_order(x: mx.array, w: mx.array) -> mx.array:
+    """``x @ w.T`` adding the inner dimension left to right, one term at a time."""
+    acc = x[..., 0, None] * w.T[0]
+    for i in range(1, x.shape[-1]):
+        acc = acc + x[..., i, None] * w.T[i]
+    return acc
+
+
+def _in_halves(x: mx.array, w: mx.array) -> mx.array:
+    """The same product with its inner dimension in two halves summed apart (a split-K)."""
+    h = x.shape[-1] // 2
+    return _in_order(x[..., :h], w[:, :h]) + _in_order(x[..., h:], w[:, h:])
+
+
+# shapes and dtypes at which random draws give the two orders the same bits: float32 at
+# tiny shapes (the first draw), float16 and bfloat16 almost always (the sum rounded)
+@pytest.mark.parametrize(
+    "dim,outs,dtype",
+    [(4, [1, 1], "f32"), (4, [1, 1, 1], "f32"), (6, [2, 1], "f32"), (96, [24, 1, 8, 16], "f16"), (64, [1, 8], "bf16")],
+)
+def test_the_device_check_sees_another_summation_order(monkeypatch, dim: int, outs: list[int], dtype: str) -> None:
+    """A concatenated product that sums in another order gives the members' bits for
+    most random inputs when it has few outputs and a short inner dimension, and for
+    nearly all once the sum is rounded to a half-precision type; the check must still
+    refuse it (on the H200 a float32 ``AddMM`` of 8 inputs and 1 + 1 outputs passed a
+    one-draw check and a float16 one of 96 inputs passed sixteen, then differed on a
+    model's weights). Both forms are emulated in float32, the members in order, the
+    concatenation in halves, and rounded to ``dtype``."""
+    import segc.lower.concat as lc
+
+    total = sum(outs)
+
+    def emulated(prim, x, ws, args, order=None):
+        f = order or (_in_halves if ws[0].shape[0] == total else _in_order)
+        return f(x.astype(mx.float32), ws[0].astype(mx.float32)).astype(x.dtype)
+
+    h, shapes = Var("h", (1, dim), dtype), [[(n, dim)] for n in outs]
+    lc.clear()
+    try:
+        monkeypatch.setattr(lc, "_product", emulated)
+        assert not lc.same_bits("Matmul", h, shapes, [dtype], ())
+        lc.clear()  # the same order on both sides is accepted: the check compares orders
+        monkeypatch.setattr(lc, "_product", lambda p, x, ws, a: emulated(p, x, ws, a, _in_order))
+        assert lc.same_bits("Matmul", h, shapes, [dtype], ())
+    finally:
+        lc.clear()
