@@ -18,6 +18,7 @@ that it should not have.
 from __future__ import annotations
 
 import itertools
+from typing import cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -40,7 +41,8 @@ class Siblings(nn.Module):
     def __call__(self, x: mx.array) -> list[mx.array]:
         h = self.pre(x)
         ys = [m(h) for m in self.heads]
-        return [ys[0], mx.concatenate(ys, axis=-1), sum(y.sum(axis=-1) for y in ys)]
+        # sum() as tests/test_concat.py writes it: 0 + the first sum + ...
+        return [ys[0], mx.concatenate(ys, axis=-1), cast(mx.array, sum(y.sum(axis=-1) for y in ys))]
 
 
 def _model(dim: int, outs: list[int], dtype: mx.Dtype, bias: bool, bias_heads: bool, seed: int) -> Siblings:
