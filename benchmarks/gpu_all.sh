@@ -94,8 +94,9 @@ if has prefill2048; then
 fi
 
 if has sweep; then
-  # MLX's CUDA backend commits a CUDA graph every MLX_MAX_OPS_PER_BUFFER nodes (20 by
-  # default) and at every (async_)eval: decode again with other sizes
+  # MLX's CUDA backend commits a CUDA graph every MLX_MAX_OPS_PER_BUFFER operations (its
+  # default depends on the device: 100 on an H200, 20 where MLX has no entry) and at
+  # every (async_)eval: decode again with other sizes
   for n in 10 100; do
     echo "== MLX_MAX_OPS_PER_BUFFER=$n" >>"$OUT/sweep.txt"
     MLX_MAX_OPS_PER_BUFFER=$n timeout 50 $PY benchmarks/bench_llama.py --preset "${BENCH_PRESET:-reference}" \
