@@ -18,10 +18,10 @@ One run times, interleaved round by round so that drift hits every variant alike
   ``attention="on"``: the dynamic cache's masked decode attention as segc's fused kernel
   (what ``"auto"`` picks on a CUDA GPU); ``unfused`` -- ``fences`` with
   ``attention="off"``: MLX's decomposition of that attention;
-* ``concat`` / ``concatfences`` -- (optional) ``segc`` and ``fences`` with
-  ``concat_projections=True``: each layer's q/k/v and gate/up products as one product
-  over concatenated weights (the module's weights become views of them, so in one
-  process every later variant runs on those views: the same values).
+* ``concat`` / ``concatfences`` / ``wholeconcat`` -- (optional) ``segc``, ``fences``
+  and ``whole`` with ``concat_projections=True``: each layer's q/k/v and gate/up
+  products as one product over concatenated weights (the module's weights become views
+  of them, so in one process every later variant runs on those views: the same values).
 
 ``--isolate`` runs every variant in a process of its own (MLX's kernel and CUDA-graph
 caches are per process, so one variant's commits cannot slow another down); the
@@ -114,6 +114,7 @@ VARIANTS = (
     "unfused",
     "concat",
     "concatfences",
+    "wholeconcat",
 )
 COMMIT = {
     "each": "segment",
@@ -123,7 +124,7 @@ COMMIT = {
     "unfused": "fences",
     "concatfences": "fences",
 }
-CONCAT = ("concat", "concatfences")  # concat_projections=True: sibling products as one
+CONCAT = ("concat", "concatfences", "wholeconcat")  # concat_projections=True: sibling products as one
 FUSED = ("fused", "fusedfences")  # attention="on": segc's fused decode attention (CUDA)
 UNFUSED = ("unfused",)  # attention="off": MLX's decomposition of the masked attention
 DEFAULT_VARIANTS = ("eager", "compile", "segc", "drain")
@@ -314,7 +315,7 @@ def workload(
                 # would time a graph that a real decode loop (a trace per token) cannot use
                 step = segc.jit(
                     model,
-                    boundaries=None if v == "whole" else "layers.*",
+                    boundaries=None if v in ("whole", "wholeconcat") else "layers.*",
                     drain=(v == "drain"),
                     commit=COMMIT.get(v, "auto"),
                     attention="on" if v in FUSED else "off" if v in UNFUSED else "auto",
@@ -671,14 +672,14 @@ def print_workload(r: dict[str, Any], name: str, w: dict[str, Any], out: Any = s
     p(what, file=out)
     t = w["timings"]
     base = t["eager"]["wall"]["median"] if "eager" in t else math.nan
-    p(f"  {'variant':<8} {'median':>11} {'p25':>11} {'p75':>11} {'host':>11} {'x eager':>8}  bit-identical", file=out)
+    p(f"  {'variant':<12} {'median':>11} {'p25':>11} {'p75':>11} {'host':>11} {'x eager':>8}  bit-identical", file=out)
     for v, tv in t.items():
         m = tv["wall"]
         same: Any = w["bit_identical_to_eager"].get(v)
         if same is False and w.get("within_tol_of_eager", {}).get(v):
             same = "False (within the bound)"
         p(
-            f"  {v:<8} {fmt_t(m['median'])} {fmt_t(m['p25'])} {fmt_t(m['p75'])} "
+            f"  {v:<12} {fmt_t(m['median'])} {fmt_t(m['p25'])} {fmt_t(m['p75'])} "
             f"{fmt_t(tv['host']['median'])} {m['median'] / base:8.3f}  {same}",
             file=out,
         )

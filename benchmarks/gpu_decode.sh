@@ -6,7 +6,11 @@
 #
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_decode.sh [PARTS]
 #
-# PARTS: any of  dense quant moe concat runtime  (default: dense runtime). Logs go to $OUT.
+# PARTS: any of  dense quant moe concat isolated runtime  (default: dense runtime). Logs go
+# to $OUT. isolated: decode of the three models with one segment and the concatenation,
+# every variant a process of its own, 2 rounds (the "variants isolated"); about
+# 4 minutes a model on the H200, so MODELS=llama: (or llama_4bit:--bits,4 or
+# mixtral:--arch,mixtral) runs one model in a device call.
 # VARIANTS (default eager,compile,segc,each,whole,drain), REPEATS (40), ROUNDS (1),
 # BENCH_LIMIT (400 s).
 set -u
@@ -36,6 +40,14 @@ for p in $parts; do
       timeout 250 $PY benchmarks/encode_cost.py --skip-nodes --rounds 30 --arch "$@" \
         --variants "eager,compile$extra,segcauto,segcconcat,segcwhole,segcwholeconcat" >"$OUT/$name.txt" 2>&1
       echo "$name: rc=$?"
+    done
+    ;;
+  isolated)
+    for spec in ${MODELS:-llama: llama_4bit:--bits,4 mixtral:--arch,mixtral}; do  # about 4 min each
+      spec=${spec//,/ }
+      # shellcheck disable=SC2086  # the extra arguments are meant to split
+      VARIANTS=eager,compile,segc,whole,wholeconcat ROUNDS=2 REPEATS=30 BENCH_LIMIT=280 \
+        bench "isolated_${spec%%:*}" --prefill 0 --first-call-layers 0 --no-dispatch ${spec#*:}
     done
     ;;
   runtime)
