@@ -1,7 +1,7 @@
 """Whether a product over concatenated weights keeps the bits of separate products.
 
 The ``concat_projections`` pass (``segc.passes.concat``) asks this once per group shape:
-both forms run on random data on the default device and their raw bytes are compared.
+both forms run on the default device on the draws below and their raw bytes are compared.
 The arithmetic a kernel does depends on the shapes (which algorithm, which split of the
 inner dimension), not on the values, so comparisons at one shape answer for every call of
 that shape on this device; the answers are kept for the process (:func:`clear`).
@@ -15,7 +15,7 @@ inputs did so with sixteen random draws). So two thirds of the ``DRAWS`` draws a
 *cancelling*: products of ``+-2**24`` that cancel exactly, among products of ``+-1``
 that a partial sum of ``2**24`` absorbs. The result is a small integer, exact in every
 float type, that counts the small terms the order kept, so two orders that differ give
-different numbers in almost every draw (``tests/test_concat.py`` measures it). The
+different numbers in almost every draw (``tests/test_concat.py`` shows it). The
 other draws are random normal values. Quantized products draw their packed weights,
 scales and biases at random, with a cancelling ``x``.
 """
