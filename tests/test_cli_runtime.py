@@ -64,9 +64,8 @@ def _run_recorded(monkeypatch: pytest.MonkeyPatch, threaded: bool, calls: int = 
 @pytest.mark.parametrize("threaded", [True, False], ids=["completer thread", "synchronize at the end"])
 def test_timeline_completes_every_segment(monkeypatch: pytest.MonkeyPatch, threaded: bool) -> None:
     if threaded and mx.default_device() != mx.cpu:
-        pytest.skip(
-            reason="MLX's CUDA build cannot evaluate arrays from a helper thread (docs/runtime.md): no completer thread"
-        )
+        why = "MLX's CUDA build cannot evaluate arrays from a helper thread (docs/runtime.md): no completer thread"
+        pytest.skip(reason=why)
     timeline, n = _run_recorded(monkeypatch, threaded)
     done = [(k, d) for _, what, k, d in timeline if what == "complete"]
     assert sorted(k for k, _ in done) == sorted(list(range(n)) * 2)

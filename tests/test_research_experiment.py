@@ -73,10 +73,11 @@ def test_predicted_peak_memory_is_close_to_mlx(sweep: tuple[Path, object]) -> No
     process other tests' arrays are alive too, which ``segc experiment`` (a process of
     its own) does not have."""
     if mx.default_device() != mx.cpu:
-        pytest.skip(
-            reason="a tiny model on a GPU: MLX's CUDA allocations beside the arrays (cuBLAS workspaces) dwarf a "
+        why = (
+            "a tiny model on a GPU: MLX's CUDA allocations beside the arrays (cuBLAS workspaces) dwarf a "
             "few-KiB prediction; the reference model's GPU figures are in docs/experiments.md"
         )
+        pytest.skip(reason=why)
     _, res = sweep
     weights = sum(v.nbytes for _, v in tree_flatten(load_model(MODEL).parameters()))
     for r in res.rows:  # type: ignore[attr-defined]

@@ -51,11 +51,13 @@ def test_one_jitted_from_four_threads() -> None:
     assert [got[k] for k in range(4)] == want
 
 
-@pytest.mark.skipif(
-    mx.default_device() != mx.cpu,
-    reason="eager MLX in a second thread, beside segc's calls, aborts MLX 0.32.4's CUDA build "
-    "(MLX is not thread-safe, docs/reliability.md); the CPU build runs it",
+_ABORTS_ON_CUDA = (
+    "eager MLX in a second thread, beside segc's calls, aborts MLX 0.32.4's CUDA build "
+    "(MLX is not thread-safe, docs/reliability.md); the CPU build runs it"
 )
+
+
+@pytest.mark.skipif(mx.default_device() != mx.cpu, reason=_ABORTS_ON_CUDA)
 def test_eager_calls_during_a_trace_see_the_real_model() -> None:
     """While one thread traces, another calls the same model eagerly and a second
     Jitted on it: neither sees the trace's placeholders or wrappers."""
