@@ -123,9 +123,43 @@ def _dynamic_slice(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
     return mx.slice(ins[0], ins[1], list(args[0]), list(args[1]))
 
 
-@rule("DynamicSliceUpdate")
+# A write of one position at an array index (segc's dynamic KV cache writes each decode
+# token so) costs MLX's CUDA build two kernels and about 15 us of host time: the index is
+# turned into a byte offset by a kernel of its own, JIT-looked-up by name on every call
+# (``compute_dynamic_offset`` in mlx/backend/cuda/slicing.cpp). A select over the buffer,
+# ``where(arange == index, update, buffer)``, is one kernel that ``mx.compile`` fuses with
+# the comparison, copies the same bytes, and updates a donated buffer in place; it reads
+# and writes the whole buffer, so it is used only up to SELECT_WRITE_BYTES a buffer
+# (docs/lowering.md). "auto": on CUDA only; "always" / "never" for tests and measurements.
+SELECT_WRITE = "auto"
+SELECT_WRITE_BYTES = 8 << 20
+
+
+def _select_write(x: mx.array, u: mx.array, axes: Sequence[int]) -> int | None:
+    """The axis of a one-position write that ``_dynamic_slice_update`` makes a select."""
+    if SELECT_WRITE == "never" or len(axes) != 1 or x.nbytes > SELECT_WRITE_BYTES or u.ndim != x.ndim:
+        return None
+    if SELECT_WRITE == "auto" and not (mx.default_device() == mx.gpu and mx.cuda.is_available()):
+        return None
+    a = axes[0] % x.ndim
+    if u.shape[a] != 1 or any(u.shape[i] != x.shape[i] for i in range(x.ndim) if i != a):
+        return None
+    return a
+
+
+@rule(
+    "DynamicSliceUpdate",
+    rebuilt="on CUDA, a write of one whole position into a buffer of at most 8 MiB: a select over the buffer",
+)
 def _dynamic_slice_update(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
-    return mx.slice_update(ins[0], ins[1], ins[2], list(args[0]))
+    x, u, start = ins
+    a = _select_write(x, u, args[0])
+    if a is None:
+        return mx.slice_update(x, u, start, list(args[0]))
+    # (the primitive's update already has the buffer's dtype: mx.slice_update casts it)
+    shape = tuple(x.shape[i] if i == a else 1 for i in range(x.ndim))
+    hit = mx.arange(x.shape[a], dtype=start.dtype).reshape(shape) == start.reshape(())
+    return mx.where(hit, u, x)
 
 
 @rule("Concatenate", **_MOVE)
