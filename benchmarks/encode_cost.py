@@ -133,6 +133,9 @@ SEGC = {  # segc's variants: (commit, attention, concat_projections, boundaries)
     "segcautoconcat": ("auto", "auto", True, "layers.*"),
     "segcwhole": ("auto", "auto", False, None),  # segc.jit(model): no boundaries, one segment
     "segcwholeconcat": ("auto", "auto", True, None),
+    # the same with MLX's own one-position KV writes, not segc's select on CUDA
+    # (segc.lower.shapes.SELECT_WRITE, read when the jit lowers: at its first call)
+    "segcwholeconcatdsu": ("auto", "auto", True, None, "never"),
 }
 
 
@@ -176,7 +179,7 @@ def decode_interleaved(
             f = compiled_with_cache(m3, fc3)
             fns[v], fcs[v] = (lambda f=f: f(x)), fc3
         else:
-            commit, attention, concat, bounds = SEGC[v]
+            commit, attention, concat, bounds = SEGC[v][:4]
             # concat_projections rebinds the module's weights to views of their
             # concatenations: those variants get a model (and caches) of their own
             m, c = (model, fc) if not concat else own()
@@ -184,6 +187,12 @@ def decode_interleaved(
                 m, boundaries=bounds, commit=commit, attention=attention, validate=False, concat_projections=concat
             )
             fns[v] = lambda step=step, c=c: step(x, cache=c.reset())
+            if SEGC[v][4:]:
+                from segc.lower import shapes
+
+                shapes.SELECT_WRITE = SEGC[v][4]
+                mx.eval(fns[v](), c.arrays())  # lowered now, with that setting
+                shapes.SELECT_WRITE = "auto"
             steps[v], fcs[v] = step, c
     order = [(f"{v}/{r}", fns[v], fcs[v]) for r in "AB" for v in variants]
     for _, f, c in order:
