@@ -48,7 +48,10 @@ def run_variant(model: Any, prompt: list[int], n: int, variant: str, boundaries:
     fn: Any = model
     timed = None
     if variant != "eager":
-        timed = Timed(segc.jit(model, boundaries=boundaries if variant == "segc" else None))
+        # segc: a segment per boundary; segc-1seg: one segment; segc-1seg-concat: one
+        # segment with sibling products as one (concat_projections, docs/passes.md)
+        concat = variant == "segc-1seg-concat"
+        timed = Timed(segc.jit(model, boundaries=boundaries if variant == "segc" else None, concat_projections=concat))
         fn = timed
     cache = make_prompt_cache(model)
     toks: list[int] = []
@@ -95,6 +98,7 @@ def main() -> None:
     ap.add_argument("--group-size", type=int, default=64, help="quantization group size (mlx-lm's default: 64)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--boundaries", default="auto")
+    ap.add_argument("--variants", default="eager,segc,segc-1seg", help="also: segc-1seg-concat")
     args = ap.parse_args()
 
     from segc.models.zoo import build
@@ -119,7 +123,7 @@ def main() -> None:
         f"{f', {args.bits}-bit' if args.bits else ''}; prompt {args.prompt}, {args.tokens} greedy tokens; "
         f"MLX {mx.__version__} on {mx.default_device()}"
     )
-    variants = ["eager", "segc", "segc-1seg"]
+    variants = args.variants.split(",")
     best: dict[str, dict] = {}
     for _ in range(args.rounds):
         for v in variants:
