@@ -75,3 +75,57 @@ def test_models_that_agree_keep_the_dynamic_cache() -> None:
     info = step.cache_info()
     assert not info.aborted and step.state_mode == "auto"
     assert info.traces == 2  # the prefill and one decode graph, validated once each
+
+
+def test_exact_mode_runs_eagerly_past_its_trace_limit() -> None:
+    """Exact mode traces once per token of a decode loop; past ``exact_trace_limit``
+    such calls run the model eagerly (one warning), with eager's bits throughout."""
+    model = build("llama", num_hidden_layers=2)
+    step = segc.jit(model, state_mode="exact", exact_trace_limit=3)
+    with pytest.warns(segc.SegcWarning, match="exact_trace_limit") as caught:
+        want, got, eager_cache, segc_cache = _greedy(step, model, steps=8)
+    assert len([w for w in caught if "exact_trace_limit" in str(w.message)]) == 1
+    assert all(same_bits(a, b) for a, b in zip(want, got))
+    assert all(_same_cache(a, b) for a, b in zip(eager_cache, segc_cache))
+    info = step.cache_info()
+    assert info.traces == 3 and info.eager_calls == 6  # the prompt and 2 tokens traced, 6 run eagerly
+
+
+def test_a_failed_validation_then_runs_eagerly_past_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a GPU user whose dynamic graph misses the bound gets: exact mode, then eager."""
+    from segc.staging import validate
+
+    monkeypatch.setattr(validate, "disagreement", lambda *a: "outputs differ (forced)")
+    model = build("llama", num_hidden_layers=2)
+    step = segc.jit(model, exact_trace_limit=2)
+    with pytest.warns(segc.SegcWarning, match="validate=False"):
+        want, got, eager_cache, segc_cache = _greedy(step, model, steps=5)
+    assert all(same_bits(a, b) for a, b in zip(want, got))
+    assert all(_same_cache(a, b) for a, b in zip(eager_cache, segc_cache))
+    info = step.cache_info()
+    assert step.state_mode == "exact" and info.eager_calls > 0
+    assert any("forced" in r for r in info.aborted), info.aborted
+
+
+def test_exact_mode_keeps_hitting_its_cache_past_the_limit() -> None:
+    """The limit stops new traces, not cached ones: the same position again hits."""
+    model = build("llama", num_hidden_layers=2)
+    step = segc.jit(model, state_mode="exact", exact_trace_limit=2)
+    cache = make_prompt_cache(model)
+    step(PROMPT, cache=cache)
+    tok = mx.array([[3]])
+    for _ in range(4):
+        out = step(tok, cache=cache)
+        for c in cache:
+            c.offset -= 1  # write the same position again: the same exact-mode signature
+    ref_cache = make_prompt_cache(model)
+    model(PROMPT, cache=ref_cache)
+    assert same_bits(out, model(tok, cache=ref_cache))
+    info = step.cache_info()
+    assert info.traces == 2 and info.eager_calls == 0 and info.hits == 3
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "16"])
+def test_a_bad_exact_trace_limit_is_refused(bad) -> None:
+    with pytest.raises(segc.TraceError, match="exact_trace_limit"):
+        segc.jit(build("llama", num_hidden_layers=1), exact_trace_limit=bad)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import gc
-import time
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -18,26 +17,28 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_unflatten
 
 from ..errors import SegcWarning, StateError, TraceError, UsageError
 from ..lower import ATTENTION
 from ..runtime import DISPATCH_LOCK, resolve_commit
 from ..runtime.fenced import WindowRun
-from ..trace import module_boundaries, trace, tracing
 from ..trace import state as st
+from ..trace import tracing
 from ..trace.boundaries import resolve_boundaries
-from ..trace.clone import clone_modules
 from ..trace.params import ParamGatherer
-from ..trace.pytree import flatten, unflatten
-from . import fastpath, rng
+from . import fastpath
 from .concat import Concats
 from .effects import EngineHooks
-from .signature import ROOTS, CacheInfo, CallSpec, Signature, as_tuple
+from .signature import CacheInfo, CallSpec, Signature, as_tuple
 from .stages import Compiled, Effects, Lowered, Traced
+from .tracecall import trace_call
 from .validate import check_against_eager
 
 Bound = tuple[Traced, "Compiled | None", list[mx.array], dict[str, mx.array], list[st.Slot]]
+
+
+class _ExactLimit(Exception):
+    """Raised by ``_bind`` instead of a trace past ``exact_trace_limit``: run eagerly."""
 
 
 class Jitted(EngineHooks):
@@ -58,6 +59,7 @@ class Jitted(EngineHooks):
         validate: bool = True,
         cache_size: int = 64,
         concat_projections: bool = False,
+        exact_trace_limit: int = 16,
     ):
         if not callable(fn):
             raise TraceError(f"segc.jit needs a function or an nn.Module, got {type(fn).__name__}")
@@ -95,10 +97,14 @@ class Jitted(EngineHooks):
         if not isinstance(cache_size, int) or isinstance(cache_size, bool) or cache_size < 1:
             raise TraceError(f"cache_size must be an int >= 1, got {cache_size!r}")
         self.cache_size = cache_size
+        if not isinstance(exact_trace_limit, int) or isinstance(exact_trace_limit, bool) or exact_trace_limit < 0:
+            raise TraceError(f"exact_trace_limit must be an int >= 0, got {exact_trace_limit!r}")
+        self.exact_trace_limit = exact_trace_limit
+        self._exact_traces = 0  # traces made with a state object in exact mode
         self._cache: OrderedDict[Signature, Compiled] = OrderedDict()  # least recently used first
         self._effects = Effects()  # the engine's boundary schedule, windows and timeline
         self._active: WindowRun | None = None  # the window calls run, and its stash (use_window)
-        self._warned = False
+        self._warned: set[str] = set()  # the reasons to run eagerly already warned of
         self._last: Signature | None = None
         self._fast = fastpath.Recent()  # the last hits' call patterns
         self.info = CacheInfo()
@@ -142,69 +148,7 @@ class Jitted(EngineHooks):
     def _trace(
         self, sig: Signature, args: tuple, kwargs: dict, leaves: list[mx.array], params: dict, slots: list[st.Slot]
     ) -> Traced:
-        self.spec.check_call(args, kwargs)
-        dyn_args, dyn_kw, static = self.spec.split(args, kwargs)
-        _, paths, td = flatten((dyn_args, dyn_kw, static), what="argument", names=ROOTS)
-        n_args = len(leaves)
-        objs = [s.obj for s in slots]
-        held: dict[str, list[mx.array]] = {}
-
-        def rebuild(xs: list[mx.array]) -> tuple[tuple, dict]:
-            held["state"] = xs[n_args:]
-            d_args, d_kw, stat = unflatten(td, xs[:n_args])
-            full = list(d_args)
-            for kind, where, v in stat:
-                if kind == "arg":
-                    full.insert(where, v)
-            kw = dict(d_kw)
-            kw.update({where: v for kind, where, v in stat if kind == "kw"})
-            return st.restore(tuple(full), objs), st.restore(kw, objs)
-
-        # the trace binds placeholders and wraps submodules in a private copy of the
-        # module tree, never in the user's module (trace/clone.py)
-        module = clone_modules(self.module) if self.module is not None else None
-        target = module if module is not None else self.fn
-
-        def bind(pkw: dict[str, mx.array]) -> None:
-            assert module is not None
-            module.update(tree_unflatten(list(pkw.items())))
-
-        recorded: list[st.Commit] = []
-
-        def fn(*a: Any, **k: Any) -> Any:
-            xs, per_slot = held["state"], []
-            for s in slots:
-                per_slot.append(xs[: len(s.inputs)])
-                xs = xs[len(s.inputs) :]
-            with st.swapped(slots, per_slot) as recs, module_boundaries(module, self.boundaries):
-                out = target(*a, **k)
-                outs = [st.outputs_after(s, r) for s, r in zip(slots, recs)]
-                recorded[:] = [st.commit_plan(s, r) for s, r in zip(slots, recs)]
-            return (out, tuple(x for o in outs for x in o)) if slots else out
-
-        state_paths = [f"state[{s.index}].{n}" for s in slots for n in s.names]
-        t0 = time.perf_counter()
-        key = rng.key_words()
-        try:
-            tr = trace(
-                fn,
-                leaves + [x for s in slots for x in s.inputs],
-                list(paths) + state_paths,
-                rebuild,
-                kinds=["arg"] * n_args + ["state"] * len(state_paths),
-                params=params,
-                bind_params=bind if module is not None else None,
-                name=self.name,
-            )
-        finally:
-            draws = rng.rewind(key, self.name)  # the trace itself draws nothing
-            self.info.trace_seconds += time.perf_counter() - t0
-        out_tree = tr.out_tree.children[0] if slots else tr.out_tree
-        exact = frozenset(s.index for s in slots if s.mode == "exact")
-        graph = rng.key_as_input(tr.graph, key) if draws else tr.graph
-        rest = (tuple(recorded), exact, self.strategy)
-        concat = self.concat_projections
-        return Traced(self.spec, sig, graph, out_tree, *rest, draws=draws, concat=concat, concats=self._concats)
+        return trace_call(self, sig, args, kwargs, leaves, params, slots)
 
     def _compile(self, t: Traced) -> Compiled:
         """The miss path: lower and compile a fresh trace, and file it in the cache."""
@@ -258,7 +202,10 @@ class Jitted(EngineHooks):
                 self._last = sig
             return c.run(leaves, params, window=self._active)
         misses = self.info.misses
-        _, c, leaves, params, slots = self._bind(args, kwargs, objs, cached=True)
+        try:
+            _, c, leaves, params, slots = self._bind(args, kwargs, objs, cached=True)
+        except _ExactLimit as lim:
+            return self._eager(args, kwargs, objs, str(lim))
         assert c is not None
         if self.validate and self.info.misses != misses and any(s.mode == "dynamic" for s in slots):
             return self._validated(c, args, kwargs, objs, leaves, params, slots)
@@ -269,8 +216,8 @@ class Jitted(EngineHooks):
 
     def _eager(self, args: tuple, kwargs: dict, objs: list[Any], why: str) -> Any:
         """Run the function as it is: a state object segc does not trace (a warning once)."""
-        if not self._warned:
-            self._warned = True
+        if why not in self._warned:
+            self._warned.add(why)
             warnings.warn(f"{self.name}: {why}; such calls run eagerly", SegcWarning, stacklevel=4)
         self.info.eager_calls += 1
         return self.fn(*st.restore(args, objs), **st.restore(kwargs, objs))
@@ -299,7 +246,10 @@ class Jitted(EngineHooks):
         self.info.aborted.append(f"dynamic KV caches disagree with eager ({why}): state_mode='exact' from now on")
         self.state_mode = "exact"
         self._forget()
-        _, c2, leaves, params, slots = self._bind(args, kwargs, objs, cached=True)
+        try:
+            _, c2, leaves, params, slots = self._bind(args, kwargs, objs, cached=True)
+        except _ExactLimit as lim:
+            return self._eager(args, kwargs, objs, str(lim))
         assert c2 is not None
         return c2.run(leaves, params, slots, self._active)
 
@@ -332,7 +282,11 @@ class Jitted(EngineHooks):
                 self._last = sig
                 return c.lowered.traced, c, leaves, params, slots
             try:
+                exact_slots = any(s.mode == "exact" for s in slots)
+                if cached and exact_slots and self._exact_traces >= self.exact_trace_limit:
+                    raise _ExactLimit(self._exact_limit_reason())
                 t = self._trace(sig, args, kwargs, leaves, params, slots)
+                self._exact_traces += exact_slots
             except st.NeedsGrowth as g:
                 self.info.aborted.append(f"state[{g.slot}] grows for {g.n} more tokens")
                 self._writes[sig] = g.n
@@ -348,6 +302,13 @@ class Jitted(EngineHooks):
                 return t, None, leaves, params, slots
             return t, self._compile(t), leaves, params, slots
         raise StateError(f"{self.name}: the state objects' layout did not settle: {self.info.aborted[-3:]}")
+
+    def _exact_limit_reason(self) -> str:
+        why = next((a for a in reversed(self.info.aborted) if "exact" in a), "state_mode='exact'")
+        return (
+            f"exact mode has traced {self._exact_traces} times (exact_trace_limit), once per new state "
+            f"offset ({why}), and would trace again (validate=False keeps the dynamic KV cache's graph)"
+        )
 
     def _forget(self) -> None:
         self._cache.clear()
@@ -391,7 +352,11 @@ def jit(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
     caches and compared; on a mismatch the function falls back to ``state_mode="exact"``),
     ``cache_size`` (default 64: the most signatures kept, least recently used out),
     ``concat_projections`` (default False; sibling products as one over concatenated
-    weights, the module's weights rebound to views: :mod:`segc.passes.concat`).
+    weights, the module's weights rebound to views: :mod:`segc.passes.concat`),
+    ``exact_trace_limit`` (default 16: the most traces with a state object in exact mode,
+    which traces once per new offset, i.e. per token of a decode loop; calls past it that
+    would trace run the function eagerly instead, with one ``SegcWarning``, as
+    ``torch.compile`` falls back to eager past its recompile limit).
     Usable as ``@segc.jit`` or ``@segc.jit(boundaries=...)``.
     """
     if fn is None:
