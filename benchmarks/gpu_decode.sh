@@ -6,7 +6,10 @@
 #
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_decode.sh [PARTS]
 #
-# PARTS: any of  dense quant moe concat isolated runtime  (default: dense runtime). Logs go
+# PARTS: any of  dense quant moe concat isolated runtime kernels select generate
+# (default: dense runtime). kernels: fewer_kernels.py (what each kernel and each of the
+# dynamic cache's differences costs); select: segc's one-position KV write as a select
+# against MLX's, three models; generate: mlx-lm's own generation loop. Logs go
 # to $OUT. isolated: decode of the three models with one segment and the concatenation,
 # every variant a process of its own, 2 rounds (the "variants isolated"); about
 # 4 minutes a model on the H200, so MODELS=llama: (or llama_4bit:--bits,4 or
@@ -48,6 +51,27 @@ for p in $parts; do
       # shellcheck disable=SC2086  # the extra arguments are meant to split
       VARIANTS=eager,compile,segc,whole,wholeconcat ROUNDS=2 REPEATS=30 BENCH_LIMIT=280 \
         bench "isolated_${spec%%:*}" --prefill 0 --first-call-layers 0 --no-dispatch ${spec#*:}
+    done
+    ;;
+  kernels)
+    timeout 200 $PY benchmarks/fewer_kernels.py --rounds 30 \
+      --variants base,ropeqk,inputs,dynwrite,dynrope,dynattn,dynall,dynsel,segc,segcdsu >"$OUT/kernels.txt" 2>&1
+    echo "kernels: rc=$?"
+    ;;
+  select)
+    for a in "" "--bits 4" "--arch mixtral"; do
+      # shellcheck disable=SC2086  # the extra arguments are meant to split
+      timeout 175 $PY benchmarks/encode_cost.py --skip-nodes --rounds 20 $a \
+        --variants eager,compile,segcwholeconcat,segcwholeconcatdsu >"$OUT/select${a// /_}.txt" 2>&1
+      echo "select $a: rc=$?"
+    done
+    ;;
+  generate)
+    for p in 1000 32; do
+      timeout 200 $PY benchmarks/bench_generate.py --layers 16 --hidden 2048 --intermediate 8192 --heads 32 \
+        --kv-heads 8 --vocab 32000 --dtype bfloat16 --tokens 256 --prompt $p --rounds 2 \
+        --variants eager,segc,segc-1seg,segc-1seg-concat >"$OUT/generate_$p.txt" 2>&1
+      echo "generate $p: rc=$?"
     done
     ;;
   runtime)
