@@ -152,7 +152,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--band", type=int, default=1, help="layers per page (and per band call)")
     p.add_argument("--depth", type=int, default=1)
-    p.add_argument("--evict", default="mru")
+    p.add_argument("--evict", default="spread", help="spread (the default; the draining pager keeps mru), mru, lru")
     p.add_argument("--source", default="disk", choices=["disk", "host"])
     p.add_argument(
         "--transfer", default="auto", choices=["auto", "host", "direct", "cuda"], help="PagedModel's transfer"
@@ -194,7 +194,7 @@ def run_all(a: argparse.Namespace, path: Path) -> None:
     if a.settings:  # the defaults measured: other depths, the other eviction, no recycling, at one budget
         f = float(a.settings)
         runs += [(f, "fenced", d, a.evict, True) for d in (0, 1, 2) if d != a.depth]
-        runs += [(f, "fenced", a.depth, e, True) for e in ("lru", "mru") if e != a.evict]
+        runs += [(f, "fenced", a.depth, e, True) for e in ("spread", "lru", "mru") if e != a.evict]
         runs += [(f, "fenced", a.depth, a.evict, False)]
     for f, mode, depth, evict, recycle in runs:
         settings = "" if (depth, evict) == (a.depth, a.evict) else f"depth={depth} evict={evict}"

@@ -133,10 +133,11 @@ def test_paged_runs_are_the_resident_run(dirs: dict[str, Path], arch: str) -> No
 @example(band=1, depth=0, evict="lru", chunk=16, source="disk", recycle=True, transfer="direct", mode="fenced")
 @example(band=2, depth=2, evict="mru", chunk=8, source="host", recycle=False, transfer="host", mode="fenced")
 @example(band=1, depth=1, evict="mru", chunk=16, source="host", recycle=True, transfer="direct", mode="drain")
+@example(band=1, depth=0, evict="spread", chunk=37, source="disk", recycle=True, transfer="direct", mode="fenced")
 @given(
     band=hs.integers(1, 4),
     depth=hs.integers(0, 2),
-    evict=hs.sampled_from(["lru", "mru"]),
+    evict=hs.sampled_from(["spread", "lru", "mru"]),
     chunk=hs.sampled_from([8, 16, 37]),
     source=hs.sampled_from(["disk", "host"]),
     recycle=hs.booleans(),
@@ -269,7 +270,7 @@ def test_a_read_error_names_the_tensor_and_leaves_the_caller_whole(
     tmp_path_factory: pytest.TempPathFactory, data: hs.DataObject
 ) -> None:
     path = llama_dir(tmp_path_factory)
-    pm = PagedModel(path, budget=1 << 40, evict=data.draw(hs.sampled_from(["lru", "mru"])))
+    pm = PagedModel(path, budget=1 << 40, evict=data.draw(hs.sampled_from(["spread", "lru", "mru"])))
     try:
         cache = pm.make_cache()
         logits = pm.prefill(PROMPT, cache, chunk=16, banded=False)
@@ -665,7 +666,7 @@ def test_mru_waits_for_the_band_just_dispatched_rather_than_evict_an_older_page(
     sizes = [sum(src.tensors[n].nbytes for n in p) for p in pages]
     assert sizes[3] >= min(sizes[1], sizes[2])
     limit = sizes[0] + sizes[3] + max(sizes[1], sizes[2])
-    pager = Pager(src, pages, limit, depth=1, timeout=30)
+    pager = Pager(src, pages, limit, depth=1, evict="mru", timeout=30)
     try:
         (t,) = pager.request([1])  # an earlier call: page 1 stays held
         pager.admit(t, "earlier")
@@ -678,6 +679,48 @@ def test_mru_waits_for_the_band_just_dispatched_rather_than_evict_an_older_page(
         assert 1 in pager.held and 2 not in pager.held, sorted(pager.held)
     finally:
         pager.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_cyclic_decode_keeps_pages_spread_over_the_band_order(tmp_path: Path) -> None:
+    """``evict="spread"`` (the default): in a cyclic decode (every call bands 0..7, in
+    order) at a budget for about half the pages, the pages held across calls are the
+    first one and others spread over the cycle (0 and 4 of 8), so the next call starts
+    on a resident page and the medium reads a page while each kept band computes. ``"mru"``
+    keeps one block instead, and drifts (layers 9-14
+    of 16 in ``benchmarks/paging_timeline.py``: the medium idled while it computed)."""
+    from segc.engine.paging.pager import Pager
+    from segc.engine.paging.source import DiskSource
+
+    kw = {"num_hidden_layers": 8, "hidden_size": 128, "intermediate_size": 512}
+    path = save_model_dir(build("llama", seed=3, **kw), tiny_config("llama", **kw), tmp_path / "m")
+    pm = PagedModel(path, budget=1 << 40)
+    pages = pm.pages
+    pm.close()
+    assert pages is not None and len(pages) == 8
+    sizes = [sum(DiskSource(path).tensors[n].nbytes for n in p) for p in pages]
+    limit = sizes[0] + sizes[2] + sizes[4] + 2 * max(sizes)  # three pages kept, two in flight
+    read: dict[str, list[int]] = {}
+    for evict in ("spread", "mru"):
+        pager = Pager(DiskSource(path), pages, limit, depth=1, evict=evict, timeout=30)
+        try:
+            for call in range(4):
+                before = pager.loaded_bytes
+                tickets = pager.request(list(range(8)))
+                if evict == "spread" and call > 0:  # the first band's page is resident at once
+                    pager.resident.wait(tickets[0] + 1, timeout=10, where="the first page of a cyclic call")
+                for t in tickets:
+                    pager.admit(t, f"ticket {t}")
+                    pager.complete(t, [mx.array(t)])
+                pager.finish()
+                read.setdefault(evict, []).append(pager.loaded_bytes - before)
+                if evict == "spread" and call > 0:  # after a first call: the first page, and page 4
+                    assert {0, 4} <= set(pager.held), (call, sorted(pager.held))
+            assert pager.peak_bytes <= limit
+        finally:
+            pager.close()
+    assert read["spread"][1:] == [read["spread"][1]] * 3, read  # the same pages read every call
+    assert read["spread"][-1] <= sum(sizes) - sizes[0] - sizes[4], read  # those never
 
 
 def test_the_admit_fence_never_waits_for_a_page_that_has_landed(

@@ -189,7 +189,7 @@ def test_a_failure_mid_run_leaves_the_callers_kv_caches_whole(
 ) -> None:
     path = llama_dir(tmp_path_factory)
     budget = kv_tight(path, 16, 1)
-    pm = PagedModel(path, budget=budget, kv_paging=True, evict=data.draw(hs.sampled_from(["lru", "mru"])))
+    pm = PagedModel(path, budget=budget, kv_paging=True, evict=data.draw(hs.sampled_from(["spread", "lru", "mru"])))
     try:
         cache = pm.make_cache()
         logits = pm.prefill(PROMPT, cache, chunk=16)

@@ -93,7 +93,7 @@ class PagedModel:
         *,
         band: int = 1,
         depth: int = 1,
-        evict: str = "mru",
+        evict: str = "spread",
         mode: str = "fenced",
         source: str = "disk",
         reader: Reader | None = None,

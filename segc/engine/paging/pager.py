@@ -21,8 +21,9 @@ Loading a page waits until the ``depth + 1``-th run back that read its page is
 complete (a *run*: consecutive tickets of one page, ``runs.py``; so at most ``depth``
 pages are read ahead of the running one) and until it fits under the limit; a ticket
 whose page is held, read in full, is resident at once (a banded prefill's later
-chunks). Which completed page goes is ``evict``: ``"mru"`` (the most recently used
-first: a cyclic decode keeps a prefix of the layers resident) or ``"lru"``. With ``threaded=False`` the dispatch thread
+chunks). Which completed page goes is ``evict``: ``"spread"`` (the default: the pages
+a cyclic decode keeps are spread over its bands, ``runs.spread_ranks``; the draining pager uses
+``"mru"``), ``"mru"`` (the most recently used first) or ``"lru"``. With ``threaded=False`` the dispatch thread
 reads each page itself at ``admit`` (into evicted pages' buffers too, by the same
 road) and waits for each band at ``complete`` (the host-draining baseline).
 
@@ -47,12 +48,12 @@ from .drain import load_here
 from .kvstore import KVBlock, KVStore
 from .kvtickets import KVTickets
 from .recycle import Held, fresh_buffers, recycle, upcoming
-from .runs import Runs
+from .runs import Runs, spread_ranks
 from .source import DiskSource
 from .thread import run
 
 _END = 2**62  # both events jump here when the pager ends: no waiter is left hanging
-EVICT = ("lru", "mru")
+EVICT = ("spread", "lru", "mru")
 Done = Callable[[], None] | None  # run once a ticket's outputs exist (the KV write-out)
 
 
@@ -66,7 +67,7 @@ class Pager:
         limit: int,
         *,
         depth: int = 1,
-        evict: str = "mru",
+        evict: str = "spread",
         threaded: bool = True,
         timeout: float = 10.0,
         kv_store: KVStore | None = None,
@@ -97,6 +98,9 @@ class Pager:
         self.convert_peak = 0  # MLX's active memory plus host copies, sampled while copying in
         self._owner: dict[int, int] = {}  # ticket -> page
         self._runs = Runs()  # consecutive tickets of one page: the prefetch depth counts them
+        self._order: dict[
+            int, int
+        ] = {}  # page -> its rank in the last call (``evict="spread"``: ``runs.spread_ranks``)
         self._next = 0  # the next ticket number
         self._cv = threading.Condition()  # guards everything above that both threads change
         self._queue: deque[int] = deque()  # tickets requested, not yet read
@@ -128,6 +132,7 @@ class Pager:
             if self.error is not None:
                 raise self.error
             tickets = []
+            self._order = spread_ranks(pages)
             for j, p in enumerate(pages):
                 if kv is not None and kv[j]:
                     self.kv.assign(self._next, kv[j])  # type: ignore[arg-type]
@@ -314,7 +319,12 @@ class Pager:
         free = [(h.last, p) for p, h in self.held.items() if h.last < done and h.ready]
         if not free:
             return False
-        _, p = max(free) if self.evict == "mru" else min(free)
+        if self.evict == "spread" and self.threaded:  # (the draining pager overlaps nothing: MRU)
+            p = self._latest(free)
+            if p < 0:
+                return False
+        else:
+            _, p = max(free) if self.evict == "mru" else min(free)
         h = self.held.pop(p)
         self.resident_bytes -= h.nbytes
         if not h.device:
@@ -323,6 +333,22 @@ class Pager:
             spare += h.arrays.items()
         h.arrays.clear()
         return True
+
+    def _latest(self, free: list[tuple[int, int]]) -> int:
+        """``evict="spread"``: of the completed pages ``free`` (``(last ticket, page)``),
+        the one ranked last (``runs.spread_ranks``: rank 0 is kept longest); -1 if a band in
+        flight, once complete, frees a page ranked later still (the room waits for it
+        rather than evict a page the held set keeps)."""
+        end = len(self.pages)
+        _, _, p = max((self._order.get(p, end), last, p) for last, p in free)
+        at = self._order.get(p, end)
+        last = self._pending[-1][0] if self._pending else -1
+        for t, _, _ in self._pending:
+            q = self._owner.get(t, -1)
+            h = self.held.get(q)
+            if h is not None and h.last <= last and self._order.get(q, end) > at:
+                return -1
+        return p
 
     def finish(self) -> None:
         """Every dispatched ticket's outputs waited for and reclaimed (the end of a call)."""

@@ -14,7 +14,7 @@ read ahead), as when every run reads.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 
 class Runs:
@@ -62,3 +62,19 @@ class Runs:
             q += 1
             count += self.reads.get(q, not held(self.page[q]))  # reached: whether it read
         return self.last[q]
+
+
+def spread_ranks(pages: Sequence[int]) -> dict[int, int]:
+    """Each page's rank for ``evict="spread"`` (0 kept first): the call's pages in the
+    order of their first tickets, ranked by the bit-reversed place (0, 8, 4, 12, 2, ... of
+    16), so the pages a cyclic decode keeps, however many, are the first one and others
+    spread evenly over the call: while a kept band computes, the medium reads the next
+    page (kept in a block, the medium read two pages and then idled until the block had
+    computed; ``benchmarks/paging_timeline.py``)."""
+    first: dict[int, int] = {}
+    for p in pages:
+        first.setdefault(p, len(first))
+    bits = max(1, (len(first) - 1).bit_length())
+    order = sorted(first.values(), key=lambda j: int(format(j, f"0{bits}b")[::-1], 2))
+    rank = {j: r for r, j in enumerate(order)}
+    return {p: rank[j] for p, j in first.items()}
