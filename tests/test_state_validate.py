@@ -129,3 +129,15 @@ def test_exact_mode_keeps_hitting_its_cache_past_the_limit() -> None:
 def test_a_bad_exact_trace_limit_is_refused(bad) -> None:
     with pytest.raises(segc.TraceError, match="exact_trace_limit"):
         segc.jit(build("llama", num_hidden_layers=1), exact_trace_limit=bad)
+
+
+def test_under_an_engines_effects_exact_mode_keeps_tracing() -> None:
+    """An eager call would skip an engine's windows, events and timeline: with any of
+    them set, the limit does not apply and each new offset is traced as before."""
+    model = build("llama", num_hidden_layers=2)
+    step = segc.jit(model, state_mode="exact", exact_trace_limit=1)
+    step.record_timeline([])
+    want, got, _, _ = _greedy(step, model, steps=3)
+    assert all(same_bits(a, b) for a, b in zip(want, got))
+    info = step.cache_info()
+    assert info.traces == 4 and info.eager_calls == 0

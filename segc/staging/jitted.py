@@ -283,7 +283,9 @@ class Jitted(EngineHooks):
                 return c.lowered.traced, c, leaves, params, slots
             try:
                 exact_slots = any(s.mode == "exact" for s in slots)
-                if cached and exact_slots and self._exact_traces >= self.exact_trace_limit:
+                # (not under an engine's effects: an eager call would skip its windows and events)
+                plain = self._active is None and self._effects == Effects()
+                if cached and exact_slots and plain and self._exact_traces >= self.exact_trace_limit:
                     raise _ExactLimit(self._exact_limit_reason())
                 t = self._trace(sig, args, kwargs, leaves, params, slots)
                 self._exact_traces += exact_slots
