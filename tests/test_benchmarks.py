@@ -1,5 +1,6 @@
-"""Smoke test of benchmarks/bench_llama.py: it runs, and reports segc bit-identical.
-Also: no benchmark script reaches a private name of segc or imports the tests.
+"""Smoke tests of benchmarks/bench_llama.py (it runs, and reports segc bit-identical) and of
+benchmarks/fewer_kernels.py (its hand-written step is eager mlx-lm's). Also: no benchmark script reaches
+a private name of segc or imports the tests.
 
 No timing is checked here: timings are for the benchmark's reader, never for tests.
 """
@@ -112,3 +113,19 @@ def test_benchmarks_use_only_public_names() -> None:
     assert scripts
     found = [f for p in scripts for f in _private_uses(p)]
     assert not found, "benchmarks reach private names or the tests:\n" + "\n".join(found)
+
+
+def test_fewer_kernels_hand_written_step_is_eager_mlx_lm() -> None:
+    """``benchmarks/fewer_kernels.py``'s hand-written decode step is the model: its logits
+    are eager mlx-lm's byte for byte, and so are the variants that change no arithmetic
+    (one RoPE for q and k, weights as inputs, the dynamic write and RoPE offset, segc
+    with and without the select write) on this CPU."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "fewer_kernels.py"), "--preset=cpu", "--layers=2"]
+    cmd += ["--rounds=1", "--context=40", "--variants=base,ropeqk,inputs,dynwrite,dynrope,segc,segcdsu"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=280, cwd=ROOT)
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = p.stdout.splitlines()
+    assert "base == eager mlx-lm, bytes: True" in lines, p.stdout
+    for v in ("ropeqk", "inputs", "dynwrite", "dynrope", "segc", "segcdsu"):
+        assert any(line.startswith(f"{v} == base, bytes: True") for line in lines), (v, p.stdout)
