@@ -324,6 +324,7 @@ class Jitted(EngineHooks):
         """Drop every compiled entry and hand the memory back to MLX's allocator (and
         MLX's buffer cache back to the system: ``mx.clear_cache``)."""
         self._forget()
+        self._exact_traces = 0  # exact mode may trace again up to its limit
         self._last = None
         self._fast.clear()
         self._concats.clear()
