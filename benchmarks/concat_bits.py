@@ -18,38 +18,13 @@ that it should not have.
 from __future__ import annotations
 
 import itertools
-from typing import cast
 
 import mlx.core as mx
-import mlx.nn as nn
 
 import segc
 from segc.dtypes import to_bytes
+from segc.models import sibling_products
 from segc.passes.concat import members
-
-
-class Siblings(nn.Module):
-    def __init__(self, dim: int, outs: list[int], dtype: mx.Dtype, bias_first: bool, bias_heads: bool):
-        super().__init__()
-        self.pre = nn.Linear(dim, dim, bias=bias_first)
-        self.heads = [nn.Linear(dim, n, bias=bias_heads) for n in outs]
-        for m in [self.pre, *self.heads]:
-            m.weight = m.weight.astype(dtype)
-            if "bias" in m:
-                m.bias = m.bias.astype(dtype)
-
-    def __call__(self, x: mx.array) -> list[mx.array]:
-        h = self.pre(x)
-        ys = [m(h) for m in self.heads]
-        # sum() as tests/test_concat.py writes it: 0 + the first sum + ...
-        return [ys[0], mx.concatenate(ys, axis=-1), cast(mx.array, sum(y.sum(axis=-1) for y in ys))]
-
-
-def _model(dim: int, outs: list[int], dtype: mx.Dtype, bias: bool, bias_heads: bool, seed: int) -> Siblings:
-    mx.random.seed(seed)
-    m = Siblings(dim, outs, dtype, bias, bias_heads)
-    mx.eval(m.parameters())
-    return m
 
 
 def main() -> None:
@@ -64,11 +39,11 @@ def main() -> None:
     n = concatenated = differ = 0
     print(f"concat_projections against eager on {mx.default_device()}")
     for dim, outs, dtype, bias, bias_heads, (rows, seed) in grid:
-        model = _model(dim, outs, dtype, bias, bias_heads, seed)
+        model = sibling_products(dim, outs, dtype=dtype, bias_first=bias, bias_heads=bias_heads, seed=seed)
         x = mx.random.normal((*rows, dim), key=mx.random.key(seed + 1)).astype(dtype)
         want = model(x)
         mx.eval(want)
-        plain = segc.jit(_model(dim, outs, dtype, bias, bias_heads, seed))(x)
+        plain = segc.jit(sibling_products(dim, outs, dtype=dtype, bias_first=bias, bias_heads=bias_heads, seed=seed))(x)
         step = segc.jit(model, concat_projections=True)
         got = step(x)
         cats = [i for i in step.entries()[0].graph.inputs if members(i.path) is not None]

@@ -37,6 +37,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from segc.dtypes import to_bytes
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 VARIANTS = {  # name: (ropeqk, addmm, drop the norms, drop the activation)[, segc's dynamic cache]
@@ -139,13 +141,6 @@ def hand_step(
     return step, (flat if as_inputs else [])
 
 
-def _bytes(a: mx.array) -> bytes:
-    import numpy as np
-
-    mx.eval(a)
-    return bytes(memoryview(np.array(a.view(mx.uint16) if a.dtype == mx.bfloat16 else a)))
-
-
 def kernels(outs: list[mx.array]) -> int:
     from decode_ablation import _nodes
 
@@ -210,10 +205,10 @@ def main() -> None:
         fns[v] = call
     base = first.get("base")
     if base is not None:
-        print("base == eager mlx-lm, bytes:", _bytes(base) == _bytes(ref))
+        print("base == eager mlx-lm, bytes:", to_bytes(base) == to_bytes(ref))
     for v, y in first.items():
         if v != "base" and base is not None:
-            same = _bytes(y) == _bytes(base)
+            same = to_bytes(y) == to_bytes(base)
             diff = mx.abs(y.astype(mx.float32) - base.astype(mx.float32)).max().item()
             print(f"{v} == base, bytes: {same} (max |diff| {diff:.3g})")
     counts = {}

@@ -16,7 +16,7 @@ import math
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
-from conftest import STATE_BIT_IDENTICAL, examples, same_bits, seeded, state_close
+from conftest import STATE_BIT_IDENTICAL, examples, same_bits, state_close
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
@@ -31,27 +31,8 @@ from segc.passes.concat import concat_path, members
 pytest.importorskip("mlx_lm", reason="the mlx-lm models need the lm extra (pip install segc[lm])")
 from mlx_lm.models.cache import make_prompt_cache
 
+from segc.models import sibling_products
 from segc.models.zoo import build
-
-
-class Siblings(nn.Module):
-    """``k`` products of one input (the output of a first layer), read back in several
-    ways: summed, concatenated, one of them alone."""
-
-    def __init__(self, dim: int, outs: list[int], dtype: mx.Dtype, bias_first: bool, bias_heads: bool = False):
-        super().__init__()
-        self.pre = nn.Linear(dim, dim, bias=bias_first)
-        self.heads = [nn.Linear(dim, n, bias=bias_heads) for n in outs]
-        self.update(self.parameters())
-        for m in [self.pre, *self.heads]:
-            m.weight = m.weight.astype(dtype)
-            if "bias" in m:
-                m.bias = m.bias.astype(dtype)
-
-    def __call__(self, x: mx.array) -> list[mx.array]:
-        h = self.pre(x)
-        ys = [m(h) for m in self.heads]
-        return [ys[0], mx.concatenate(ys, axis=-1), sum(y.sum(axis=-1) for y in ys)]
 
 
 @settings(max_examples=examples(25), deadline=None)
@@ -67,7 +48,7 @@ class Siblings(nn.Module):
 def test_random_sibling_programs_keep_eager_bits(
     dim: int, outs: list[int], rows: tuple[int, ...], dtype: mx.Dtype, bias: bool, bias_heads: bool, seed: int
 ) -> None:
-    model = seeded(lambda: Siblings(dim, outs, dtype, bias, bias_heads), seed)
+    model = sibling_products(dim, outs, dtype=dtype, bias_first=bias, bias_heads=bias_heads, seed=seed)
     x = (mx.random.normal((*rows, dim), key=mx.random.key(seed + 1))).astype(dtype)
     want = model(x)
     mx.eval(want)

@@ -700,27 +700,26 @@ def test_a_cyclic_decode_keeps_pages_spread_over_the_band_order(tmp_path: Path) 
     assert pages is not None and len(pages) == 8
     sizes = [sum(DiskSource(path).tensors[n].nbytes for n in p) for p in pages]
     limit = sizes[0] + sizes[2] + sizes[4] + 2 * max(sizes)  # three pages kept, two in flight
-    read: dict[str, list[int]] = {}
-    for evict in ("spread", "mru"):
-        pager = Pager(DiskSource(path), pages, limit, depth=1, evict=evict, timeout=30)
-        try:
-            for call in range(4):
-                before = pager.loaded_bytes
-                tickets = pager.request(list(range(8)))
-                if evict == "spread" and call > 0:  # the first band's page is resident at once
-                    pager.resident.wait(tickets[0] + 1, timeout=10, where="the first page of a cyclic call")
-                for t in tickets:
-                    pager.admit(t, f"ticket {t}")
-                    pager.complete(t, [mx.array(t)])
-                pager.finish()
-                read.setdefault(evict, []).append(pager.loaded_bytes - before)
-                if evict == "spread" and call > 0:  # after a first call: the first page, and page 4
-                    assert {0, 4} <= set(pager.held), (call, sorted(pager.held))
-            assert pager.peak_bytes <= limit
-        finally:
-            pager.close()
-    assert read["spread"][1:] == [read["spread"][1]] * 3, read  # the same pages read every call
-    assert read["spread"][-1] <= sum(sizes) - sizes[0] - sizes[4], read  # those never
+    read: list[int] = []
+    pager = Pager(DiskSource(path), pages, limit, depth=1, timeout=30)  # evict="spread", the default
+    try:
+        for call in range(4):
+            before = pager.loaded_bytes
+            tickets = pager.request(list(range(8)))
+            if call > 0:  # the first band's page is resident at once
+                pager.resident.wait(tickets[0] + 1, timeout=10, where="the first page of a cyclic call")
+            for t in tickets:
+                pager.admit(t, f"ticket {t}")
+                pager.complete(t, [mx.array(t)])
+            pager.finish()
+            read.append(pager.loaded_bytes - before)
+            if call > 0:  # after a first call: the first page, and page 4
+                assert {0, 4} <= set(pager.held), (call, sorted(pager.held))
+        assert pager.peak_bytes <= limit
+    finally:
+        pager.close()
+    assert read[1:] == [read[1]] * 3, read  # the same pages read every call
+    assert read[-1] <= sum(sizes) - sizes[0] - sizes[4], read  # those never
 
 
 def test_the_admit_fence_never_waits_for_a_page_that_has_landed(

@@ -1,6 +1,6 @@
 """Built-in tiny model configurations (random weights; no downloads)."""
 
-from .tiny import tiny_llama
+from .tiny import SiblingProducts, sibling_products, tiny_llama
 from .zoo import ZOO, build, tiny_config
 
-__all__ = ["ZOO", "build", "tiny_config", "tiny_llama"]
+__all__ = ["ZOO", "SiblingProducts", "build", "sibling_products", "tiny_config", "tiny_llama"]

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
+import mlx.nn as nn
 
 
 def tiny_llama(
@@ -41,3 +42,40 @@ def tiny_llama(
         model.set_dtype(dtype)
     mx.eval(model.parameters())
     return model
+
+
+class SiblingProducts(nn.Module):
+    """``k`` products of one input (the output of a first layer), read back in several
+    ways: one of them alone, concatenated, summed (``0 + the first sum + ...``, as
+    ``sum()`` adds). A program for ``concat_projections`` (``tests/test_concat.py``,
+    ``benchmarks/concat_bits.py``)."""
+
+    def __init__(self, dim: int, outs: list[int], dtype: mx.Dtype, bias_first: bool, bias_heads: bool = False):
+        super().__init__()
+        self.pre = nn.Linear(dim, dim, bias=bias_first)
+        self.heads = [nn.Linear(dim, n, bias=bias_heads) for n in outs]
+        for m in [self.pre, *self.heads]:
+            m.weight = m.weight.astype(dtype)
+            if "bias" in m:
+                m.bias = m.bias.astype(dtype)
+
+    def __call__(self, x: mx.array) -> list[mx.array]:
+        h = self.pre(x)
+        ys = [m(h) for m in self.heads]
+        return [ys[0], mx.concatenate(ys, axis=-1), cast(mx.array, sum(y.sum(axis=-1) for y in ys))]
+
+
+def sibling_products(
+    dim: int,
+    outs: list[int],
+    *,
+    dtype: mx.Dtype = mx.float32,
+    bias_first: bool = False,
+    bias_heads: bool = False,
+    seed: int = 0,
+) -> SiblingProducts:
+    """A :class:`SiblingProducts` with random weights under ``seed``, parameters evaluated."""
+    mx.random.seed(seed)
+    m = SiblingProducts(dim, outs, dtype, bias_first, bias_heads)
+    mx.eval(m.parameters())
+    return m

@@ -340,13 +340,12 @@ class Pager:
         flight, once complete, frees a page ranked later still (the room waits for it
         rather than evict a page the held set keeps)."""
         end = len(self.pages)
-        _, _, p = max((self._order.get(p, end), last, p) for last, p in free)
-        at = self._order.get(p, end)
-        last = self._pending[-1][0] if self._pending else -1
+        at, _, p = max((self._order.get(p, end), last, p) for last, p in free)
+        newest = self._pending[-1][0] if self._pending else -1
         for t, _, _ in self._pending:
             q = self._owner.get(t, -1)
             h = self.held.get(q)
-            if h is not None and h.last <= last and self._order.get(q, end) > at:
+            if h is not None and h.last <= newest and self._order.get(q, end) > at:
                 return -1
         return p
 
