@@ -21,7 +21,9 @@ One run times, interleaved round by round so that drift hits every variant alike
 * ``concat`` / ``concatfences`` / ``wholeconcat`` -- (optional) ``segc``, ``fences``
   and ``whole`` with ``concat_projections=True``: each layer's q/k/v and gate/up
   products as one product over concatenated weights (the module's weights become views
-  of them, so in one process every later variant runs on those views: the same values).
+  of them, so in one process every later variant runs on those views: the same values);
+  ``wholefrozen`` -- ``wholeconcat`` with ``freeze_params=True`` (the parameters checked
+  at the first call only).
 
 ``--isolate`` runs every variant in a process of its own (MLX's kernel and CUDA-graph
 caches are per process, so one variant's commits cannot slow another down); the
@@ -115,6 +117,7 @@ VARIANTS = (
     "concat",
     "concatfences",
     "wholeconcat",
+    "wholefrozen",
 )
 COMMIT = {
     "each": "segment",
@@ -124,7 +127,7 @@ COMMIT = {
     "unfused": "fences",
     "concatfences": "fences",
 }
-CONCAT = ("concat", "concatfences", "wholeconcat")  # concat_projections=True: sibling products as one
+CONCAT = ("concat", "concatfences", "wholeconcat", "wholefrozen")  # concat_projections=True: sibling products as one
 FUSED = ("fused", "fusedfences")  # attention="on": segc's fused decode attention (CUDA)
 UNFUSED = ("unfused",)  # attention="off": MLX's decomposition of the masked attention
 DEFAULT_VARIANTS = ("eager", "compile", "segc", "drain")
@@ -315,12 +318,13 @@ def workload(
                 # would time a graph that a real decode loop (a trace per token) cannot use
                 step = segc.jit(
                     model,
-                    boundaries=None if v in ("whole", "wholeconcat") else "layers.*",
+                    boundaries=None if v in ("whole", "wholeconcat", "wholefrozen") else "layers.*",
                     drain=(v == "drain"),
                     commit=COMMIT.get(v, "auto"),
                     attention="on" if v in FUSED else "off" if v in UNFUSED else "auto",
                     validate=False,
                     concat_projections=v in CONCAT,
+                    freeze_params=v == "wholefrozen",
                 )
                 jitted[v] = step
                 fns[v] = _bind_segc(step, x, fc)

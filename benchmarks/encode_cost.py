@@ -136,6 +136,11 @@ SEGC = {  # segc's variants: (commit, attention, concat_projections, boundaries)
     # the same with MLX's own one-position KV writes, not segc's select on CUDA
     # (segc.lower.shapes.SELECT_WRITE, read when the jit lowers: at its first call)
     "segcwholeconcatdsu": ("auto", "auto", True, None, "never"),
+    # the same without segc's product kernels on CUDA (segc.lower.products.FUSED_PRODUCTS)
+    "segcwholeconcatplain": ("auto", "auto", True, None, "auto", "never"),
+    "segcwholeplain": ("auto", "auto", False, None, "auto", "never"),
+    # segcwholeconcat with segc.jit(..., freeze_params=True): no parameter check per call
+    "segcwholeconcatfrozen": ("auto", "auto", True, None, "auto", "auto", True),
 }
 
 
@@ -183,16 +188,24 @@ def decode_interleaved(
             # concat_projections rebinds the module's weights to views of their
             # concatenations: those variants get a model (and caches) of their own
             m, c = (model, fc) if not concat else own()
+            frozen = (*SEGC[v], "auto", "auto", False)[6]
             step = segc.jit(
-                m, boundaries=bounds, commit=commit, attention=attention, validate=False, concat_projections=concat
+                m,
+                boundaries=bounds,
+                commit=commit,
+                attention=attention,
+                validate=False,
+                concat_projections=concat,
+                freeze_params=frozen,
             )
             fns[v] = lambda step=step, c=c: step(x, cache=c.reset())
             if SEGC[v][4:]:
-                from segc.lower import shapes
+                from segc.lower import products, shapes
 
                 shapes.SELECT_WRITE = SEGC[v][4]
-                mx.eval(fns[v](), c.arrays())  # lowered now, with that setting
-                shapes.SELECT_WRITE = "auto"
+                products.FUSED_PRODUCTS = (*SEGC[v], "auto")[5]
+                mx.eval(fns[v](), c.arrays())  # lowered now, with those settings
+                shapes.SELECT_WRITE = products.FUSED_PRODUCTS = "auto"
             steps[v], fcs[v] = step, c
     order = [(f"{v}/{r}", fns[v], fcs[v]) for r in "AB" for v in variants]
     for _, f, c in order:

@@ -59,8 +59,10 @@ VARIANTS = {  # name: (ropeqk, addmm, drop the norms, drop the activation)[, seg
     "dynallin": (False, False, False, False, (True, True, True)),
 }
 # segc.jit(model, concat_projections=True), one segment; segcdsu: with MLX's own
-# one-position writes where segc's lowering makes a select on CUDA (segc.lower.shapes)
-SEGC = {"segc": "fences", "segcauto": "auto", "segcdsu": "fences"}
+# one-position writes where segc's lowering makes a select on CUDA (segc.lower.shapes);
+# segcplain: without segc's product kernels on CUDA (segc.lower.products); segcfrozen:
+# segc.jit(..., freeze_params=True), no check of the parameters per call
+SEGC = {"segc": "fences", "segcauto": "auto", "segcdsu": "fences", "segcplain": "fences", "segcfrozen": "fences"}
 VIEWS = {"Reshape", "Transpose", "Slice", "Broadcast", "AsStrided", "Squeeze", "ExpandDims"}
 
 
@@ -181,13 +183,14 @@ def main() -> None:
 
             m2 = make_model(args.preset, layers=args.layers)  # concat_projections rebinds its weights
             fc2 = FixedContext(m2, args.context)
-            j = segc.jit(m2, validate=False, concat_projections=True, commit=SEGC[v])
+            j = segc.jit(m2, validate=False, concat_projections=True, commit=SEGC[v], freeze_params=v == "segcfrozen")
             fns[v] = lambda j=j, fc2=fc2: [j(x, cache=fc2.reset()), *fc2.arrays()]
-            from segc.lower import shapes
+            from segc.lower import products, shapes
 
             shapes.SELECT_WRITE = "never" if v == "segcdsu" else "auto"  # read when the jit lowers
+            products.FUSED_PRODUCTS = "never" if v == "segcplain" else "auto"
             first[v] = fns[v]()[0]
-            shapes.SELECT_WRITE = "auto"
+            shapes.SELECT_WRITE = products.FUSED_PRODUCTS = "auto"
             continue
         if VARIANTS[v][4:] and VARIANTS[v][4][2] and mx.default_device() != mx.gpu:
             print(f"{v}: segc's attention kernel needs MLX's CUDA build; left out")

@@ -6,10 +6,11 @@
 #
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_decode.sh [PARTS]
 #
-# PARTS: any of  dense quant moe concat isolated runtime kernels select generate
+# PARTS: any of  dense quant moe concat isolated runtime kernels select products generate
 # (default: dense runtime). kernels: fewer_kernels.py (what each kernel and each of the
 # dynamic cache's differences costs); select: segc's one-position KV write as a select
-# against MLX's, three models; generate: mlx-lm's own generation loop. Logs go
+# against MLX's, three models; products: segc's product kernels (segc.lower.products)
+# against MLX's own kernels, the llama and the mixtral; generate: mlx-lm's own generation loop. Logs go
 # to $OUT. isolated: decode of the three models with one segment and the concatenation,
 # every variant a process of its own, 2 rounds (the "variants isolated"); about
 # 4 minutes a model on the H200, so MODELS=llama: (or llama_4bit:--bits,4 or
@@ -64,6 +65,17 @@ for p in $parts; do
       timeout 175 $PY benchmarks/encode_cost.py --skip-nodes --rounds 20 $a \
         --variants eager,compile,segcwholeconcat,segcwholeconcatdsu >"$OUT/select${a// /_}.txt" 2>&1
       echo "select $a: rc=$?"
+    done
+    ;;
+  products)
+    timeout 150 $PY benchmarks/fewer_kernels.py --rounds 30 --variants base,dynsel,segc,segcplain \
+      >"$OUT/products_kernels.txt" 2>&1
+    echo "products kernels: rc=$?"
+    for a in "" "--arch mixtral"; do
+      # shellcheck disable=SC2086  # the extra arguments are meant to split
+      timeout 175 $PY benchmarks/encode_cost.py --skip-nodes --rounds 20 $a \
+        --variants eager,compile,segcwholeconcat,segcwholeconcatplain >"$OUT/products${a// /_}.txt" 2>&1
+      echo "products $a: rc=$?"
     done
     ;;
   generate)

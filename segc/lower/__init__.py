@@ -20,6 +20,7 @@ from .prim import PRIMS as PRIMS
 from .prim import Prim as Prim
 from .prim import describe as describe
 from .prim import lookup as lookup
+from .products import product_kernel as product_kernel
 from .replay import check_supported as check_supported
 from .replay import compile_loses as compile_loses
 from .replay import replay_fn as replay_fn
@@ -45,6 +46,7 @@ __all__ = [
     "compile_loses",
     "describe",
     "lookup",
+    "product_kernel",
     "replay_fn",
     "segment_fn",
 ]

@@ -18,7 +18,6 @@ fallback is not eager's kernel anyway (docs/lowering.md, "Fused decode attention
 from __future__ import annotations
 
 import os
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +26,7 @@ import mlx.core as mx
 
 from ..errors import UsageError
 from ..ir import Eqn
+from .pattern import SegmentGraph, only_reader, skippable, through
 
 MAX_ROWS = 16  # query rows (heads per KV head x query tokens) one kernel block holds
 MAX_HEAD_DIM = 256  # one thread per element of a head in the combining kernel
@@ -50,37 +50,7 @@ class AttentionMatch:
     skip: frozenset[int]
 
 
-class _Graph:
-    def __init__(self, eqns: Sequence[Eqn], keep: Sequence[str], context: Sequence[Eqn] = ()):
-        self.prod: dict[str, Eqn] = {o.name: e for e in eqns for o in e.outs}
-        # the whole graph's producers: a broadcast scalar another segment made is still
-        # a constant (its value is looked up there; the segment reads it as an input)
-        self.anywhere: dict[str, Eqn] = {o.name: e for e in context for o in e.outs}
-        self.anywhere.update(self.prod)
-        self.shape: dict[str, tuple[int, ...]] = {o.name: o.shape for e in eqns for o in e.outs}
-        self.dtype: dict[str, str] = {o.name: o.dtype for e in eqns for o in e.outs}
-        self.uses: Counter[str] = Counter(v for e in eqns for v in e.ins)
-        self.readers: dict[str, list[Eqn]] = {}
-        for e in eqns:
-            for v in dict.fromkeys(e.ins):
-                self.readers.setdefault(v, []).append(e)
-        for v in keep:
-            self.uses[v] += 1 << 30  # a segment output is used outside
-
-    def eqn(self, v: str, *prims: str) -> Eqn | None:
-        e = self.prod.get(v)
-        return e if e is not None and e.prim in prims else None
-
-
-def _through(g: _Graph, v: str, prims: tuple[str, ...], path: list[Eqn]) -> str:
-    """Walk back from ``v`` through equations of ``prims``, recording them."""
-    while (e := g.eqn(v, *prims)) is not None:
-        path.append(e)
-        v = e.ins[0]
-    return v
-
-
-def _scalar(v: str, g: _Graph, consts: Mapping[str, Any], path: list[Eqn]) -> float | None:
+def _scalar(v: str, g: SegmentGraph, consts: Mapping[str, Any], path: list[Eqn]) -> float | None:
     """The value of a (broadcast) captured scalar constant; its broadcasts join ``path``."""
     walked: list[Eqn] = []
     while (e := g.anywhere.get(v)) is not None and e.prim == "Broadcast":
@@ -96,7 +66,7 @@ def _scalar(v: str, g: _Graph, consts: Mapping[str, Any], path: list[Eqn]) -> fl
 
 
 def _match(
-    sm: Eqn, g: _Graph, consts: Mapping[str, Any], shape_of: Mapping[str, tuple[int, ...]]
+    sm: Eqn, g: SegmentGraph, consts: Mapping[str, Any], shape_of: Mapping[str, tuple[int, ...]]
 ) -> AttentionMatch | None:
     sel = g.eqn(sm.ins[0], "Select")
     if sel is None or len(sm.outs) != 1:
@@ -114,7 +84,7 @@ def _match(
         return None
     path.append(m1)
     # q side: [Unflatten | Reshape] <- Multiply(q, scale)
-    qg = _through(g, m1.ins[0], ("Unflatten", "Reshape"), path)
+    qg = through(g, m1.ins[0], ("Unflatten", "Reshape"), path)
     mul = g.eqn(qg, "Multiply")
     if mul is None:
         return None
@@ -132,7 +102,7 @@ def _match(
         return None
     bsz, hq, lq, d = qs
     # k side: [Broadcast] <- Transpose(last two) <- [ExpandDims]
-    kt = _through(g, m1.ins[1], ("Broadcast",), path)
+    kt = through(g, m1.ins[1], ("Broadcast",), path)
     tr = g.eqn(kt, "Transpose")
     if tr is None:
         return None
@@ -141,7 +111,7 @@ def _match(
     if perm != [*range(n - 2), n - 1, n - 2]:
         return None
     path.append(tr)
-    k = _through(g, tr.ins[0], ("ExpandDims",), path)
+    k = through(g, tr.ins[0], ("ExpandDims",), path)
     ks = shape_of.get(k)
     if ks is None or len(ks) != 4 or ks[0] != bsz or ks[3] != d:
         return None
@@ -156,16 +126,16 @@ def _match(
         return None
     # softmax -> the value matmul, its only reader
     (p,) = (o.name for o in sm.outs)
-    m2 = _only_reader(p, g)
+    m2 = only_reader(p, g)
     if m2 is None or m2.prim != "Matmul" or m2.ins[0] != p:
         return None
     path.append(m2)
-    v = _through(g, m2.ins[1], ("Broadcast", "ExpandDims"), path)
+    v = through(g, m2.ins[1], ("Broadcast", "ExpandDims"), path)
     if shape_of.get(v) != ks or g.dtype.get(scores) != g.dtype.get(m2.outs[0].name):
         return None
     out_eqn = m2
     if rep > 1:
-        fl = _only_reader(m2.outs[0].name, g)
+        fl = only_reader(m2.outs[0].name, g)
         if fl is None or fl.prim not in ("Flatten", "Reshape") or fl.outs[0].shape != qs:
             return None
         out_eqn = fl
@@ -178,7 +148,7 @@ def _match(
     # (``origin``): every axis before its last two must be a broadcast
     mask_prims = ("Unflatten", "Reshape", "Broadcast", "ExpandDims")
     mpath: list[Eqn] = []
-    mv = _through(g, cond, mask_prims, mpath)
+    mv = through(g, cond, mask_prims, mpath)
     origin = mv
     while (e := g.anywhere.get(origin)) is not None and e.prim in mask_prims:
         origin = e.ins[0]
@@ -198,29 +168,8 @@ def _match(
             return None
     path.extend(mpath)
     return AttentionMatch(
-        q, k, v, mv, scale, out_eqn.outs[0].name, out_eqn.id, _skippable(path, out_eqn, g, (q, k, v, mv))
+        q, k, v, mv, scale, out_eqn.outs[0].name, out_eqn.id, skippable(path, out_eqn, g, (q, k, v, mv))
     )
-
-
-def _only_reader(v: str, g: _Graph) -> Eqn | None:
-    if g.uses[v] != 1:
-        return None
-    rs = g.readers.get(v, [])
-    return rs[0] if len(rs) == 1 else None
-
-
-def _skippable(path: list[Eqn], last: Eqn, g: _Graph, kept: Sequence[str]) -> frozenset[int]:
-    """The pattern's equations nothing else needs (a shared scale broadcast, or a mask
-    another attention reads, keeps running)."""
-    eqns = {e.id: e for e in path}  # each once
-    skip: set[int] = set()
-    # latest first: an equation is skipped when every use of its outputs is by skipped
-    # equations of the pattern (the kernel reads q, k, v and the mask itself)
-    for e in sorted(eqns.values(), key=lambda e: -e.id):
-        by_skipped = Counter(v for i in skip for v in eqns[i].ins)
-        if e is last or all(o.name not in kept and g.uses[o.name] == by_skipped[o.name] for o in e.outs):
-            skip.add(e.id)
-    return frozenset(skip)
 
 
 def find_attention(
@@ -235,7 +184,7 @@ def find_attention(
     ``consts`` the captured constants' values, ``shape_of`` every var's shape (inputs
     included), ``context`` the whole graph's equations (where a segment's inputs were
     made: a mask or a broadcast scalar shared by every layer comes from the first)."""
-    g = _Graph(eqns, keep, context)
+    g = SegmentGraph(eqns, keep, context)
     found: list[AttentionMatch] = []
     taken: set[int] = set()
     for e in eqns:

@@ -18,6 +18,8 @@ from ..ir import Const, Eqn, Graph, Segment
 from .attention import AttentionMatch, eager_fuses, find_attention
 from .attention import Kernel as Attention
 from .prim import Rule, lookup
+from .products import Kernel as Products
+from .products import find_products, fused_rule
 
 
 def check_supported(g: Graph) -> None:
@@ -50,15 +52,24 @@ def compile_loses(c: Const) -> bool:
 
 
 def segment_fn(
-    g: Graph, seg: Segment, const_args: Sequence[str] = (), attention: Attention | None = None
+    g: Graph,
+    seg: Segment,
+    const_args: Sequence[str] = (),
+    attention: Attention | None = None,
+    products: Products | None = None,
 ) -> Callable[..., list[mx.array]]:
     """A function of the segment's inputs, then of the constants named in ``const_args``,
     returning its outputs by replaying its equations; other constants are captured.
     With ``attention`` (a kernel), each decomposed masked attention the segment holds
-    (``attention.py``) is computed by it instead."""
+    (``attention.py``) is computed by it instead; with ``products``, each one-row product
+    and the elementwise work after it (``products.py``)."""
     consts = {c.var.name: c.value for c in g.consts if c.var.name not in const_args}
-    shapes = {n: v.shape for n, v in g.vars().items()} if attention is not None else None
-    return replay_fn(seg.eqns(g), (*seg.inputs, *const_args), seg.outputs, consts, attention, shapes, g.eqns)
+    vs = g.vars() if attention is not None or products is not None else {}
+    shapes = {n: v.shape for n, v in vs.items()}
+    avals = {n: (v.shape, v.dtype) for n, v in vs.items()} if products is not None else None
+    return replay_fn(
+        seg.eqns(g), (*seg.inputs, *const_args), seg.outputs, consts, attention, shapes, g.eqns, products, avals
+    )
 
 
 def _rule(e: Eqn) -> Rule:
@@ -86,6 +97,8 @@ def replay_fn(
     attention: Attention | None = None,
     shapes: Mapping[str, tuple[int, ...]] | None = None,
     context: Sequence[Eqn] = (),
+    products: Products | None = None,
+    avals: Mapping[str, tuple] | None = None,
 ) -> Callable[..., list[mx.array]]:
     matches = find_attention(eqns, out_names, consts, shapes or {}, context) if attention is not None else []
     if getattr(attention, "where_eager_fuses", False):  # "auto": attention.eager_fuses
@@ -93,12 +106,20 @@ def replay_fn(
         matches = [m for m in matches if eager_fuses(m, shapes or {}, producers)]
     skip = {i for m in matches for i in m.skip}
     at = {m.last: m for m in matches}
+    fused = find_products(eqns, out_names, avals or {}, context) if products is not None else []
+    fused = [p for p in fused if not p.skip & skip]
+    skip |= {i for p in fused for i in p.skip}
+    prod_at = {p.last: p for p in fused}
     plan: list[tuple[Rule, Eqn, Sequence[str], tuple[str, ...]]] = []
     for e in eqns:
         if e.id in at:
             m = at[e.id]
             assert attention is not None
             plan.append((_fused(m, attention), e, (m.q, m.k, m.v, m.mask), (m.out,)))
+        elif e.id in prod_at:
+            p = prod_at[e.id]
+            assert products is not None
+            plan.append((fused_rule(p, products), e, p.ins, (p.out,)))
         elif e.id not in skip:
             plan.append((_rule(e), e, e.ins, tuple(o.name for o in e.outs)))
 

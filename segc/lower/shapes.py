@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from collections.abc import Sequence
 
 import mlx.core as mx
+import numpy as np
 
 from .. import dtypes
 from ..ir import Eqn
@@ -147,6 +149,13 @@ def _select_write(x: mx.array, u: mx.array, axes: Sequence[int]) -> int | None:
     return a
 
 
+@functools.lru_cache(maxsize=64)
+def _positions(n: int, dtype: mx.Dtype, shape: tuple[int, ...]) -> mx.array:
+    """``arange(n)`` shaped to ``shape``, made from host data: a constant of the compiled
+    segment (one buffer for every layer's write), not an ``Arange`` kernel per write."""
+    return mx.array(np.arange(n).reshape(shape), dtype=dtype)
+
+
 @rule(
     "DynamicSliceUpdate",
     rebuilt="on CUDA, a write of one whole position into a buffer of at most 8 MiB: a select over the buffer",
@@ -158,7 +167,7 @@ def _dynamic_slice_update(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
         return mx.slice_update(x, u, start, list(args[0]))
     # (the primitive's update already has the buffer's dtype: mx.slice_update casts it)
     shape = tuple(x.shape[i] if i == a else 1 for i in range(x.ndim))
-    hit = mx.arange(x.shape[a], dtype=start.dtype).reshape(shape) == start.reshape(())
+    hit = _positions(x.shape[a], start.dtype, shape) == start.reshape(())
     return mx.where(hit, u, x)
 
 

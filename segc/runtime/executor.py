@@ -39,7 +39,7 @@ import mlx.core as mx
 
 from ..errors import MemoryLimitError, ScheduleError, SignatureError
 from ..ir import WINDOW, Graph, Segment, SegmentEffects, Var, segment_effects, segments, window_segments
-from ..lower import attention_kernel, check_supported, check_types, compile_loses, segment_fn
+from ..lower import attention_kernel, check_supported, check_types, compile_loses, product_kernel, segment_fn
 from ..passes.analysis import eqn_flops
 from ..passes.commits import COMMIT_FLOPS, COMMITS
 from ..units import fmt_bytes
@@ -168,11 +168,12 @@ class Executor:
         vs = g.vars()
         fragile = {c.var.name for c in g.consts if compile_loses(c)}
         kernel = attention_kernel(attention)
+        products = product_kernel()  # segc.lower.products.FUSED_PRODUCTS, read now
         const_args: list[tuple[str, ...]] = []
         for s in self.segments:
             used = dict.fromkeys(v for e in s.eqns(g) for v in e.ins if v in fragile)
             const_args.append(tuple(used))
-            fn = segment_fn(g, s, const_args[-1], kernel)
+            fn = segment_fn(g, s, const_args[-1], kernel, products)
             if compile and not _touches_empty(g, s, vs):
                 fn = mx.compile(fn)
             for o in s.outputs:

@@ -185,10 +185,11 @@ class Compiled:
 
     def _inputs(self, leaves: list[mx.array], params: dict[str, mx.array], slots: Sequence[st.Slot]) -> list[mx.array]:
         key = [rng.current_key()] if self._key_in else []
-        if self._concats is None:
-            ps = [params[p] for p in self._param_order]
-        elif self._memo is not None and self._memo[0] is params:
+        if self._memo is not None and self._memo[0] is params:
             ps = self._memo[1]  # the gatherer returns the same dict while no parameter changed
+        elif self._concats is None:
+            ps = [params[p] for p in self._param_order]
+            self._memo = (params, ps)
         else:
             get = self._concats.get
             ps = [get(p, params) if d else params[p] for p, d in zip(self._param_order, self._derived)]

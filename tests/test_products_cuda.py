@@ -1,0 +1,153 @@
+"""The ``add`` and ``glu`` CUDA kernels (``segc.lower.cuda_products``) against MLX's own
+kernels on the GPU, byte for byte: a product, then the residual addition or the gated
+activation, each as MLX runs it eagerly (its ``gemv``, then its elementwise kernels).
+On a machine without CUDA these tests cannot run; ``tests/test_products.py`` checks the
+finder and the replay there."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from conftest import examples, same_bits
+from hypothesis import given, settings
+from hypothesis import strategies as hst
+from mlx_lm.models.cache import make_prompt_cache
+
+import segc
+from segc.lower import products
+from segc.lower.products import ProductMatch
+from segc.models.zoo import build
+
+CUDA = mx.cuda.is_available() and mx.default_device() == mx.gpu
+pytestmark = [
+    pytest.mark.skipif(not CUDA, reason="the kernels are CUDA kernels: needs MLX's CUDA backend and a GPU"),
+    pytest.mark.timeout(300),
+]
+
+DTYPES = [mx.bfloat16, mx.float16, mx.float32]
+
+
+def _values(shape, dtype, seed: int, odd: bool) -> mx.array:
+    r = np.random.default_rng(seed)
+    if odd:  # random bytes: NaNs with payloads, infinities, -0.0, subnormals
+        raw = r.integers(0, 256, size=int(np.prod(shape)) * dtype.size, dtype=np.uint8)
+        return mx.array(raw).view(dtype).reshape(shape)
+    return mx.array(r.standard_normal(shape).astype(np.float32)).astype(dtype)
+
+
+@settings(max_examples=examples(25), deadline=None)
+@given(
+    dt=hst.sampled_from(DTYPES),
+    k=hst.sampled_from([1, 7, 64, 96, 128, 200, 256, 2048, 8192]),
+    n=hst.sampled_from([1, 5, 8, 33, 128, 1000]),
+    p_first=hst.booleans(),
+    odd=hst.booleans(),
+    seed=hst.integers(0, 2**31),
+)
+def test_add_is_mlx_gemv_then_add(dt, k, n, p_first, odd, seed) -> None:
+    x = _values((1, k), dt, seed, odd)
+    w = _values((n, k), dt, seed + 1, odd)
+    r = _values((1, 1, n), dt, seed + 2, odd)
+    y = (x @ w.T).reshape(1, 1, n)
+    want = y + r if p_first else r + y
+    m = ProductMatch("add", ("x", "w", "r"), (0,), n, (p_first,), "o", (1, 1, n), 0, frozenset())
+    got = products.product_kernel("auto")(m, [x, w, r])  # type: ignore[misc]
+    assert same_bits(got, want)
+
+
+@settings(max_examples=examples(25), deadline=None)
+@given(
+    dt=hst.sampled_from(DTYPES),
+    k=hst.sampled_from([1, 7, 64, 96, 128, 256, 2048]),
+    n=hst.sampled_from([1, 5, 8, 33, 128, 1000]),
+    concat=hst.booleans(),
+    orders=hst.tuples(hst.booleans(), hst.booleans()),
+    odd=hst.booleans(),
+    seed=hst.integers(0, 2**31),
+)
+def test_glu_is_mlx_gemv_then_silu_times_up(dt, k, n, concat, orders, odd, seed) -> None:
+    x = _values((1, k), dt, seed, odd)
+    wg, wu = _values((n, k), dt, seed + 1, odd), _values((n, k), dt, seed + 2, odd)
+    if concat:
+        w = mx.concatenate([wu, wg])  # the up rows first: the offsets must be read
+        y = x @ w.T
+        gv, uv = y[:, n:], y[:, :n]
+        m = ProductMatch("glu", ("x", "w"), (n, 0), n, orders, "o", (1, 1, n), 0, frozenset())
+        ins = [x, w]
+    else:
+        gv, uv = x @ wg.T, x @ wu.T
+        m = ProductMatch("glu", ("x", "wg", "wu"), (0, 0), n, orders, "o", (1, 1, n), 0, frozenset())
+        ins = [x, wg, wu]
+    gv, uv = gv.reshape(1, 1, n), uv.reshape(1, 1, n)
+    s = mx.sigmoid(gv)
+    gs = gv * s if orders[0] else s * gv
+    want = gs * uv if orders[1] else uv * gs
+    got = products.product_kernel("auto")(m, ins)  # type: ignore[misc]
+    assert same_bits(got, want)
+
+
+@settings(max_examples=examples(30), deadline=None)
+@given(
+    dt=hst.sampled_from(DTYPES),
+    k=hst.sampled_from([7, 64, 100, 512, 1536, 1600, 2048, 4096, 8192]),
+    n=hst.sampled_from([1, 5, 33, 256]),
+    kind=hst.sampled_from(["gemv", "add", "glu"]),
+    eps=hst.sampled_from([1e-5, 1e-6, 0.5]),
+    odd=hst.booleans(),
+    seed=hst.integers(0, 2**31),
+)
+def test_a_norm_first_is_mlx_rms_norm_then_the_product(dt, k, n, kind, eps, odd, seed) -> None:
+    if products.norm_blocks(k, {mx.float32: "f32"}.get(dt, "bf16")) is None:
+        return  # MLX's other norm kernel: the finder leaves such a norm alone
+    xin = _values((1, 1, k), dt, seed, odd)
+    nw = _values((k,), dt, seed + 1, odd)
+    w = _values((2 * n if kind == "glu" else n, k), dt, seed + 2, odd)
+    r = _values((1, 1, n), dt, seed + 3, odd)
+    x = mx.fast.rms_norm(xin, nw, eps).reshape(1, k)
+    y = x @ w.T
+    if kind == "gemv":
+        want, ins, shape = y, [xin, w, nw], (1, n)
+    elif kind == "add":
+        want, ins, shape = y.reshape(1, 1, n) + r, [xin, w, r, nw], (1, 1, n)
+    else:
+        gv, uv = y[:, :n].reshape(1, 1, n), y[:, n:].reshape(1, 1, n)
+        want, ins, shape = (gv * mx.sigmoid(gv)) * uv, [xin, w, nw], (1, 1, n)
+    rows = (0, n) if kind == "glu" else (0,)
+    order = (True, True) if kind == "glu" else (True,) if kind == "add" else ()
+    m = ProductMatch(kind, tuple(f"i{i}" for i in range(len(ins))), rows, n, order, "o", shape, 0, frozenset(), eps)
+    got = products.product_kernel("auto")(m, ins)  # type: ignore[misc]
+    assert same_bits(got, want)
+
+
+@pytest.mark.parametrize("concat", [False, True])
+def test_a_llama_decode_keeps_its_bits_with_the_kernels(concat, monkeypatch) -> None:
+    """segc with the kernels against segc with MLX's kernels (``FUSED_PRODUCTS =
+    "never"``): logits and caches byte for byte over a prompt and ten decode steps."""
+    model = build("llama", num_hidden_layers=2, hidden_size=256, intermediate_size=1024, dtype=mx.bfloat16)
+    fused = segc.jit(model, validate=False, concat_projections=concat)
+    plain = segc.jit(model, validate=False, concat_projections=concat)
+    seen: list[str] = []
+    kernel = products.product_kernel("auto")
+    assert kernel is not None
+
+    def counted(m, ins):
+        seen.append(m.kind)
+        return kernel(m, ins)
+
+    def run(f, kern, *a, **kw):
+        monkeypatch.setattr(products, "FUSED_PRODUCTS", kern)
+        return f(*a, **kw)
+
+    cf, cp = make_prompt_cache(model), make_prompt_cache(model)
+    prompt = mx.array([[(5 * i + 1) % 100 for i in range(12)]])
+    lf, lp = run(fused, counted, prompt, cache=cf), run(plain, "never", prompt, cache=cp)
+    for k in range(10):
+        t = mx.argmax(lp[:, -1:], -1)
+        lf, lp = run(fused, counted, t, cache=cf), run(plain, "never", t, cache=cp)
+        assert same_bits(lf, lp), f"decode step {k}: logits"
+        for a, b in zip(cf, cp):
+            assert same_bits(a.keys, b.keys) and same_bits(a.values, b.values), f"decode step {k}: caches"
+    assert seen.count("glu") >= 2 and seen.count("add") >= 4, seen
+    if concat:  # q/k/v as one product: its norm goes with it, and the final norm with the logits
+        assert seen.count("gemv") >= 3, seen
