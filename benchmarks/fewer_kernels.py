@@ -63,7 +63,8 @@ VARIANTS = {  # name: (ropeqk, addmm, drop the norms, drop the activation)[, seg
 # segcplain: without segc's product kernels on CUDA (segc.lower.products); segcfrozen:
 # segc.jit(..., freeze_params=True), no check of the parameters per call
 SEGC = {"segc": "fences", "segcauto": "auto", "segcdsu": "fences", "segcplain": "fences", "segcfrozen": "fences"}
-VIEWS = {"Reshape", "Transpose", "Slice", "Broadcast", "AsStrided", "Squeeze", "ExpandDims"}
+# (Flatten and Unflatten are views too; counted as kernels before the tenth session)
+VIEWS = {"Reshape", "Transpose", "Slice", "Broadcast", "AsStrided", "Squeeze", "ExpandDims", "Flatten", "Unflatten"}
 
 
 def hand_step(
