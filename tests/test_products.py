@@ -76,8 +76,9 @@ def test_a_decode_with_the_fused_products_is_eager_byte_for_byte(arch, concat, m
         assert same_bits(a.values[..., :n, :], b.values[..., :n, :])
     # each decode step of 2 layers: 2 residual additions and one gated activation a layer
     # (the prompt's products have 9 rows: none); on a GPU the trace keeps RMSNorm whole, and
-    # the norms before q/k/v as one product (concatenated) and before the logits go with them
-    gemv = 0 if not GPU else 3 if concat else 1
+    # the norms before q/k/v (one product concatenated, three otherwise, each normalising
+    # the row itself) and before the logits go with them
+    gemv = 0 if not GPU else 3 if concat else 7
     assert kernel.calls == {"add": 4, "glu": 2, **({"gemv": gemv} if gemv else {})}, kernel.calls
 
 
@@ -92,8 +93,9 @@ def test_the_mixtral_experts_are_left_alone_and_its_attention_projection_fused(m
     pairs, _, _ = _decode("mixtral", mx.float32, False, kernel, monkeypatch)
     for want, got in pairs:
         assert same_bits(got, want)
-    # o_proj + residual, a layer; the MoE is gathered (and on a GPU the logits with their norm)
-    assert kernel.calls == {"add": 2, **({"gemv": 1} if GPU else {})}, kernel.calls
+    # o_proj + residual, a layer; the MoE is gathered (and on a GPU q, k, v and the logits
+    # with their norms)
+    assert kernel.calls == {"add": 2, **({"gemv": 7} if GPU else {})}, kernel.calls
 
 
 @settings(max_examples=examples(25), deadline=None)
@@ -315,3 +317,48 @@ def test_norm_blocks_follow_mlx_launch() -> None:
     assert nb(1600, "bf16") == (128, 2, 8)  # 200 vectors: of neither, rounded up to chunks of 128
     assert nb(4096, "f32") == (128, 8, 4)
     assert nb(3000, "f32") == (128, 6, 4)  # 750 vectors, rounded up to 6 chunks of 128
+
+
+@pytest.mark.parametrize("spoil", [False, True])
+def test_a_norm_read_by_three_products_goes_into_each(spoil) -> None:
+    """q, k and v not concatenated: three products read one norm; each kernel normalises
+    the row itself and the norm's own kernel goes. Where something else reads the row
+    too (``spoil``), the norm stays and the products are MLX's."""
+    from segc.ir import Eqn, Var
+    from segc.lower import replay_fn
+
+    k, dt = 16, "f32"
+
+    def e(i, prim, ins, name, shape, *args):
+        return Eqn(i, prim, tuple(ins), (Var(name, shape, dt),), args)
+
+    eqns = [e(0, "RMSNorm", ("h", "nw"), "hn", (1, 1, k), 1e-5), e(1, "Flatten", ("hn",), "hf", (1, k), 0, 1)]
+    outs = []
+    for j, (w, n) in enumerate((("wq", 16), ("wk", 8), ("wv", 8))):
+        eqns += [
+            e(2 + 2 * j, "Transpose", (w,), f"{w}t", (k, n), [1, 0]),
+            e(3 + 2 * j, "Matmul", ("hf", f"{w}t"), f"y{j}", (1, n)),
+        ]
+        outs.append(f"y{j}")
+    if spoil:
+        eqns.append(e(8, "Exp", ("hf",), "spoiled", (1, k)))
+        outs.append("spoiled")
+    r = np.random.default_rng(3)
+    ins = {
+        n: mx.array(r.standard_normal(s).astype(np.float32))
+        for n, s in (("h", (1, 1, k)), ("nw", (k,)), ("wq", (16, k)), ("wk", (8, k)), ("wv", (8, k)))
+    }
+    avals = {n: (tuple(v.shape), dt) for n, v in ins.items()}
+    avals.update({o.name: (o.shape, o.dtype) for q in eqns for o in q.outs})
+    found = find_products(eqns, outs, avals, eqns)
+    if spoil:
+        assert found == []
+        return
+    assert [(m.kind, m.ins, m.eps) for m in found] == [("gemv", ("h", w, "nw"), 1e-5) for w in ("wq", "wk", "wv")]
+    assert {0, 1} <= found[0].skip and not {0, 1} & (found[1].skip | found[2].skip)
+    kernel = Counted()
+    names, vals = list(ins), list(ins.values())
+    fused = replay_fn(eqns, names, outs, {}, None, None, eqns, kernel, avals)(*vals)
+    assert kernel.calls == {"gemv": 3}
+    for got, want in zip(fused, replay_fn(eqns, names, outs, {})(*vals)):
+        assert same_bits(got, want)

@@ -16,7 +16,8 @@ kernel each (``cuda_products.py``):
   nothing else, each block of the kernel normalises the row itself, as MLX's
   ``rms_norm_small`` kernel does (the same threads' sums, the same block reduction),
   before its products; this also makes a plain product (``gemv``: the attention's
-  q/k/v product, the logits) one kernel with its norm. On a GPU the trace records
+  q/k/v product, the logits) one kernel with its norm, and each of several plain
+  products reading one norm (q, k and v not concatenated). On a GPU the trace records
   ``RMSNorm`` whole; on the CPU it records its decomposition, and no norm is matched.
 
 The kernel computes each output row exactly as MLX's ``gemv`` does (the same lanes, the
@@ -43,7 +44,7 @@ import mlx.core as mx
 
 from ..errors import UsageError
 from ..ir import Eqn
-from .pattern import SegmentGraph, skippable, through
+from .pattern import SegmentGraph, only_reader, skippable, through
 from .prim import lookup
 
 DTYPES = ("bf16", "f16", "f32")
@@ -275,6 +276,45 @@ def find_products(
         if e.prim == "Matmul" and e.id not in taken and (m := _match_gemv(e, g)) is not None and not m.skip & taken:
             taken |= m.skip
             found.append(m)
+    for e in eqns:
+        if e.prim == "RMSNorm" and e.id not in taken and (ms := _shared_norm(e, g)) and not _skips(ms) & taken:
+            taken |= _skips(ms)
+            found.extend(ms)
+    return found
+
+
+def _skips(ms: Sequence[ProductMatch]) -> set[int]:
+    return {i for m in ms for i in m.skip}
+
+
+def _shared_norm(rms: Eqn, g: SegmentGraph) -> list[ProductMatch]:
+    """A norm whose row only plain one-row products read (q, k and v, not
+    concatenated): each product a kernel that normalises the row itself; the norm's
+    equations are skipped with the first."""
+    out, walked = rms.outs[0].name, []
+    row = out
+    while (r := only_reader(row, g)) is not None and r.prim in ("Flatten", "Reshape"):
+        walked.append(r)
+        row = r.outs[0].name
+    readers = g.readers.get(row, [])
+    if len(readers) < 2 or g.uses[row] != len(readers) or any(e.prim != "Matmul" for e in readers):
+        return []
+    norm = _norm(g, row)
+    if norm is None or norm[1] is not rms:
+        return []
+    xin, nw = rms.ins
+    found: list[ProductMatch] = []
+    for mm in readers:
+        path: list[Eqn] = []
+        p = _product(g, mm.outs[0].name, path)
+        if p is None or p[0] != row or p[2] != 0 or g.shape.get(p[1], (0,))[0] != p[3] or mm.ins[0] != row:
+            return []
+        skip = skippable(path, mm, g, (xin, p[1], nw))  # the product, and its transpose if only it reads it
+        first = not found
+        m = ProductMatch("gemv", (xin, p[1], nw), (0,), p[3], (), mm.outs[0].name, mm.outs[0].shape, mm.id, frozenset())
+        found.append(
+            replace(m, skip=skip | ({rms.id, *(e.id for e in walked)} if first else set()), eps=float(rms.args[0]))
+        )
     return found
 
 
