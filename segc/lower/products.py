@@ -1,11 +1,11 @@
-"""A decode step's matrix-vector products with the elementwise work after them, as one
-kernel each: find the patterns in a segment.
+"""A decode step's matrix-vector products with the elementwise work around them, as one
+kernel each: the setting, the kernel, and MLX's ops for the same thing.
 
 A decode step multiplies one row by each weight matrix; MLX's CUDA backend runs each
 such product as its ``gemv`` kernel (one warp per output row), then every elementwise
 step after it as another kernel. On the H200 a decode step is bound by its kernel
 count, not by bytes (docs/performance.md), so two patterns of a llama layer become one
-kernel each (``cuda_products.py``):
+kernel each (``product_match.py`` finds them, ``cuda_products.py`` computes them):
 
 - ``add``: a product and the residual addition after it, ``r + x @ W.T`` (the
   attention's output projection, the MLP's down projection);
@@ -34,288 +34,19 @@ the row, weights and result of one floating dtype.
 
 from __future__ import annotations
 
-import math
 import os
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlx.core as mx
 
 from ..errors import UsageError
-from ..ir import Eqn
-from .pattern import SegmentGraph, only_reader, skippable, through
-from .prim import lookup
+from .product_match import DTYPES as DTYPES
+from .product_match import ProductMatch as ProductMatch
+from .product_match import find_products as find_products
+from .product_match import norm_blocks as norm_blocks
 
-DTYPES = ("bf16", "f16", "f32")
-
-
-@dataclass(frozen=True)
-class ProductMatch:
-    """One product and what follows it. ``ins`` are the values the kernel reads:
-    ``add``: (row, weight, addend); ``glu``: (row, gate weight[, up weight]), the gate
-    weight read twice when one concatenated weight holds both; ``gemv``: (row, weight);
-    with ``eps`` (a norm before the product) the row is the norm's input and the norm's
-    weight comes last. ``rows`` is the first
-    weight row of each part (``add``: one; ``glu``: gate, up) and ``n`` the rows a part
-    has; ``order`` the recorded operand orders (``add``: the product first;
-    ``glu``: ``g`` first in ``g * sigmoid(g)``, that product first in its product with
-    ``u``). ``out`` (of ``shape``) is what the last equation (``last``) defines; ``skip``
-    the equations the kernel replaces."""
-
-    kind: str
-    ins: tuple[str, ...]
-    rows: tuple[int, ...]
-    n: int
-    order: tuple[bool, ...]
-    out: str
-    shape: tuple[int, ...]
-    last: int
-    skip: frozenset[int]
-    eps: float | None = None
-
-
-class _Graph(SegmentGraph):
-    """A segment's graph that knows every value's shape and dtype (inputs included)."""
-
-    def __init__(self, eqns: Sequence[Eqn], keep: Sequence[str], avals: Mapping[str, tuple], context: Sequence[Eqn]):
-        super().__init__(eqns, keep, context)
-        for name, (shape, dtype) in avals.items():
-            self.shape.setdefault(name, tuple(shape))
-            self.dtype.setdefault(name, dtype)
-
-
-def _product(g: SegmentGraph, v: str, path: list[Eqn]) -> tuple[str, str, int, int] | None:
-    """``v`` as one part of a one-row product read by nothing else: (row, weight, first
-    weight row, rows), the walked equations added to ``path``."""
-    found: list[Eqn] = []
-    v = through(g, v, ("Unflatten", "Reshape"), found)
-    first, part = 0, None
-    sl = g.eqn(v, "Slice")
-    if sl is not None:
-        start, stop, strides = sl.args[0], sl.args[1], sl.args[2]
-        if len(start) != 2 or list(strides) != [1, 1] or start[0] != 0 or stop[0] != 1:
-            return None
-        first, part = start[1], stop[1] - start[1]
-        found.append(sl)
-        v = sl.ins[0]
-    mm = g.eqn(v, "Matmul")
-    if mm is None or len(mm.ins) != 2:
-        return None
-    x, wt = mm.ins
-    tr = g.eqn(wt, "Transpose")
-    xs, out = g.shape.get(x) or (), g.shape[v]
-    if tr is None or list(tr.args[0]) != [1, 0] or len(xs) != 2 or xs[0] != 1 or len(out) != 2:
-        return None
-    w = tr.ins[0]
-    if not _fresh(g, x):
-        return None
-    dtypes = {g.dtype.get(x), g.dtype.get(w), g.dtype.get(v)}
-    if len(dtypes) != 1 or not dtypes <= set(DTYPES):
-        return None
-    path.extend([*found, mm, tr])
-    return x, w, first, out[1] if part is None else part
-
-
-# views that keep a buffer's start (what walks back to a fresh buffer may pass)
-_SAME_START = ("Reshape", "Flatten", "Unflatten", "ExpandDims", "Squeeze", "Transpose", "Depends", "StopGradient")
-
-
-def _fresh(g: SegmentGraph, v: str) -> bool:
-    """Whether the row starts its own buffer: made (through views that keep the start)
-    by an equation that computes or copies, or a graph input. A row that is a slice of
-    another buffer may start off MLX's alignment, where MLX's matmul would copy it first
-    and the kernel would not (so it would sum in another order)."""
-    while (e := g.anywhere.get(v)) is not None and e.prim in _SAME_START:
-        v = e.ins[0]
-    return e is None or lookup(e.prim).memory in ("compute", "move")
-
-
-def _fits(g: SegmentGraph, v: str, readers: int) -> bool:
-    return g.uses[v] == readers and len(g.readers.get(v, [])) == readers
-
-
-def _match_add(e: Eqn, g: SegmentGraph) -> ProductMatch | None:
-    if len(e.ins) != 2 or len(set(e.ins)) != 2:
-        return None
-    shape = e.outs[0].shape
-    if any(g.shape.get(v) != shape or g.dtype.get(v) != e.outs[0].dtype for v in e.ins):
-        return None
-    for side in (0, 1):
-        y, r = e.ins[side], e.ins[1 - side]
-        path: list[Eqn] = [e]
-        p = _product(g, y, path)
-        if p is None or p[2] != 0 or g.dtype.get(y) != e.outs[0].dtype:
-            continue
-        x, w, _, n = p
-        if n != shape[-1] or g.shape.get(w, (0,))[0] != n:
-            continue
-        m = ProductMatch("add", (x, w, r), (0,), n, (side == 0,), e.outs[0].name, shape, e.id, frozenset())
-        return _close(m, path, e, g)
-    return None
-
-
-def _match_glu(e: Eqn, g: SegmentGraph) -> ProductMatch | None:
-    if len(e.ins) != 2:
-        return None
-    for side in (0, 1):
-        gs_v, u_v = e.ins[side], e.ins[1 - side]
-        inner = g.eqn(gs_v, "Multiply")
-        if inner is None or len(inner.ins) != 2:
-            continue
-        for gside in (0, 1):
-            g_v, s_v = inner.ins[gside], inner.ins[1 - gside]
-            sig = g.eqn(s_v, "Sigmoid")
-            if sig is None or sig.ins[0] != g_v or not _fits(g, g_v, 2) or not _fits(g, s_v, 1):
-                continue
-            path: list[Eqn] = [e, inner, sig]
-            pg, pu = _product(g, g_v, path), _product(g, u_v, path)
-            if pg is None or pu is None or pg[0] != pu[0] or pg[3] != pu[3]:
-                continue
-            shape = e.outs[0].shape
-            if g.shape.get(g_v) != shape or g.shape.get(u_v) != shape or g.dtype.get(g_v) != e.outs[0].dtype:
-                continue
-            x, wg, og, n = pg
-            _, wu, ou, _ = pu
-            ins = (x, wg) if wg == wu else (x, wg, wu)
-            order = (gside == 0, side == 0)
-            m = ProductMatch("glu", ins, (og, ou), n, order, e.outs[0].name, shape, e.id, frozenset())
-            return _close(m, path, e, g)
-    return None
-
-
-def _close(m: ProductMatch, path: list[Eqn], last: Eqn, g: SegmentGraph) -> ProductMatch | None:
-    """``m`` with its skipped equations, if every equation but the weights' transposes
-    can go (an intermediate value read elsewhere would need the product twice); with
-    the norm that makes its row where that can go too."""
-    skip = skippable(path, last, g, m.ins)
-    core = {e.id for e in path if e.prim != "Transpose"}
-    if not core <= skip:
-        return None
-    plain = replace(m, skip=skip)
-    norm = _norm(g, m.ins[0])
-    if norm is None:
-        return plain
-    walked, rms = norm
-    xin, nw = rms.ins
-    with_norm = replace(m, ins=(xin, *m.ins[1:], nw), eps=float(rms.args[0]))
-    skip2 = skippable([*path, *walked, rms], last, g, with_norm.ins)
-    if not core | {e.id for e in walked} | {rms.id} <= skip2:
-        return plain
-    return replace(with_norm, skip=skip2)
-
-
-def _norm(g: SegmentGraph, x: str) -> tuple[list[Eqn], Eqn] | None:
-    """The ``RMSNorm`` making the row ``x`` (through reshapes), where a kernel can take
-    it: a weight of one axis, a row MLX normalises with its ``rms_norm_small`` kernel."""
-    walked: list[Eqn] = []
-    rms = g.eqn(through(g, x, ("Flatten", "Reshape"), walked), "RMSNorm")
-    if rms is None or len(rms.ins) != 2:
-        return None
-    xin, nw = rms.ins
-    k = g.shape.get(xin, ())
-    dt = g.dtype.get(xin)
-    if not k or math.prod(k) != k[-1] or g.shape.get(nw) != (k[-1],) or g.dtype.get(nw) != dt:
-        return None
-    if dt not in DTYPES or norm_blocks(k[-1], dt) is None or not _fresh(g, xin):
-        return None
-    return walked, rms
-
-
-_ITEMSIZE = {"bf16": 2, "f16": 2, "f32": 4}
 _SHORT = {mx.bfloat16: "bf16", mx.float16: "f16", mx.float32: "f32"}
-
-
-def norm_blocks(k: int, dtype: str) -> tuple[int, int, int] | None:
-    """MLX 0.32's CUDA ``RMSNorm`` launch for a row of ``k``: (threads, chunks, reads
-    per chunk) of its ``rms_norm_small`` kernel (``dispatch_num_chunks``); None where MLX
-    runs its other kernel (a row longer than ``reads * 1024``)."""
-    reads = 16 // _ITEMSIZE[dtype]
-    if k > reads * 128 * 8:
-        return None
-    nvec = (k + reads - 1) // reads
-    if k <= reads * 64:
-        return 64, 1, reads
-    if nvec % 128 == 0 and nvec // 128 <= 8:
-        return 128, max(1, nvec // 128), reads
-    if nvec % 64 == 0 and nvec // 64 <= 8:
-        return 64, max(1, nvec // 64), reads
-    return 128, max(1, (nvec + 127) // 128), reads
-
-
-def _match_gemv(e: Eqn, g: SegmentGraph) -> ProductMatch | None:
-    """A plain one-row product: worth a kernel of its own only with the norm before it."""
-    out = e.outs[0].name
-    path: list[Eqn] = []
-    p = _product(g, out, path)
-    if p is None or p[2] != 0 or path[0] is not e:
-        return None
-    x, w, _, n = p
-    if g.shape.get(w, (0,))[0] != n or _norm(g, x) is None:
-        return None
-    m = ProductMatch("gemv", (x, w), (0,), n, (), out, e.outs[0].shape, e.id, frozenset())
-    found = _close(m, path, e, g)
-    return found if found is not None and found.eps is not None else None
-
-
-def find_products(
-    eqns: Sequence[Eqn], keep: Sequence[str], avals: Mapping[str, tuple], context: Sequence[Eqn] = ()
-) -> list[ProductMatch]:
-    """Every ``add`` and ``glu`` pattern in ``eqns`` (a segment's equations, in order;
-    ``keep`` its outputs; ``avals`` every value's (shape, dtype), inputs included), none
-    sharing an equation."""
-    g = _Graph(eqns, keep, avals, context)
-    found: list[ProductMatch] = []
-    taken: set[int] = set()
-    matchers = {"Add": _match_add, "Multiply": _match_glu}
-    for e in eqns:  # the epilogues first: a product they take is not a plain one
-        if e.prim in matchers and (m := matchers[e.prim](e, g)) is not None and not m.skip & taken:
-            taken |= m.skip
-            found.append(m)
-    for e in eqns:
-        if e.prim == "Matmul" and e.id not in taken and (m := _match_gemv(e, g)) is not None and not m.skip & taken:
-            taken |= m.skip
-            found.append(m)
-    for e in eqns:
-        if e.prim == "RMSNorm" and e.id not in taken and (ms := _shared_norm(e, g)) and not _skips(ms) & taken:
-            taken |= _skips(ms)
-            found.extend(ms)
-    return found
-
-
-def _skips(ms: Sequence[ProductMatch]) -> set[int]:
-    return {i for m in ms for i in m.skip}
-
-
-def _shared_norm(rms: Eqn, g: SegmentGraph) -> list[ProductMatch]:
-    """A norm whose row only plain one-row products read (q, k and v, not
-    concatenated): each product a kernel that normalises the row itself; the norm's
-    equations are skipped with the first."""
-    out, walked = rms.outs[0].name, []
-    row = out
-    while (r := only_reader(row, g)) is not None and r.prim in ("Flatten", "Reshape"):
-        walked.append(r)
-        row = r.outs[0].name
-    readers = g.readers.get(row, [])
-    if len(readers) < 2 or g.uses[row] != len(readers) or any(e.prim != "Matmul" for e in readers):
-        return []
-    norm = _norm(g, row)
-    if norm is None or norm[1] is not rms:
-        return []
-    xin, nw = rms.ins
-    found: list[ProductMatch] = []
-    for mm in readers:
-        path: list[Eqn] = []
-        p = _product(g, mm.outs[0].name, path)
-        if p is None or p[0] != row or p[2] != 0 or g.shape.get(p[1], (0,))[0] != p[3] or mm.ins[0] != row:
-            return []
-        skip = skippable(path, mm, g, (xin, p[1], nw))  # the product, and its transpose if only it reads it
-        first = not found
-        m = ProductMatch("gemv", (xin, p[1], nw), (0,), p[3], (), mm.outs[0].name, mm.outs[0].shape, mm.id, frozenset())
-        found.append(
-            replace(m, skip=skip | ({rms.id, *(e.id for e in walked)} if first else set()), eps=float(rms.args[0]))
-        )
-    return found
 
 
 def _part(x: mx.array, w: mx.array, first: int, n: int, whole: mx.array | None) -> mx.array:
