@@ -19,7 +19,10 @@ from .. import dtypes
 from ..trace import snapshots
 from ..trace.pytree import flatten
 
-VALIDATE_TOL = 1e-2  # off the CPU: |segc - eager| <= tol * (1 + |eager|), as the GPU zoo test allows
+# off the CPU: |segc - eager| <= tol * (1 + |eager|), as the GPU zoo test allows. Not scaled up
+# for bfloat16: a bound that accepts the GPU's rounding there accepts a wrong position too
+# (benchmarks/validate_bound.py, docs/models.md)
+VALIDATE_TOL = 1e-2
 
 
 def _close(a: Any, b: Any) -> bool:
