@@ -13,7 +13,8 @@ device
 - *fused roofline*: each equation's ``max(flops / F, bytes / B)``, with the bytes
   inside a fused chain (``legalize.fusion_groups``) not counted: a value made and read
   inside one chain never reaches memory;
-- *launch*: a kernel per computing equation that is not a view, a fused chain one;
+- *launch*: a kernel per computing equation that is not a view, a fused chain one (with
+  ``fused_products``, segc's CUDA product kernels are chains too: ``product_groups.py``);
 - *boundary traffic*: ``in_k``, the bytes of activations the segment reads from earlier
   segments (each segment reads its inputs afresh);
 - *fusion loss*: a cut inside a fused chain (an unlegalised plan) splits it; the values
@@ -88,6 +89,7 @@ from .analysis import Liveness, Machine, eqn_bytes, eqn_flops, is_view, liveness
 from .commits import DEVICES, commit_count, commit_flags
 from .legalize import fusion_groups
 from .overlap import pipeline_time, queue_lead
+from .product_groups import with_products
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +108,7 @@ class MachineModel:
     device: str = "cpu"  # "cpu" or "gpu": what the commit policy "auto" means here
     queue_kernels: float = 0.0  # host: the kernels it may have outstanding (MLX throttles it); 0: unbounded
     segment_sq_s: float = 0.0  # per kernel squared of a segment: what a large segment costs beyond its kernels
+    fused_products: bool = False  # one-row products with their neighbours as one kernel (segc on CUDA)
 
     def roofline(self) -> Machine:
         return Machine(self.name, self.flops_per_s, self.bytes_per_s)
@@ -131,8 +134,11 @@ class MachineModel:
             raise ScheduleError(f"machine model: device must be one of {DEVICES}, got {m.device!r}")
         for f in fields(m):
             v = getattr(m, f.name)
+            if f.name == "fused_products" and not isinstance(v, bool):
+                raise ScheduleError(f"machine model: fused_products must be true or false, got {v!r}")
             low = 0 if f.name in ("encode_s", "commit_s", "queue_kernels", "segment_sq_s") else 1e-300
-            if f.name not in ("name", "source", "device") and not (isinstance(v, int | float) and v >= low):
+            numeric = f.name not in ("name", "source", "device", "fused_products")
+            if numeric and not (isinstance(v, int | float) and v >= low):
                 raise ScheduleError(f"machine model: {f.name} must be a positive number, got {v!r}")
         return m
 
@@ -152,7 +158,7 @@ class MachineModel:
 CPU = MachineModel(host_op_s=1e-6, queue_kernels=50)
 # MLX's CUDA build: ~20 us per compiled segment without a commit, ~100-170 us per commit
 # (the size term is left to calibration: docs/experiments.md, "The third run")
-H200 = MachineModel("h200", 790e12, 4.8e12, 4e-6, 20e-6, 1e-6, "default", 4e-6, 130e-6, "gpu")
+H200 = MachineModel("h200", 790e12, 4.8e12, 4e-6, 20e-6, 1e-6, "default", 4e-6, 130e-6, "gpu", fused_products=True)
 
 
 def default_model() -> MachineModel:
@@ -182,7 +188,7 @@ def op_costs(g: Graph, m: MachineModel) -> OpCosts:
     os_ = ops(g)
     vs = g.vars()
     lv = liveness(g)
-    groups = fusion_groups(g)
+    groups = with_products(g, os_, fusion_groups(g)) if m.fused_products else fusion_groups(g)
     group = [-1] * len(os_)
     for gi, grp in enumerate(groups):
         for k in grp:

@@ -26,6 +26,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from ..lower import product_kernel
 from ..passes.costmodel import MachineModel
 
 
@@ -119,6 +120,7 @@ def calibrate(
         host_op_s,
         f"calibrated on {mx.default_device()} ({dtype}), MLX {getattr(mx, '__version__', '?')}",
         device="gpu" if gpu else "cpu",
+        fused_products=product_kernel() is not None,  # segc's CUDA product kernels lower here
     )
 
 

@@ -1,0 +1,70 @@
+"""The cost model on a machine that runs segc's CUDA product kernels (``fused_products``,
+``segc/passes/product_groups.py``): a one-row product with the residual addition or
+the gated activation around it is one kernel there, and a cut inside it costs that
+fusion. Kernel counts are written out by hand from each program."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import mlx.core as mx
+import pytest
+from conftest import trace_graph
+
+from segc.errors import ScheduleError
+from segc.passes.costmodel import CPU, H200, MachineModel, op_costs
+
+pytestmark = pytest.mark.timeout(120)
+
+PLAIN_GPU = replace(H200, fused_products=False)
+
+
+def _kernels(f, m, *args) -> int:
+    return sum(op_costs(trace_graph(f, *args), m).kernels)
+
+
+def test_a_product_and_its_residual_are_one_kernel_on_a_fusing_machine() -> None:
+    x, w, r = mx.ones((1, 8)), mx.ones((4, 8)), mx.ones((1, 4))
+
+    def f(x, w, r):
+        return r + x @ w.T
+
+    assert _kernels(f, H200, x, w, r) == 1  # gemv + add
+    assert _kernels(f, PLAIN_GPU, x, w, r) == 2  # gemv, add
+    assert _kernels(f, CPU, x, w, r) == 2
+    x2, r2 = mx.ones((2, 8)), mx.ones((2, 4))  # two rows: a matmul MLX does not run as gemv
+    assert _kernels(f, H200, x2, w, r2) == 2
+
+
+def test_a_gated_activation_with_its_two_products_is_one_kernel() -> None:
+    x, wg, wu = mx.ones((1, 8)), mx.ones((6, 8)), mx.ones((6, 8))
+
+    def f(x, wg, wu):
+        g = x @ wg.T
+        return (g * mx.sigmoid(g)) * (x @ wu.T)
+
+    assert _kernels(f, H200, x, wg, wu) == 1
+    assert _kernels(f, PLAIN_GPU, x, wg, wu) == 3  # two products, one fused elementwise chain
+
+
+def test_the_fusion_is_predicted_cheaper_and_cutting_it_costs() -> None:
+    from segc.passes.costmodel import predict_time
+
+    x, w, r = mx.ones((1, 64)), mx.ones((64, 64)), mx.ones((1, 64))
+
+    def f(x, w, r):
+        return r + x @ w.T
+
+    g = trace_graph(f, x, w, r)
+    fused, plain = predict_time(g, H200), predict_time(g, PLAIN_GPU)
+    assert fused.total < plain.total  # one launch fewer, the product's bytes kept in the kernel
+
+
+def test_fused_products_round_trips_and_is_checked() -> None:
+    m = MachineModel.from_json(H200.to_json())
+    assert m.fused_products is True and m == H200
+    bad = H200.to_json().replace('"fused_products": true', '"fused_products": 1')
+    with pytest.raises(ScheduleError, match="fused_products"):
+        MachineModel.from_json(bad)
+    old = H200.to_json().replace(',\n "fused_products": true', "")  # a model saved before the field
+    assert MachineModel.from_json(old).fused_products is False
