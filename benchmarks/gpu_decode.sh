@@ -6,11 +6,12 @@
 #
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_decode.sh [PARTS]
 #
-# PARTS: any of  dense quant moe concat isolated runtime kernels select products generate
+# PARTS: any of  dense quant moe concat isolated runtime kernels select products check generate
 # (default: dense runtime). kernels: fewer_kernels.py (what each kernel and each of the
 # dynamic cache's differences costs); select: segc's one-position KV write as a select
 # against MLX's, three models; products: segc's product kernels (segc.lower.products)
-# against MLX's own kernels, the llama and the mixtral; generate: mlx-lm's own generation loop. Logs go
+# against MLX's own kernels, the llama and the mixtral; check: the CUDA kernels' tests
+# (tests/test_products_cuda.py and the tests of what lowers to them); generate: mlx-lm's own generation loop. Logs go
 # to $OUT. isolated: decode of the three models with one segment and the concatenation,
 # every variant a process of its own, 2 rounds (the issue's "variants isolated"); about
 # 4 minutes a model on the H200, so MODELS=llama: (or llama_4bit:--bits,4 or
@@ -77,6 +78,12 @@ for p in $parts; do
         --variants eager,compile,segcwholeconcat,segcwholeconcatplain >"$OUT/products${a// /_}.txt" 2>&1
       echo "products $a: rc=$?"
     done
+    ;;
+  check)
+    timeout 300 $PY -m pytest -q -p no:benchmark -p no:cacheprovider -n 8 tests/test_products_cuda.py \
+      tests/test_products.py tests/test_freeze_params.py tests/test_select_write.py tests/test_fused_attention.py \
+      >"$OUT/check.txt" 2>&1
+    echo "check: rc=$?"
     ;;
   generate)
     for p in 1000 32; do
