@@ -51,7 +51,7 @@ for p in $parts; do
     for spec in ${MODELS:-llama: llama_4bit:--bits,4 mixtral:--arch,mixtral}; do  # about 4 min each
       spec=${spec//,/ }
       # shellcheck disable=SC2086  # the extra arguments are meant to split
-      VARIANTS=eager,compile,segc,whole,wholeconcat ROUNDS=2 REPEATS=30 BENCH_LIMIT=280 \
+      VARIANTS=eager,compile,segc,wholeconcat,wholefrozen ROUNDS=2 REPEATS=30 BENCH_LIMIT=280 \
         bench "isolated_${spec%%:*}" --prefill 0 --first-call-layers 0 --no-dispatch ${spec#*:}
     done
     ;;
