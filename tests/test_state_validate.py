@@ -54,6 +54,8 @@ def test_a_model_that_reads_the_key_length_falls_back_to_exact_state(phi3small) 
     assert all(_same_cache(a, b) for a, b in zip(eager_cache, segc_cache))
     info = step.cache_info()
     assert any("disagree with eager" in r and "exact" in r for r in info.aborted), info.aborted
+    # by how much, so that a reader can tell a rounding from a wrong result
+    assert any("max |segc - eager|" in r for r in info.aborted), info.aborted
     assert step.state_mode == "exact"
 
 
@@ -141,3 +143,16 @@ def test_under_an_engines_effects_exact_mode_keeps_tracing() -> None:
     assert all(same_bits(a, b) for a, b in zip(want, got))
     info = step.cache_info()
     assert info.traces == 4 and info.eager_calls == 0
+
+
+def test_a_disagreement_says_by_how_much() -> None:
+    from segc.staging.validate import disagreement
+
+    got, want = [mx.array([1.0, 2.0, -3.0])], [mx.array([1.0, 2.5, -3.0])]
+    why = disagreement(got, want, [], [])
+    assert why == "outputs differ (output 0: max |segc - eager| 0.5, eager's largest |value| 3)", why
+    same = [mx.array([4.0])]
+    why = disagreement(same, same, [[mx.array([0.0, 1.0])]], [[mx.array([0.0, 1.25])]])
+    assert why == "state[0] differs: max |segc - eager| 0.25, eager's largest |value| 1.25", why
+    assert disagreement(same, same, [[mx.array([1, 2])]], [[mx.array([1, 3])]]) == "state[0] differs"  # integers
+    assert disagreement(same, same, [], []) is None

@@ -35,15 +35,32 @@ def _close(a: Any, b: Any) -> bool:
     return bool(mx.allclose(a, b, rtol=VALIDATE_TOL, atol=VALIDATE_TOL, equal_nan=True).item())
 
 
+def _by_how_much(a: Any, b: Any) -> str:
+    """How far ``a`` is from ``b`` where both are floating arrays of one shape (so that a
+    reader can tell a rounding from a wrong result), else nothing."""
+    ok = isinstance(a, mx.array) and isinstance(b, mx.array) and a.shape == b.shape and a.size > 0
+    if not ok or not (mx.issubdtype(a.dtype, mx.floating) and mx.issubdtype(b.dtype, mx.floating)):
+        return ""
+    d = mx.abs(a.astype(mx.float32) - b.astype(mx.float32)).max().item()
+    top = mx.abs(b.astype(mx.float32)).max().item()
+    return f": max |segc - eager| {d:.3g}, eager's largest |value| {top:.3g}"
+
+
 def disagreement(out: Any, ref: Any, state: Sequence[list], eager_state: Sequence[list]) -> str | None:
     """Why segc's outputs and caches differ from eager's, or None."""
     got, _, _ = flatten(out, what="output")
     want, _, _ = flatten(ref, what="output")
-    if len(got) != len(want) or not all(_close(a, b) for a, b in zip(got, want)):
+    if len(got) != len(want):
         return "outputs differ"
-    for k, (a, b) in enumerate(zip(state, eager_state)):
-        if len(a) != len(b) or not all(_close(x, y) for x, y in zip(a, b)):
+    for i, (a, b) in enumerate(zip(got, want)):
+        if not _close(a, b):
+            return f"outputs differ (output {i}{_by_how_much(a, b)})"
+    for k, (mine, theirs) in enumerate(zip(state, eager_state)):
+        if len(mine) != len(theirs):
             return f"state[{k}] differs"
+        for x, y in zip(mine, theirs):
+            if not _close(x, y):
+                return f"state[{k}] differs{_by_how_much(x, y)}"
     return None
 
 
