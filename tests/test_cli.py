@@ -79,6 +79,17 @@ def test_segments_of_an_ir_file_golden() -> None:
     assert js["cost_model"].startswith("h200 roofline") and len(js["rows"]) == 3
 
 
+def test_segments_count_the_products_a_cuda_lowering_fuses() -> None:
+    """A decode step of a 3-layer llama cut in two: a layer has two residual additions
+    after a product (attention out, MLP down) and one gated activation; the logits'
+    product has nothing after it (and the CPU trace no whole norm). A prefill has none."""
+    out = segc("segments", "llama:layers=3,hidden=64", "--tokens", "1", "--strategy", "every:2", "--format", "csv")
+    rows = list(csv.DictReader(io.StringIO(out.stdout)))
+    assert [r["products"] for r in rows] == ["add:4 glu:2", "add:2 glu:1"], rows
+    out = segc("segments", "llama:layers=3,hidden=64", "--tokens", "4", "--format", "csv")
+    assert {r["products"] for r in csv.DictReader(io.StringIO(out.stdout))} == {""}
+
+
 def test_graph_dot_golden_and_svg() -> None:
     dot = segc("graph", NET, "--format", "dot").stdout
     golden("net.dot", dot)

@@ -1,5 +1,7 @@
 """A table of a target's segments: equations, FLOPs, bytes in and out, peak live bytes,
-the cost model's estimate, fences and windows.
+the cost model's estimate, the one-row products segc's CUDA lowering would compute with
+their neighbours as one kernel (``segc.lower.product_match``: ``add``, ``glu``, ``gemv``,
+``+norm`` with the norm before), fences and windows.
 
 Costs are the roofline estimate of the device model named in the table's caption (an
 NVIDIA H200 in bf16), not measurements of this machine: ``segc bench`` measures.
@@ -13,6 +15,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 from typing import Any
 
 from .common import add_format, emit
@@ -27,6 +30,7 @@ COLUMNS = [
     ("bytes_out", "bytes out>"),
     ("peak", "peak live>"),
     ("cost", "cost (h200 est.)>"),
+    ("products", "products (CUDA)"),
     ("fences", "fences"),
     ("window", "window"),
 ]
@@ -45,13 +49,18 @@ def machine_text(m: Any) -> str:
 def segment_rows(g: Any) -> tuple[list[dict[str, Any]], Any]:
     from ..ir import segment_effects, segments
     from ..ir.printer import effect_text
+    from ..lower.product_match import find_products
     from ..passes.analysis import H200, analyze
 
     vs = g.vars()
+    avals = {n: (v.shape, v.dtype) for n, v in vs.items()}
     stats = analyze(g, H200)
     rows = []
     for s, ss, eff in zip(segments(g), stats.segments, segment_effects(g)):
         fences = [effect_text(e) for e in g.eqns[s.start : s.stop] if e.is_pseudo and e.prim != "segc.window"]
+        kinds = Counter(
+            m.kind + ("+norm" if m.eps is not None else "") for m in find_products(s.eqns(g), s.outputs, avals, g.eqns)
+        )
         rows.append(
             {
                 "segment": s.index,
@@ -62,6 +71,7 @@ def segment_rows(g: Any) -> tuple[list[dict[str, Any]], Any]:
                 "bytes_out": sum(vs[v].nbytes for v in s.outputs),
                 "peak": ss.peak_live,
                 "cost": ss.cost,
+                "products": " ".join(f"{k}:{n}" for k, n in sorted(kinds.items())) or None,
                 "fences": "; ".join(x for x in fences if x) or None,
                 "window": ", ".join(eff.windows) or None,
             }
