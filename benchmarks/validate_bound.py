@@ -15,15 +15,19 @@ decode logits from eager's:
 Printed per decode step: the largest |difference|, the largest |difference| / (1 +
 |eager|) (what ``VALIDATE_TOL`` bounds) and the median |difference|.
 
-    python benchmarks/validate_bound.py [--layers 16] [--hidden 2048] [--dtype bfloat16] [--steps 4]
+    python benchmarks/validate_bound.py [--layers 16] [--prompt 300] [--steps 4]
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
 
 
 def _diff(a: mx.array, b: mx.array) -> tuple[float, float, float]:
@@ -33,35 +37,24 @@ def _diff(a: mx.array, b: mx.array) -> tuple[float, float, float]:
 
 
 def main() -> None:
+    from bench_llama import make_model
     from mlx_lm.models.cache import make_prompt_cache
 
     import segc
     from segc.lower.attention import reference_attention
-    from segc.models import tiny_llama
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=16)
-    ap.add_argument("--hidden", type=int, default=2048)
-    ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--prompt", type=int, default=300)
     ap.add_argument("--steps", type=int, default=4)
     a = ap.parse_args()
-    dt = getattr(mx, a.dtype)
-    model = tiny_llama(
-        num_hidden_layers=a.layers,
-        hidden_size=a.hidden,
-        intermediate_size=4 * a.hidden,
-        num_attention_heads=max(1, a.hidden // 64),
-        num_key_value_heads=max(1, a.hidden // 256),
-        vocab_size=32000,
-        dtype=dt,
-    )
+    model = make_model("reference", layers=a.layers)  # bfloat16, bench_llama.py's reference sizes
     step = segc.jit(model, attention=reference_attention, validate=False)
     ce, cs, cl = (make_prompt_cache(model) for _ in range(3))
     prompt = mx.array([[(7 * i + 3) % 32000 for i in range(a.prompt)]])
     for c in (ce, cs, cl):
         mx.eval(model(prompt, cache=c) if c is not cs else step(prompt, cache=c))
-    print(f"{mx.default_device()}, {a.layers} layers, hidden {a.hidden}, {a.dtype}, after {a.prompt} tokens")
+    print(f"{mx.default_device()}, the reference llama, {a.layers} layers, after {a.prompt} tokens")
     print(f"{'step':>4}  {'what':<10} {'max |d|':>9} {'max rel':>9} {'median':>9}")
     t = mx.array([[5]])
     for k in range(a.steps):

@@ -48,6 +48,8 @@ def test_a_gated_activation_with_its_two_products_is_one_kernel() -> None:
 
 
 def test_the_fusion_is_predicted_cheaper_and_cutting_it_costs() -> None:
+    from conftest import with_cuts
+
     from segc.passes.costmodel import predict_time
 
     x, w, r = mx.ones((1, 64)), mx.ones((64, 64)), mx.ones((1, 64))
@@ -58,6 +60,12 @@ def test_the_fusion_is_predicted_cheaper_and_cutting_it_costs() -> None:
     g = trace_graph(f, x, w, r)
     fused, plain = predict_time(g, H200), predict_time(g, PLAIN_GPU)
     assert fused.total < plain.total  # one launch fewer, the product's bytes kept in the kernel
+    add = next(k for k, e in enumerate(g.eqns) if e.prim == "Add")
+    cut = with_cuts(g, [add])  # the product in one segment, the addition in the next
+    # a cut costs a fusing machine the launch and the traffic the fusion saved, more than a plain one
+    lost_fused = predict_time(cut, H200).total - fused.total
+    lost_plain = predict_time(cut, PLAIN_GPU).total - plain.total
+    assert lost_fused > lost_plain
 
 
 def test_fused_products_round_trips_and_is_checked() -> None:

@@ -7,6 +7,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from .. import dtypes
 from ..ir import Eqn
 from .pattern import SegmentGraph, only_reader, skippable, through
 from .prim import lookup
@@ -109,7 +110,7 @@ def _match_add(e: Eqn, g: SegmentGraph) -> ProductMatch | None:
         y, r = e.ins[side], e.ins[1 - side]
         path: list[Eqn] = [e]
         p = _product(g, y, path)
-        if p is None or p[2] != 0 or g.dtype.get(y) != e.outs[0].dtype:
+        if p is None or p[2] != 0:
             continue
         x, w, _, n = p
         if n != shape[-1] or g.shape.get(w, (0,))[0] != n:
@@ -186,14 +187,11 @@ def _norm(g: SegmentGraph, x: str) -> tuple[list[Eqn], Eqn] | None:
     return walked, rms
 
 
-_ITEMSIZE = {"bf16": 2, "f16": 2, "f32": 4}
-
-
 def norm_blocks(k: int, dtype: str) -> tuple[int, int, int] | None:
     """MLX 0.32's CUDA ``RMSNorm`` launch for a row of ``k``: (threads, chunks, reads
     per chunk) of its ``rms_norm_small`` kernel (``dispatch_num_chunks``); None where MLX
     runs its other kernel (a row longer than ``reads * 1024``)."""
-    reads = 16 // _ITEMSIZE[dtype]
+    reads = 16 // dtypes.itemsize(dtype)
     if k > reads * 128 * 8:
         return None
     nvec = (k + reads - 1) // reads
@@ -214,10 +212,10 @@ def _match_gemv(e: Eqn, g: SegmentGraph) -> ProductMatch | None:
     if p is None or p[2] != 0 or path[0] is not e:
         return None
     x, w, _, n = p
-    if g.shape.get(w, (0,))[0] != n or _norm(g, x) is None:
+    if g.shape.get(w, (0,))[0] != n:
         return None
     m = ProductMatch("gemv", (x, w), (0,), n, (), out, e.outs[0].shape, e.id, frozenset())
-    found = _close(m, path, e, g)
+    found = _close(m, path, e, g)  # with its norm, or not at all
     return found if found is not None and found.eps is not None else None
 
 
@@ -230,24 +228,20 @@ def find_products(
     g = _Graph(eqns, keep, avals, context)
     found: list[ProductMatch] = []
     taken: set[int] = set()
-    matchers = {"Add": _match_add, "Multiply": _match_glu}
-    for e in eqns:  # the epilogues first: a product they take is not a plain one
-        if e.prim in matchers and (m := matchers[e.prim](e, g)) is not None and not m.skip & taken:
-            taken |= m.skip
-            found.append(m)
-    for e in eqns:
-        if e.prim == "Matmul" and e.id not in taken and (m := _match_gemv(e, g)) is not None and not m.skip & taken:
-            taken |= m.skip
-            found.append(m)
-    for e in eqns:
-        if e.prim == "RMSNorm" and e.id not in taken and (ms := _shared_norm(e, g)) and not _skips(ms) & taken:
-            taken |= _skips(ms)
-            found.extend(ms)
+    # the epilogues first (a product they take is not a plain one), then plain products
+    # with their norm, then norms several plain products share
+    passes = ({"Add": _match_add, "Multiply": _match_glu}, {"Matmul": _match_gemv}, {"RMSNorm": _shared_norm})
+    for matchers in passes:
+        for e in eqns:
+            if e.prim not in matchers or e.id in taken:
+                continue
+            ms = matchers[e.prim](e, g)
+            ms = [ms] if isinstance(ms, ProductMatch) else ms or []
+            skip = {i for m in ms for i in m.skip}
+            if ms and not skip & taken:
+                taken |= skip
+                found.extend(ms)
     return found
-
-
-def _skips(ms: Sequence[ProductMatch]) -> set[int]:
-    return {i for m in ms for i in m.skip}
 
 
 def _shared_norm(rms: Eqn, g: SegmentGraph) -> list[ProductMatch]:
@@ -270,7 +264,7 @@ def _shared_norm(rms: Eqn, g: SegmentGraph) -> list[ProductMatch]:
     for mm in readers:
         path: list[Eqn] = []
         p = _product(g, mm.outs[0].name, path)
-        if p is None or p[0] != row or p[2] != 0 or g.shape.get(p[1], (0,))[0] != p[3] or mm.ins[0] != row:
+        if p is None or p[0] != row or p[2] != 0 or g.shape.get(p[1], (0,))[0] != p[3]:
             return []
         skip = skippable(path, mm, g, (xin, p[1], nw))  # the product, and its transpose if only it reads it
         first = not found

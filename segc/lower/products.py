@@ -40,13 +40,12 @@ from typing import Any
 
 import mlx.core as mx
 
+from .. import dtypes
 from ..errors import UsageError
 from .product_match import DTYPES as DTYPES
 from .product_match import ProductMatch as ProductMatch
 from .product_match import find_products as find_products
 from .product_match import norm_blocks as norm_blocks
-
-_SHORT = {mx.bfloat16: "bf16", mx.float16: "f16", mx.float32: "f32"}
 
 
 def _part(x: mx.array, w: mx.array, first: int, n: int, whole: mx.array | None) -> mx.array:
@@ -80,11 +79,10 @@ def reference_products(m: ProductMatch, ins: Sequence[mx.array]) -> mx.array:
 
 Kernel = Callable[[ProductMatch, Sequence[mx.array]], mx.array]
 
+MLX_SERIES = "0.32."  # the MLX whose kernels the CUDA kernels copy
 # "auto": the CUDA kernels where the default device is a CUDA GPU (unless the environment
-# sets SEGC_FUSED_PRODUCTS=0) and MLX is of the series whose kernels they copy, none on
-# the CPU; "never"; or a kernel (tests, research).
-MLX_SERIES = "0.32."
-# Read when a graph is lowered.
+# sets SEGC_FUSED_PRODUCTS=0) and MLX is of MLX_SERIES, none on the CPU; "never"; or a
+# kernel (tests, research). Read when a graph is lowered.
 FUSED_PRODUCTS: str | Kernel = "auto"
 
 
@@ -112,7 +110,7 @@ def cuda_products(m: ProductMatch, ins: Sequence[mx.array]) -> mx.array:
 
     norm = None
     if m.eps is not None:
-        blocks = norm_blocks(ins[0].shape[-1], _SHORT[ins[0].dtype])
+        blocks = norm_blocks(ins[0].shape[-1], dtypes.short(ins[0].dtype))
         assert blocks is not None  # (the finder took only such norms)
         norm = (m.eps, blocks)
     return product(m.kind, ins, m.rows, m.n, m.shape, m.order, norm)
