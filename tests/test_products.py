@@ -41,18 +41,22 @@ class Counted:
 
     def __init__(self, broken: bool = False):
         self.calls: Counter[str] = Counter()
+        self.quant: set = set()
         self.broken = broken
 
     def __call__(self, m: ProductMatch, ins: Sequence[mx.array]) -> mx.array:
         self.calls[m.kind] += 1
+        self.quant.add(m.quant)
         out = reference_products(m, ins)
         return out * 2 if self.broken else out
 
 
-def _decode(arch: str, dtype: mx.Dtype, concat: bool, kernel: Counted, monkeypatch: pytest.MonkeyPatch, layers=2):
+def _decode(
+    arch: str, dtype: mx.Dtype, concat: bool, kernel: Counted, monkeypatch: pytest.MonkeyPatch, layers=2, bits=None
+):
     """Logits of a prompt and three decode steps: eager, and segc with ``kernel``."""
     monkeypatch.setattr(products, "FUSED_PRODUCTS", kernel)
-    model = build(arch, num_hidden_layers=layers, dtype=dtype)
+    model = build(arch, num_hidden_layers=layers, dtype=dtype, bits=bits)
     step = segc.jit(model, validate=False, concat_projections=concat)
     ce, cs = make_prompt_cache(model), make_prompt_cache(model)
     prompt = mx.array([[(7 * i + 3) % 100 for i in range(9)]])
@@ -64,10 +68,11 @@ def _decode(arch: str, dtype: mx.Dtype, concat: bool, kernel: Counted, monkeypat
 
 
 @pytest.mark.parametrize("concat", [False, True])
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_a_decode_with_the_fused_products_is_eager_byte_for_byte(arch, concat, monkeypatch) -> None:
+@pytest.mark.parametrize("arch,bits", [("llama", None), ("qwen3", None), ("llama", 4), ("qwen3", 8)])
+def test_a_decode_with_the_fused_products_is_eager_byte_for_byte(arch, bits, concat, monkeypatch) -> None:
+    """Also over quantized weights (``QuantizedLinear``: MLX's ``qmv`` for one row)."""
     kernel = Counted()
-    pairs, ce, cs = _decode(arch, mx.bfloat16, concat, kernel, monkeypatch)
+    pairs, ce, cs = _decode(arch, mx.bfloat16, concat, kernel, monkeypatch, bits=bits)
     for k, (want, got) in enumerate(pairs):
         assert same_bits(got, want), f"call {k}: logits"
     for a, b in zip(ce, cs):
@@ -80,6 +85,7 @@ def test_a_decode_with_the_fused_products_is_eager_byte_for_byte(arch, concat, m
     # the row itself) and before the logits go with them
     gemv = 0 if not GPU else 3 if concat else 7
     assert kernel.calls == {"add": 4, "glu": 2, **({"gemv": gemv} if gemv else {})}, kernel.calls
+    assert kernel.quant == ({(32, bits)} if bits else {None})
 
 
 def test_a_kernel_that_computes_something_else_is_seen(monkeypatch) -> None:
@@ -374,32 +380,44 @@ def test_a_norm_read_by_three_products_goes_into_each(spoil) -> None:
         max_size=9,
     ),
     keep=hst.lists(hst.integers(0, 99), max_size=3),
+    bits=hst.sampled_from([None, 4, 8]),
     seed=hst.integers(0, 2**31),
 )
-def test_random_programs_keep_their_bits_whatever_is_fused(ops, keep, seed) -> None:
-    """Random programs of one-row products, additions, gated activations and other
-    elementwise steps over rows of one width, some intermediate values returned too:
-    the replay with every match the finder makes (the kernel replaced by MLX's ops)
-    gives the program's bits, eager's and the plain replay's."""
-    k = 8
+def test_random_programs_keep_their_bits_whatever_is_fused(ops, keep, bits, seed) -> None:
+    """Random programs of one-row products (of plain or quantized weights), additions,
+    gated activations and other elementwise steps over rows of one width, some
+    intermediate values returned too: the replay with every match the finder makes (the
+    kernel replaced by MLX's ops) gives the program's bits, eager's and the plain
+    replay's."""
+    k = 8 if bits is None else 32
     r = np.random.default_rng(seed)
     args = [mx.array(r.standard_normal((1, k)).astype(np.float32)) for _ in range(2)]
-    args += [mx.array(r.standard_normal((k, k)).astype(np.float32)) for _ in range(3)]
+    ws_ = [mx.array(r.standard_normal((k, k)).astype(np.float32)) for _ in range(3)]
+    args += ws_ if bits is None else [q for w in ws_ for q in mx.quantize(w, group_size=32, bits=bits)]
 
-    def f(x, y, w0, w1, w2):
-        vals, ws = [x, y], [w0, w1, w2]
+    def f(x, y, *flat):
+        vals = [x, y]
+        if bits is None:
+            ws = [lambda a, w=w: a @ w.T for w in flat]
+        else:
+            ws = [
+                lambda a, q=flat[3 * i : 3 * i + 3]: mx.quantized_matmul(
+                    a, *q, transpose=True, group_size=32, bits=bits
+                )
+                for i in range(3)
+            ]
         for op, i, j in ops:
             a, b = vals[i % len(vals)], vals[j % len(vals)]
             if op == "prod":
-                vals.append(a @ ws[j % 3].T)
+                vals.append(ws[j % 3](a))
             elif op == "add":
                 vals.append(a + b)
             elif op == "padd":  # a product and an addition, the product kept where later ops find it
-                p = a @ ws[i % 3].T
+                p = ws[i % 3](a)
                 vals += [p, p + b if j % 2 else b + p]
             elif op == "glu":
-                g = a @ ws[i % 3].T
-                vals.append((g * mx.sigmoid(g)) * (a @ ws[(i + 1) % 3].T))
+                g = ws[i % 3](a)
+                vals.append((g * mx.sigmoid(g)) * ws[(i + 1) % 3](a))
             elif op == "exp":
                 vals.append(mx.exp(a) * 0.5)
             else:
@@ -419,3 +437,105 @@ def test_random_programs_keep_their_bits_whatever_is_fused(ops, keep, seed) -> N
     assert sum(kernel.calls.values()) == len(_found(g))
     for a, b, c in zip(fused, plain, want):
         assert same_bits(a, b) and same_bits(a, c)
+
+
+def _qmlp_block(k: int, n: int, dt: str, group: int, bits: int, concat: bool) -> list:
+    """A quantized llama MLP block as a GPU trace records it: the norm whole, each
+    projection one ``QuantizedMatmul`` of the (1, 1, K) row (no flattening), the
+    concatenated gate and up sliced along the last axis."""
+    from segc.ir import Eqn, Var
+
+    def e(i, prim, ins, name, shape, *args, dtype=dt):
+        return Eqn(i, prim, tuple(ins), (Var(name, shape, dtype),), args)
+
+    q = (group, bits, 0, True)
+
+    def qm(i, x, w, name, rows):
+        return e(i, "QuantizedMatmul", (x, w, f"{w}_s", f"{w}_b"), name, (1, 1, rows), *q)
+
+    eqns = [e(0, "RMSNorm", ("h", "nw"), "hn", (1, 1, k), 1e-5)]
+    if concat:
+        eqns += [
+            qm(1, "hn", "wgu", "y", 2 * n),
+            e(2, "Slice", ("y",), "g", (1, 1, n), [0, 0, 0], [1, 1, n], [1, 1, 1]),
+            e(3, "Slice", ("y",), "u", (1, 1, n), [0, 0, n], [1, 1, 2 * n], [1, 1, 1]),
+        ]
+    else:
+        eqns += [qm(1, "hn", "wg", "g", n), qm(3, "hn", "wu", "u", n)]
+    return [
+        *eqns,
+        e(4, "Sigmoid", ("g",), "s", (1, 1, n)),
+        e(5, "Multiply", ("g", "s"), "gs", (1, 1, n)),
+        e(6, "Multiply", ("gs", "u"), "a", (1, 1, n)),
+        qm(7, "a", "wd", "d", k),
+        e(8, "Add", ("h", "d"), "out", (1, 1, k)),
+        e(9, "RMSNorm", ("out", "fw"), "on", (1, 1, k), 1e-5),
+        qm(10, "on", "wl", "logits", 32),
+    ]
+
+
+@settings(max_examples=examples(12), deadline=None)
+@given(
+    dt=hst.sampled_from([mx.float32, mx.bfloat16, mx.float16]),
+    k=hst.sampled_from([128, 256]),
+    n=hst.sampled_from([128, 384]),
+    group=hst.sampled_from([32, 64, 128]),
+    bits=hst.sampled_from([2, 3, 4, 5, 6, 8]),
+    concat=hst.booleans(),
+    seed=hst.integers(0, 2**31),
+)
+def test_a_quantized_block_with_its_norms_is_taken_whole(dt, k, n, group, bits, concat, seed) -> None:
+    """The quantized products with their norms and epilogues (gate and up with their
+    activation and norm, down with its residual, the logits with the final norm): found
+    with their quantization, and the replay with the matches computed by MLX's ops is
+    the plain replay's bits."""
+    from segc.dtypes import short
+    from segc.lower import replay_fn
+
+    d = short(dt)
+    eqns = _qmlp_block(k, n, d, group, bits, concat)
+    r = np.random.default_rng(seed)
+
+    def a(*shape):
+        return mx.array(r.standard_normal(shape).astype(np.float32)).astype(dt)
+
+    ins = {"h": a(1, 1, k), "nw": a(k), "fw": a(k)}
+    weights = {"wd": a(k, n), "wl": a(32, k), **({"wgu": a(2 * n, k)} if concat else {"wg": a(n, k), "wu": a(n, k)})}
+    for name, w in weights.items():
+        ins.update(zip((name, f"{name}_s", f"{name}_b"), mx.quantize(w, group_size=group, bits=bits)))
+    avals = {name: (tuple(v.shape), short(v.dtype)) for name, v in ins.items()}
+    avals.update({o.name: (o.shape, o.dtype) for e in eqns for o in e.outs})
+    found = find_products(eqns, ["out", "logits"], avals, eqns)
+    kinds = sorted((m.kind, m.eps is not None, m.quant) for m in found)
+    assert kinds == [("add", False, (group, bits)), ("gemv", True, (group, bits)), ("glu", True, (group, bits))]
+    names, vals = list(ins), list(ins.values())
+    plain = replay_fn(eqns, names, ["out", "logits"], {})(*vals)
+    kernel = Counted()
+    fused = replay_fn(eqns, names, ["out", "logits"], {}, None, None, eqns, kernel, avals)(*vals)
+    assert kernel.calls == {"glu": 1, "add": 1, "gemv": 1}
+    for got, want in zip(fused, plain):
+        assert same_bits(got, want)
+
+
+@pytest.mark.parametrize(
+    "spoil",
+    ["none", "mode", "untransposed", "rows", "row_length", "two_rows"],
+)
+def test_quantized_products_mlx_runs_otherwise_are_left_alone(spoil) -> None:
+    """Only what MLX computes with its ``qmv`` is taken: affine quantization, the weight
+    transposed, at most 16384 rows and row length, one row."""
+    from segc.ir import Eqn, Var
+
+    k, n = 256, 20000 if spoil == "rows" else 64
+    if spoil == "row_length":
+        k = 16384 + 128
+    m = 2 if spoil == "two_rows" else 1
+    q = (64, 4, 1 if spoil == "mode" else 0, spoil != "untransposed")
+    eqns = [
+        Eqn(0, "QuantizedMatmul", ("x", "w", "s", "b"), (Var("y", (1, m, n), "bf16"),), q),
+        Eqn(1, "Add", ("r", "y"), (Var("out", (1, m, n), "bf16"),), ()),
+    ]
+    avals = {"x": ((1, m, k), "bf16"), "w": ((n, k // 8), "u32"), "s": ((n, k // 64), "bf16")}
+    avals.update({"b": avals["s"], "r": ((1, m, n), "bf16"), "y": ((1, m, n), "bf16"), "out": ((1, m, n), "bf16")})
+    found = find_products(eqns, ["out"], avals, eqns)
+    assert [(f.kind, f.quant) for f in found] == ([("add", (64, 4))] if spoil == "none" else [])

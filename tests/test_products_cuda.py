@@ -7,6 +7,7 @@ finder and the replay there."""
 from __future__ import annotations
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 from conftest import examples, same_bits
@@ -120,19 +121,93 @@ def test_a_norm_first_is_mlx_rms_norm_then_the_product(dt, k, n, kind, eps, odd,
     assert same_bits(got, want)
 
 
+def _qweight(rows: int, k: int, dt, group: int, bits: int, seed: int, odd: bool) -> list[mx.array]:
+    """A packed weight of random words (every word is some quantized weight) and its
+    scales and biases."""
+    r = np.random.default_rng(seed)
+    w = mx.array(r.integers(0, 2**32, size=(rows, k * bits // 32), dtype=np.uint32))
+    return [w, _values((rows, k // group), dt, seed + 1, odd), _values((rows, k // group), dt, seed + 2, odd)]
+
+
+@settings(max_examples=examples(30), deadline=None)
+@given(
+    dt=hst.sampled_from(DTYPES),
+    bits=hst.sampled_from([2, 3, 4, 5, 6, 8]),
+    group=hst.sampled_from([32, 64, 128]),
+    k=hst.sampled_from([128, 384, 640, 2048, 8192]),
+    n=hst.sampled_from([1, 5, 33, 256, 1000]),
+    kind=hst.sampled_from(["gemv", "add", "glu", "glu2"]),
+    eps=hst.sampled_from([None, 1e-5]),
+    orders=hst.tuples(hst.booleans(), hst.booleans()),
+    odd=hst.booleans(),
+    seed=hst.integers(0, 2**31),
+)
+def test_quantized_kernels_are_mlx_qmv_then_the_rest(dt, bits, group, k, n, kind, eps, orders, odd, seed) -> None:
+    """Over quantized weights: (a norm first, then) MLX's ``qmv`` for each row, then the
+    residual addition or the gated activation (one concatenated weight, or two:
+    ``glu2``), byte for byte MLX's own kernels one after another."""
+    assume(eps is None or products.norm_blocks(k, short(dt)) is not None)
+    xin = _values((1, 1, k), dt, seed, odd)
+    nw = _values((k,), dt, seed + 3, odd)
+    r = _values((1, 1, n), dt, seed + 4, odd)
+    x = xin if eps is None else mx.fast.rms_norm(xin, nw, eps)
+
+    def qmm(w):
+        return mx.quantized_matmul(x, *w, transpose=True, group_size=group, bits=bits)
+
+    if kind == "glu2":
+        wg, wu = _qweight(n, k, dt, group, bits, seed + 5, odd), _qweight(n, k, dt, group, bits, seed + 8, odd)
+        gv, uv, ws, rows = qmm(wg), qmm(wu), [*wg, *wu], (0, 0)
+    elif kind == "glu":
+        w = _qweight(2 * n, k, dt, group, bits, seed + 5, odd)
+        y = qmm(w)
+        gv, uv, ws, rows = y[..., n:], y[..., :n], w, (n, 0)  # the up rows first: the offsets must be read
+    else:
+        w = _qweight(n, k, dt, group, bits, seed + 5, odd)
+        y, ws, rows = qmm(w), w, (0,)
+    if kind == "gemv":
+        want, ins, order = y, [xin, *ws], ()
+    elif kind == "add":
+        want, ins, order = (y + r if orders[0] else r + y), [xin, *ws, r], orders[:1]
+    else:
+        s = mx.sigmoid(gv)
+        gs = gv * s if orders[0] else s * gv
+        want, ins, order = (gs * uv if orders[1] else uv * gs), [xin, *ws], orders
+    ins += [nw] if eps is not None else []
+    m = ProductMatch(
+        kind[:3],
+        tuple(f"i{i}" for i in range(len(ins))),
+        rows,
+        n,
+        order,
+        "o",
+        (1, 1, n),
+        0,
+        frozenset(),
+        eps,
+        (group, bits),
+    )
+    got = products.product_kernel("auto")(m, ins)  # type: ignore[misc]
+    assert same_bits(got, want)
+
+
 @pytest.mark.parametrize("concat", [False, True])
-def test_a_llama_decode_keeps_its_bits_with_the_kernels(concat, monkeypatch) -> None:
+@pytest.mark.parametrize("bits", [None, 4])
+def test_a_llama_decode_keeps_its_bits_with_the_kernels(bits, concat, monkeypatch) -> None:
     """segc with the kernels against segc with MLX's kernels (``FUSED_PRODUCTS =
-    "never"``): logits and caches byte for byte over a prompt and ten decode steps."""
+    "never"``): logits and caches byte for byte over a prompt and ten decode steps; also
+    quantized (4 bits, mlx-lm's groups of 64)."""
     model = build("llama", num_hidden_layers=2, hidden_size=256, intermediate_size=1024, dtype=mx.bfloat16)
+    if bits:
+        nn.quantize(model, group_size=64, bits=bits)
     fused = segc.jit(model, validate=False, concat_projections=concat)
     plain = segc.jit(model, validate=False, concat_projections=concat)
-    seen: list[str] = []
+    seen: list[tuple] = []
     kernel = products.product_kernel("auto")
     assert kernel is not None
 
     def counted(m, ins):
-        seen.append(m.kind)
+        seen.append((m.kind, m.quant))
         return kernel(m, ins)
 
     def run(f, kern, *a, **kw):
@@ -148,6 +223,7 @@ def test_a_llama_decode_keeps_its_bits_with_the_kernels(concat, monkeypatch) -> 
         assert same_bits(lf, lp), f"decode step {k}: logits"
         for a, b in zip(cf, cp):
             assert same_bits(a.keys, b.keys) and same_bits(a.values, b.values), f"decode step {k}: caches"
-    assert seen.count("glu") >= 2 and seen.count("add") >= 4, seen
+    q = (64, bits) if bits else None
+    assert seen.count(("glu", q)) >= 2 and seen.count(("add", q)) >= 4, seen
     # q/k/v (one product or three) with their norm, and the logits with the final norm
-    assert seen.count("gemv") >= (3 if concat else 7), seen
+    assert seen.count(("gemv", q)) >= (3 if concat else 7), seen

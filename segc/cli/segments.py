@@ -59,7 +59,8 @@ def segment_rows(g: Any) -> tuple[list[dict[str, Any]], Any]:
     for s, ss, eff in zip(segments(g), stats.segments, segment_effects(g)):
         fences = [effect_text(e) for e in g.eqns[s.start : s.stop] if e.is_pseudo and e.prim != "segc.window"]
         kinds = Counter(
-            m.kind + ("+norm" if m.eps is not None else "") for m in find_products(s.eqns(g), s.outputs, avals, g.eqns)
+            m.kind + ("+norm" if m.eps is not None else "") + (f"/q{m.quant[1]}" if m.quant else "")
+            for m in find_products(s.eqns(g), s.outputs, avals, g.eqns)
         )
         rows.append(
             {

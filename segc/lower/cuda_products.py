@@ -24,6 +24,8 @@ from typing import Any
 
 import mlx.core as mx
 
+from .cuda_qmv import QBODY, QHEADER, QINPUTS
+
 ROWS_PER_BLOCK = 8  # MLX's gemv: a block of 8 warps, a warp per row
 
 _HEADER = r"""
@@ -207,22 +209,22 @@ _INPUTS = {"gemv": ["x", "w"], "add": ["x", "w", "r"], "glu": ["x", "wg", "wu"]}
 
 
 @functools.cache
-def _kernel(kind: str, eps_bits: int | None) -> Any:
-    """The kernel of ``kind``; with ``eps_bits`` (a float32's bits), the norm first."""
+def _kernel(kind: str, eps_bits: int | None, quant: bool = False) -> Any:
+    """The kernel of ``kind``; with ``eps_bits`` (a float32's bits), the norm first;
+    ``quant``: over quantized weights."""
+    inputs, body = (QINPUTS, QBODY) if quant else (_INPUTS, _BODY)
+    header = _HEADER + (QHEADER if quant else "")
+    name = f"segc_{'qmv' if quant else 'gemv'}_{kind}"
     if eps_bits is None:
         return mx.fast.cuda_kernel(
-            name=f"segc_gemv_{kind}",
-            input_names=_INPUTS[kind],
-            output_names=["out"],
-            source=_ROW + _BODY[kind],
-            header=_HEADER,
+            name=name, input_names=inputs[kind], output_names=["out"], source=_ROW + body[kind], header=header
         )
     return mx.fast.cuda_kernel(
-        name=f"segc_rms_gemv_{kind}_{eps_bits:08x}",
-        input_names=[*_INPUTS[kind], "nw"],
+        name=f"segc_rms_{name[5:]}_{eps_bits:08x}",
+        input_names=[*inputs[kind], "nw"],
         output_names=["out"],
-        source=_ROW_NORM + _BODY[kind],
-        header=_HEADER + f"#define EPS (__int_as_float(0x{eps_bits:08x}))\n",
+        source=_ROW_NORM + body[kind],
+        header=header + f"#define EPS (__int_as_float(0x{eps_bits:08x}))\n",
     )
 
 
@@ -234,10 +236,12 @@ def product(
     shape: tuple[int, ...],
     order: tuple[bool, ...],
     norm: tuple[float, tuple[int, int, int]] | None = None,
+    quant: tuple[int, int] | None = None,
 ) -> mx.array:
     """One ``kind`` (``gemv``, ``add``, ``glu``: ``products.ProductMatch``) over ``ins``
-    (the row, the weights, the addend, then the norm's weight with ``norm``: its eps and
-    MLX's launch of it, ``products.norm_blocks``)."""
+    (the row, the weights (each three arrays with ``quant``: (group size, bits)), the
+    addend, then the norm's weight with ``norm``: its eps and MLX's launch of it,
+    ``products.norm_blocks``)."""
     x = ins[0]
     k = x.shape[-1]
     blocks = (n + ROWS_PER_BLOCK - 1) // ROWS_PER_BLOCK
@@ -246,15 +250,18 @@ def product(
         tmpl.append(("PFIRST", order[0]))
     elif kind == "glu":
         tmpl += [("OG", rows[0]), ("OU", rows[1]), ("GFIRST", order[0]), ("GSFIRST", order[1])]
+    if quant is not None:
+        tmpl += [("GS", quant[0]), ("BITS", quant[1])]
     eps_bits = None
     if norm is not None:
         eps_bits = struct.unpack("<I", struct.pack("<f", norm[0]))[0]
         nbs, nch, nr = norm[1]
         tmpl += [("NBS", nbs), ("NCH", nch), ("NR", nr)]
     inputs = list(ins)
-    if kind == "glu" and len(inputs) == (3 if norm is not None else 2):  # one concatenated weight, read twice
-        inputs.insert(2, inputs[1])
-    (out,) = _kernel(kind, eps_bits)(
+    width = 1 if quant is None else 3
+    if kind == "glu" and len(inputs) == 1 + width + (norm is not None):  # one concatenated weight, read twice
+        inputs[1 + width : 1 + width] = inputs[1 : 1 + width]
+    (out,) = _kernel(kind, eps_bits, quant is not None)(
         inputs=inputs,
         template=tmpl,
         grid=(32 * blocks, ROWS_PER_BLOCK, 1),

@@ -13,6 +13,13 @@ from .pattern import SegmentGraph, only_reader, skippable, through
 from .prim import lookup
 
 DTYPES = ("bf16", "f16", "f32")
+# MLX 0.32's CUDA quantized product takes its ``qmv`` kernel for one row of an affine
+# quantization of these bits and group sizes (``dispatch_quant_types``), a row length
+# divisible by 8 (``supports_qmv``) and at most QMV_MAX rows and row length (beyond, on
+# a Hopper GPU, its ``qmm_sm90``)
+QBITS = (2, 3, 4, 5, 6, 8)
+QGROUPS = (32, 64, 128)
+QMV_MAX = 16384
 
 
 @dataclass(frozen=True)
@@ -21,7 +28,8 @@ class ProductMatch:
     ``add``: (row, weight, addend); ``glu``: (row, gate weight[, up weight]), the gate
     weight read twice when one concatenated weight holds both; ``gemv``: (row, weight);
     with ``eps`` (a norm before the product) the row is the norm's input and the norm's
-    weight comes last. ``rows`` is the first
+    weight comes last; with ``quant`` ((group size, bits) of an affine quantization),
+    each weight is three values: the packed weight, its scales, its biases. ``rows`` is the first
     weight row of each part (``add``: one; ``glu``: gate, up) and ``n`` the rows a part
     has; ``order`` the recorded operand orders (``add``: the product first;
     ``glu``: ``g`` first in ``g * sigmoid(g)``, that product first in its product with
@@ -38,6 +46,19 @@ class ProductMatch:
     last: int
     skip: frozenset[int]
     eps: float | None = None
+    quant: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class _Part:
+    """One part of a product: its row, its weight (one value, or three quantized), the
+    first weight row and the rows it has, the quantization."""
+
+    x: str
+    ws: tuple[str, ...]
+    first: int
+    n: int
+    quant: tuple[int, int] | None
 
 
 class _Graph(SegmentGraph):
@@ -50,20 +71,32 @@ class _Graph(SegmentGraph):
             self.dtype.setdefault(name, dtype)
 
 
-def _product(g: SegmentGraph, v: str, path: list[Eqn]) -> tuple[str, str, int, int] | None:
-    """``v`` as one part of a one-row product read by nothing else: (row, weight, first
-    weight row, rows), the walked equations added to ``path``."""
+def _product(g: SegmentGraph, v: str, path: list[Eqn]) -> _Part | None:
+    """``v`` as one part of a one-row product read by nothing else, the walked
+    equations added to ``path``."""
     found: list[Eqn] = []
     v = through(g, v, ("Unflatten", "Reshape"), found)
     first, part = 0, None
     sl = g.eqn(v, "Slice")
     if sl is not None:
         start, stop, strides = sl.args[0], sl.args[1], sl.args[2]
-        if len(start) != 2 or list(strides) != [1, 1] or start[0] != 0 or stop[0] != 1:
+        full = g.shape.get(sl.ins[0], ())[:-1]
+        if len(start) != len(full) + 1 or any(s != 1 for s in strides):
             return None
-        first, part = start[1], stop[1] - start[1]
+        if any(a != 0 or b != d for a, b, d in zip(start[:-1], stop[:-1], full)):
+            return None
+        first, part = start[-1], stop[-1] - start[-1]
         found.append(sl)
         v = sl.ins[0]
+    p = _matmul(g, v) or _qmatmul(g, v)
+    if p is None or not _fresh(g, p[0].x):
+        return None
+    path.extend([*found, *p[1]])
+    return p[0] if part is None else replace(p[0], first=first, n=part)
+
+
+def _matmul(g: SegmentGraph, v: str) -> tuple[_Part, list[Eqn]] | None:
+    """``v = x @ W.T`` for one row ``x`` of ``(1, K)``: MLX's ``gemv``."""
     mm = g.eqn(v, "Matmul")
     if mm is None or len(mm.ins) != 2:
         return None
@@ -73,13 +106,34 @@ def _product(g: SegmentGraph, v: str, path: list[Eqn]) -> tuple[str, str, int, i
     if tr is None or list(tr.args[0]) != [1, 0] or len(xs) != 2 or xs[0] != 1 or len(out) != 2:
         return None
     w = tr.ins[0]
-    if not _fresh(g, x):
+    kinds = {g.dtype.get(x), g.dtype.get(w), g.dtype.get(v)}
+    if len(kinds) != 1 or not kinds <= set(DTYPES):
         return None
-    dtypes = {g.dtype.get(x), g.dtype.get(w), g.dtype.get(v)}
-    if len(dtypes) != 1 or not dtypes <= set(DTYPES):
+    return _Part(x, (w,), 0, out[1], None), [mm, tr]
+
+
+def _qmatmul(g: SegmentGraph, v: str) -> tuple[_Part, list[Eqn]] | None:
+    """``v = quantized_matmul(x, w, scales, biases, transpose=True)`` for one row ``x``
+    (affine): MLX's ``qmv``."""
+    qm = g.eqn(v, "QuantizedMatmul")
+    if qm is None or len(qm.ins) != 4 or len(qm.args) < 4:
         return None
-    path.extend([*found, mm, tr])
-    return x, w, first, out[1] if part is None else part
+    group, bits, mode, transpose = qm.args[:4]
+    x, w, sc, b = qm.ins
+    xs, out = g.shape.get(x) or (), g.shape[v]
+    if mode != 0 or transpose is not True or bits not in QBITS or group not in QGROUPS:
+        return None
+    if not xs or math.prod(xs) != xs[-1] or math.prod(out) != out[-1] or len(xs) != len(out):
+        return None
+    k, n = xs[-1], out[-1]
+    if k % 8 or k % group or k > QMV_MAX or n > QMV_MAX or g.dtype.get(w) != "u32":
+        return None
+    if g.shape.get(w) != (n, k * bits // 32) or g.shape.get(sc) != (n, k // group) or g.shape.get(b) != g.shape[sc]:
+        return None
+    kinds = {g.dtype.get(x), g.dtype.get(sc), g.dtype.get(b), g.dtype.get(v)}
+    if len(kinds) != 1 or not kinds <= set(DTYPES):
+        return None
+    return _Part(x, (w, sc, b), 0, n, (group, bits)), [qm]
 
 
 # views that keep a buffer's start (what walks back to a fresh buffer may pass)
@@ -110,12 +164,10 @@ def _match_add(e: Eqn, g: SegmentGraph) -> ProductMatch | None:
         y, r = e.ins[side], e.ins[1 - side]
         path: list[Eqn] = [e]
         p = _product(g, y, path)
-        if p is None or p[2] != 0:
+        if p is None or p.first != 0 or p.n != shape[-1] or g.shape.get(p.ws[0], (0,))[0] != p.n:
             continue
-        x, w, _, n = p
-        if n != shape[-1] or g.shape.get(w, (0,))[0] != n:
-            continue
-        m = ProductMatch("add", (x, w, r), (0,), n, (side == 0,), e.outs[0].name, shape, e.id, frozenset())
+        ins = (p.x, *p.ws, r)
+        m = ProductMatch("add", ins, (0,), p.n, (side == 0,), e.outs[0].name, shape, e.id, frozenset(), None, p.quant)
         return _close(m, path, e, g)
     return None
 
@@ -135,16 +187,15 @@ def _match_glu(e: Eqn, g: SegmentGraph) -> ProductMatch | None:
                 continue
             path: list[Eqn] = [e, inner, sig]
             pg, pu = _product(g, g_v, path), _product(g, u_v, path)
-            if pg is None or pu is None or pg[0] != pu[0] or pg[3] != pu[3]:
+            if pg is None or pu is None or (pg.x, pg.n, pg.quant) != (pu.x, pu.n, pu.quant):
                 continue
             shape = e.outs[0].shape
             if g.shape.get(g_v) != shape or g.shape.get(u_v) != shape or g.dtype.get(g_v) != e.outs[0].dtype:
                 continue
-            x, wg, og, n = pg
-            _, wu, ou, _ = pu
-            ins = (x, wg) if wg == wu else (x, wg, wu)
+            ins = (pg.x, *pg.ws) if pg.ws == pu.ws else (pg.x, *pg.ws, *pu.ws)
             order = (gside == 0, side == 0)
-            m = ProductMatch("glu", ins, (og, ou), n, order, e.outs[0].name, shape, e.id, frozenset())
+            rows = (pg.first, pu.first)
+            m = ProductMatch("glu", ins, rows, pg.n, order, e.outs[0].name, shape, e.id, frozenset(), None, pg.quant)
             return _close(m, path, e, g)
     return None
 
@@ -209,12 +260,9 @@ def _match_gemv(e: Eqn, g: SegmentGraph) -> ProductMatch | None:
     out = e.outs[0].name
     path: list[Eqn] = []
     p = _product(g, out, path)
-    if p is None or p[2] != 0 or path[0] is not e:
+    if p is None or p.first != 0 or path[0] is not e or g.shape.get(p.ws[0], (0,))[0] != p.n:
         return None
-    x, w, _, n = p
-    if g.shape.get(w, (0,))[0] != n:
-        return None
-    m = ProductMatch("gemv", (x, w), (0,), n, (), out, e.outs[0].shape, e.id, frozenset())
+    m = ProductMatch("gemv", (p.x, *p.ws), (0,), p.n, (), out, e.outs[0].shape, e.id, frozenset(), None, p.quant)
     found = _close(m, path, e, g)  # with its norm, or not at all
     return found if found is not None and found.eps is not None else None
 
@@ -230,7 +278,11 @@ def find_products(
     taken: set[int] = set()
     # the epilogues first (a product they take is not a plain one), then plain products
     # with their norm, then norms several plain products share
-    passes = ({"Add": _match_add, "Multiply": _match_glu}, {"Matmul": _match_gemv}, {"RMSNorm": _shared_norm})
+    passes = (
+        {"Add": _match_add, "Multiply": _match_glu},
+        {"Matmul": _match_gemv, "QuantizedMatmul": _match_gemv},
+        {"RMSNorm": _shared_norm},
+    )
     for matchers in passes:
         for e in eqns:
             if e.prim not in matchers or e.id in taken:
@@ -244,6 +296,9 @@ def find_products(
     return found
 
 
+_PRODUCTS = ("Matmul", "QuantizedMatmul")
+
+
 def _shared_norm(rms: Eqn, g: SegmentGraph) -> list[ProductMatch]:
     """A norm whose row only plain one-row products read (q, k and v, not
     concatenated): each product a kernel that normalises the row itself; the norm's
@@ -254,7 +309,7 @@ def _shared_norm(rms: Eqn, g: SegmentGraph) -> list[ProductMatch]:
         walked.append(r)
         row = r.outs[0].name
     readers = g.readers.get(row, [])
-    if len(readers) < 2 or g.uses[row] != len(readers) or any(e.prim != "Matmul" for e in readers):
+    if len(readers) < 2 or g.uses[row] != len(readers) or any(e.prim not in _PRODUCTS for e in readers):
         return []
     norm = _norm(g, row)
     if norm is None or norm[1] is not rms:
@@ -264,11 +319,14 @@ def _shared_norm(rms: Eqn, g: SegmentGraph) -> list[ProductMatch]:
     for mm in readers:
         path: list[Eqn] = []
         p = _product(g, mm.outs[0].name, path)
-        if p is None or p[0] != row or p[2] != 0 or g.shape.get(p[1], (0,))[0] != p[3]:
+        if p is None or p.x != row or p.first != 0 or g.shape.get(p.ws[0], (0,))[0] != p.n:
             return []
-        skip = skippable(path, mm, g, (xin, p[1], nw))  # the product, and its transpose if only it reads it
+        ins = (xin, *p.ws, nw)
+        skip = skippable(path, mm, g, ins)  # the product, and its transpose if only it reads it
         first = not found
-        m = ProductMatch("gemv", (xin, p[1], nw), (0,), p[3], (), mm.outs[0].name, mm.outs[0].shape, mm.id, frozenset())
+        m = ProductMatch(
+            "gemv", ins, (0,), p.n, (), mm.outs[0].name, mm.outs[0].shape, mm.id, frozenset(), None, p.quant
+        )
         found.append(
             replace(m, skip=skip | ({rms.id, *(e.id for e in walked)} if first else set()), eps=float(rms.args[0]))
         )

@@ -29,7 +29,10 @@ with MLX's ops: the tests' stand-in on the CPU.
 
 A pattern is taken only where nothing else reads its intermediate values, for one row
 (``x`` of ``(1, K)``: where MLX's matmul uses ``gemv``), the weights of ``(N, K)`` and
-the row, weights and result of one floating dtype.
+the row, weights and result of one floating dtype. A quantized product
+(``mx.quantized_matmul`` of an affine quantization, as mlx-lm's ``QuantizedLinear``
+makes it) is taken where MLX runs it with its ``qmv`` kernel (one row, at most 16384
+output rows and row length), which the kernel then copies as it copies ``gemv``.
 """
 
 from __future__ import annotations
@@ -48,30 +51,44 @@ from .product_match import find_products as find_products
 from .product_match import norm_blocks as norm_blocks
 
 
-def _part(x: mx.array, w: mx.array, first: int, n: int, whole: mx.array | None) -> mx.array:
-    if whole is not None:  # one concatenated product, sliced (as concat_projections made it)
-        return whole[:, first : first + n]
-    return mx.matmul(x, mx.transpose(w, (1, 0)))
+def _weights(m: ProductMatch, ins: Sequence[mx.array]) -> list[tuple[mx.array, ...]]:
+    """The weights of ``m`` among ``ins`` (the row first): one array each, or three
+    (packed weight, scales, biases) quantized."""
+    width = 3 if m.quant is not None else 1
+    count = {"gemv": 1, "add": 1}.get(m.kind, (len(ins) - 1) // width)
+    return [tuple(ins[1 + i * width : 1 + (i + 1) * width]) for i in range(count)]
+
+
+def _mm(m: ProductMatch, x: mx.array, w: tuple[mx.array, ...]) -> mx.array:
+    if m.quant is None:
+        return mx.matmul(x, mx.transpose(w[0], (1, 0)))
+    group, bits = m.quant
+    wq, scales, biases = w
+    return mx.quantized_matmul(x, wq, scales, biases, transpose=True, group_size=group, bits=bits)
 
 
 def reference_products(m: ProductMatch, ins: Sequence[mx.array]) -> mx.array:
     """What the kernel computes, in MLX's ops (the primitives eager records): the tests'
     stand-in for the kernel on a machine without CUDA."""
+    x = ins[0]
     if m.eps is not None:
-        x = mx.fast.rms_norm(ins[0], ins[-1], m.eps)
-        ins = [x.reshape(1, x.shape[-1]), *ins[1:-1]]
+        x = mx.fast.rms_norm(x, ins[-1], m.eps)
+        ins = ins[:-1]
+        x = x.reshape(1, x.shape[-1]) if m.quant is None else x  # MLX's matmul flattens; quantized_matmul does not
+    ws = _weights(m, ins)
     if m.kind == "gemv":
-        x, w = ins
-        return mx.matmul(x, mx.transpose(w, (1, 0)))
+        return _mm(m, x, ws[0]).reshape(m.shape)
     if m.kind == "add":
-        x, w, r = ins
-        y = mx.matmul(x, mx.transpose(w, (1, 0))).reshape(m.shape)
+        y = _mm(m, x, ws[0]).reshape(m.shape)
+        r = ins[-1]
         return y + r if m.order[0] else r + y
-    x, wg = ins[0], ins[1]
-    wu = ins[2] if len(ins) > 2 else wg
-    whole = mx.matmul(x, mx.transpose(wg, (1, 0))) if len(ins) == 2 else None
-    gv = _part(x, wg, m.rows[0], m.n, whole).reshape(m.shape)
-    uv = _part(x, wu, m.rows[1], m.n, whole).reshape(m.shape)
+    if len(ws) == 1:  # one concatenated product, sliced (as concat_projections made it)
+        whole = _mm(m, x, ws[0])
+        whole = whole.reshape(1, whole.shape[-1])
+        gv, uv = (whole[:, first : first + m.n] for first in m.rows)
+    else:
+        gv, uv = _mm(m, x, ws[0]), _mm(m, x, ws[1])
+    gv, uv = gv.reshape(m.shape), uv.reshape(m.shape)
     s = mx.sigmoid(gv)
     gs = gv * s if m.order[0] else s * gv
     return gs * uv if m.order[1] else uv * gs
@@ -113,7 +130,7 @@ def cuda_products(m: ProductMatch, ins: Sequence[mx.array]) -> mx.array:
         blocks = norm_blocks(ins[0].shape[-1], dtypes.short(ins[0].dtype))
         assert blocks is not None  # (the finder took only such norms)
         norm = (m.eps, blocks)
-    return product(m.kind, ins, m.rows, m.n, m.shape, m.order, norm)
+    return product(m.kind, ins, m.rows, m.n, m.shape, m.order, norm, m.quant)
 
 
 def fused_rule(m: ProductMatch, kernel: Kernel) -> Callable[[list[mx.array], tuple, Any], mx.array]:
