@@ -188,7 +188,8 @@ def decode_interleaved(
             # concat_projections rebinds the module's weights to views of their
             # concatenations: those variants get a model (and caches) of their own
             m, c = (model, fc) if not concat else own()
-            frozen = (*SEGC[v], "auto", "auto", False)[6]
+            spec = SEGC[v] + ("auto", "auto", False)[len(SEGC[v]) - 4 :]  # (select write, products, frozen)
+            frozen = spec[6]
             step = segc.jit(
                 m,
                 boundaries=bounds,
@@ -202,8 +203,8 @@ def decode_interleaved(
             if SEGC[v][4:]:
                 from segc.lower import products, shapes
 
-                shapes.SELECT_WRITE = SEGC[v][4]
-                products.FUSED_PRODUCTS = (*SEGC[v], "auto")[5]
+                shapes.SELECT_WRITE = spec[4]
+                products.FUSED_PRODUCTS = spec[5]
                 mx.eval(fns[v](), c.arrays())  # lowered now, with those settings
                 shapes.SELECT_WRITE = products.FUSED_PRODUCTS = "auto"
             steps[v], fcs[v] = step, c

@@ -76,3 +76,16 @@ def test_fused_products_round_trips_and_is_checked() -> None:
         MachineModel.from_json(bad)
     old = H200.to_json().replace(',\n "fused_products": true', "")  # a model saved before the field
     assert MachineModel.from_json(old).fused_products is False
+
+
+def test_a_quantized_product_and_its_residual_are_one_kernel_too() -> None:
+    """Over weights quantized as mlx-lm quantizes them: MLX's ``qmv``, then the
+    addition; one kernel on a fusing machine, two elsewhere."""
+    x, r = mx.ones((1, 1, 64)), mx.ones((1, 1, 32))
+    wq, s, b = mx.quantize(mx.ones((32, 64)), group_size=32, bits=4)
+
+    def f(x, wq, s, b, r):
+        return r + mx.quantized_matmul(x, wq, s, b, transpose=True, group_size=32, bits=4)
+
+    assert _kernels(f, H200, x, wq, s, b, r) == 1
+    assert _kernels(f, PLAIN_GPU, x, wq, s, b, r) == 2

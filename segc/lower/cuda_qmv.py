@@ -10,6 +10,13 @@ reduction and rounding. What follows a row is ``cuda_products.py``'s epilogue.
 from __future__ import annotations
 
 QHEADER = r"""
+// MLX's device headers (through libcu++) define the FP_* classification macros, which
+// cutlass's NVRTC header declares as an enum (defining them again, with the same values)
+#undef FP_NAN
+#undef FP_INFINITE
+#undef FP_ZERO
+#undef FP_SUBNORMAL
+#undef FP_NORMAL
 #include "mlx/backend/cuda/device/cute_dequant.cuh"
 
 namespace segc_q {
