@@ -12,7 +12,8 @@ a rounding to the dtype. The loop is unrolled and the gate's and up's rows share
 norm before the products is MLX's ``rms_norm_small`` for one row, run by each block
 into shared memory (the same threads' sums in the same order, the same block
 reduction, ``rsqrt``, the weight's product rounded as MLX rounds it). The bits of MLX's
-kernels, in one kernel. Only imported on a machine whose MLX has CUDA.
+kernels, in one kernel. Over quantized weights each row is MLX's ``qmv`` instead
+(``cuda_qmv.py``), with the same epilogues. Only imported on a machine whose MLX has CUDA.
 """
 
 from __future__ import annotations

@@ -29,8 +29,8 @@ class ProductMatch:
     weight read twice when one concatenated weight holds both; ``gemv``: (row, weight);
     with ``eps`` (a norm before the product) the row is the norm's input and the norm's
     weight comes last; with ``quant`` ((group size, bits) of an affine quantization),
-    each weight is three values: the packed weight, its scales, its biases. ``rows`` is the first
-    weight row of each part (``add``: one; ``glu``: gate, up) and ``n`` the rows a part
+    each weight is three values: the packed weight, its scales, its biases. ``rows`` is
+    the first weight row of each part (``add``: one; ``glu``: gate, up) and ``n`` the rows a part
     has; ``order`` the recorded operand orders (``add``: the product first;
     ``glu``: ``g`` first in ``g * sigmoid(g)``, that product first in its product with
     ``u``). ``out`` (of ``shape``) is what the last equation (``last``) defines; ``skip``
@@ -270,9 +270,10 @@ def _match_gemv(e: Eqn, g: SegmentGraph) -> ProductMatch | None:
 def find_products(
     eqns: Sequence[Eqn], keep: Sequence[str], avals: Mapping[str, tuple], context: Sequence[Eqn] = ()
 ) -> list[ProductMatch]:
-    """Every ``add`` and ``glu`` pattern in ``eqns`` (a segment's equations, in order;
-    ``keep`` its outputs; ``avals`` every value's (shape, dtype), inputs included), none
-    sharing an equation."""
+    """Every pattern in ``eqns`` (``add``, ``glu``, and ``gemv`` with its norm, over plain
+    or quantized weights; ``eqns`` a segment's equations, in order; ``keep`` its
+    outputs; ``avals`` every value's (shape, dtype), inputs included), none sharing an
+    equation."""
     g = _Graph(eqns, keep, avals, context)
     found: list[ProductMatch] = []
     taken: set[int] = set()
