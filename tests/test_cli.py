@@ -90,6 +90,14 @@ def test_segments_count_the_products_a_cuda_lowering_fuses() -> None:
     assert {r["products"] for r in csv.DictReader(io.StringIO(out.stdout))} == {""}
 
 
+def test_a_quantized_architecture_target_counts_its_quantized_products() -> None:
+    """``bits=4,group=64`` quantizes the built-in llama as mlx-lm does: its decode
+    products are quantized ones (``/q4``), found as the plain ones are."""
+    out = segc("segments", "llama:layers=2,hidden=128,bits=4,group=64", "--tokens", "1", "--format", "csv")
+    rows = list(csv.DictReader(io.StringIO(out.stdout)))
+    assert [r["products"] for r in rows if r["products"]] == ["add/q4:2 glu/q4:1"] * 2, rows
+
+
 def test_graph_dot_golden_and_svg() -> None:
     dot = segc("graph", NET, "--format", "dot").stdout
     golden("net.dot", dot)

@@ -26,9 +26,13 @@ from ..errors import UsageError
 from .common import choice_error, positive_int, read_text
 
 TARGET_HELP = (
-    "module:function, file.py:function, an mlx-lm architecture (llama, llama:layers=4,hidden=256), "
+    "module:function, file.py:function, an mlx-lm architecture (llama, llama:layers=4,hidden=256,bits=4), "
     "a local mlx-lm model directory, or an IR file (.segc)"
 )
+
+# an architecture target quantized as mlx-lm quantizes (affine): bits, and the group size
+# (segc.models.zoo.build's 32 by default)
+QUANT_KEYS = {"bits": (2, 3, 4, 5, 6, 8), "group": (32, 64, 128)}
 
 # short names for configuration fields of an architecture target
 ALIASES = {
@@ -207,6 +211,7 @@ def _arch(name: str, config: str, args: argparse.Namespace, boundaries: Any) -> 
     check_arch(name)
     fields = tiny_config(name)
     extra: dict[str, Any] = {}
+    quant: dict[str, int] = {}
     dtype = args.dtype
     for item in filter(None, (x.strip() for x in config.split(","))):
         key, eq, value = item.partition("=")
@@ -216,19 +221,29 @@ def _arch(name: str, config: str, args: argparse.Namespace, boundaries: Any) -> 
         if key == "dtype":
             dtype = value
             continue
+        if key in QUANT_KEYS:  # nn.quantize after building: bits=4[,group=64]
+            choices = QUANT_KEYS[key]
+            if value.strip() not in map(str, choices):
+                raise choice_error(f"{name} {key}", value.strip(), [str(c) for c in choices])
+            quant["bits" if key == "bits" else "group_size"] = int(value)
+            continue
         field_name = ALIASES.get(key, key)
         from ..models.zoo import model_classes
 
         _, args_cls = model_classes(name)
         known = set(getattr(args_cls, "__dataclass_fields__", {})) | set(fields)
         if field_name not in known:
-            raise choice_error(f"{name} configuration key", key, [*ALIASES, "dtype", "(any ModelArgs field)"])
+            raise choice_error(
+                f"{name} configuration key", key, [*ALIASES, "dtype", *QUANT_KEYS, "(any ModelArgs field)"]
+            )
         extra[field_name] = _value(value.strip(), key)
     if "hidden_size" in extra and "intermediate_size" not in extra and "intermediate_size" in fields:
         extra["intermediate_size"] = 4 * extra["hidden_size"]
     if dtype is not None and dtype not in ("float32", "float16", "bfloat16"):
         raise choice_error("dtype", dtype, ("float32", "float16", "bfloat16"))
-    model = build(name, seed=args.seed, dtype=getattr(mx, dtype or "float32"), **extra)
+    if "group_size" in quant and "bits" not in quant:
+        raise UsageError(f"target {name}: group= quantizes with bits=; give bits=2, 3, 4, 5, 6 or 8 too")
+    model = build(name, seed=args.seed, dtype=getattr(mx, dtype or "float32"), **quant, **extra)
     sized = ",".join(x.strip() for x in config.split(",") if x.strip())
     return _model_target(f"{name}:{sized}" if sized else name, "arch", model, args, boundaries)
 
