@@ -6,12 +6,13 @@
 #
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_decode.sh [PARTS]
 #
-# PARTS: any of  dense quant moe concat isolated runtime kernels select products check generate
+# PARTS: any of  dense quant moe concat isolated runtime kernels select products check generate device
 # (default: dense runtime). kernels: fewer_kernels.py (what each kernel and each of the
 # dynamic cache's differences costs); select: segc's one-position KV write as a select
 # against MLX's, three models; products: segc's product kernels (segc.lower.products)
 # against MLX's own kernels, the llama and the mixtral; check: the CUDA kernels' tests
-# (tests/test_products_cuda.py and the tests of what lowers to them); generate: mlx-lm's own generation loop. Logs go
+# (tests/test_products_cuda.py and the tests of what lowers to them); generate: mlx-lm's own generation loop;
+# device: device_time.py (the step's products and whole steps on the GPU's clock, bf16 and 4-bit). Logs go
 # to $OUT. isolated: decode of the three models with one segment and the concatenation,
 # every variant a process of its own, 2 rounds (the issue's "variants isolated"); about
 # 4 minutes a model on the H200, so MODELS=llama: (or llama_4bit:--bits,4 or
@@ -91,6 +92,13 @@ for p in $parts; do
         --kv-heads 8 --vocab 32000 --dtype bfloat16 --tokens 256 --prompt $p --rounds 2 \
         --variants eager,segc,segc-1seg,segc-1seg-concat >"$OUT/generate_$p.txt" 2>&1
       echo "generate $p: rc=$?"
+    done
+    ;;
+  device)
+    for a in "" "--bits 4"; do
+      # shellcheck disable=SC2086  # the extra arguments are meant to split
+      timeout 200 $PY benchmarks/device_time.py $a >"$OUT/device${a// /_}.txt" 2>&1
+      echo "device $a: rc=$?"
     done
     ;;
   runtime)

@@ -129,3 +129,24 @@ def test_fewer_kernels_hand_written_step_is_eager_mlx_lm() -> None:
     assert "base == eager mlx-lm, bytes: True" in lines, p.stdout
     for v in ("ropeqk", "inputs", "dynwrite", "dynrope", "segc", "segcdsu"):
         assert any(line.startswith(f"{v} == base, bytes: True") for line in lines), (v, p.stdout)
+
+
+@pytest.mark.parametrize("bits", [None, 4])
+def test_device_time_runs_every_pattern_and_step(bits) -> None:
+    """``benchmarks/device_time.py`` at small sizes: every product pattern is timed as
+    eager MLX runs it (segc's kernels only on CUDA), and the three decode steps; off CUDA
+    it says its figures are wall-clock times."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "device_time.py"), "--hidden=128", "--intermediate=256"]
+    cmd += ["--heads=4", "--kv-heads=2", "--vocab=256", "--layers=1", "--repeats=1", "--reps=2"]
+    cmd += [f"--bits={bits}"] if bits else []
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=280, cwd=ROOT)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = [line.split() for line in p.stdout.splitlines()]
+    for case in ("q/k/v", "o", "gate/up", "down", "logits"):
+        assert any(r[:1] == [case] and "mlx" in r for r in rows), (case, p.stdout)
+    assert [r[0] for r in rows if r[:1] in (["eager"], ["compile"], ["segc"])] == ["eager", "compile", "segc"]
+    import mlx.core as mx
+
+    cuda = mx.default_device() == mx.gpu and mx.cuda.is_available()
+    assert p.stdout.splitlines()[0].startswith("device time" if cuda else "wall-clock"), p.stdout

@@ -1,0 +1,264 @@
+"""How long the GPU itself spends on a decode step's products, read from its own clock
+(issue 13: past the host's cost, a decode step is device time).
+
+Each case runs ``R`` launches of one product pattern of the reference llama (over ``R``
+distinct weights, so that the L2 cache does not serve them) between two stamp kernels
+that read the GPU's ``%globaltimer``. MLX closes a CUDA graph every
+``MLX_MAX_OPS_PER_BUFFER`` operations (100 on the H200) and launches it whole, so the
+``R`` launches run back to back whatever the host's speed: the stamps' difference over
+``R`` is the pattern's device time, its share of the gaps between a graph's kernels
+included. Each pattern twice: as eager MLX runs it (its own kernels) and as segc's CUDA
+lowering runs it (``segc.lower.products``: one kernel). Then the whole decode step of
+eager mlx-lm, ``mx.compile`` and segc (one segment, ``concat_projections``,
+``freeze_params``), stamped around: the device's span for a step, waits for the host
+included.
+
+Against the weights' bytes each figure gives a bandwidth, and against the HBM's peak
+(``--peak``, 4.8 TB/s) how far the kernels are from it. On a machine without CUDA the
+stamps are wall-clock times around a synchronous evaluation: the script runs, but its
+figures are host and device together, not device time.
+
+    python benchmarks/device_time.py [--bits 4] [--repeats 10] [--reps 12] [--layers 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+CUDA = mx.default_device() == mx.gpu and mx.cuda.is_available()
+_CLOCK = 'unsigned long long g; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g)); t[0] = g;'
+
+
+@functools.cache
+def _stamp_in() -> Any:
+    return mx.fast.cuda_kernel(
+        name="segc_stamp_in",
+        input_names=["a"],
+        output_names=["y", "t"],
+        source="const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+        f"if (i == 0) {{ {_CLOCK} }}\nif (i < SIZE) {{ y[i] = a[i]; }}\n",
+    )
+
+
+@functools.cache
+def _stamp_out(n: int) -> Any:
+    return mx.fast.cuda_kernel(
+        name=f"segc_stamp_out_{n}",
+        input_names=[f"o{i}" for i in range(n)],
+        output_names=["t"],
+        source=f"if (blockIdx.x == 0 && threadIdx.x == 0) {{ {_CLOCK} }}\n",
+    )
+
+
+def stamped(a: mx.array, body: Callable[[mx.array], list[mx.array]]) -> float:
+    """Seconds the device spends from a copy of ``a`` to the end of ``body``'s outputs
+    (on the CPU: the wall-clock time of evaluating them)."""
+    mx.synchronize()
+    if not CUDA:
+        t = time.perf_counter()
+        mx.eval(body(a))
+        return time.perf_counter() - t
+    size = a.size
+    y, t0 = _stamp_in()(
+        inputs=[a],
+        template=[("SIZE", size)],
+        grid=(-(-size // 256) * 256, 1, 1),
+        threadgroup=(256, 1, 1),
+        output_shapes=[a.shape, (1,)],
+        output_dtypes=[a.dtype, mx.uint64],
+    )
+    outs = body(y)
+    (t1,) = _stamp_out(len(outs))(
+        inputs=outs, grid=(32, 1, 1), threadgroup=(32, 1, 1), output_shapes=[(1,)], output_dtypes=[mx.uint64]
+    )
+    mx.eval(t0, t1, outs)
+    return (int(t1.item()) - int(t0.item())) * 1e-9
+
+
+def _weights(rows: int, k: int, reps: int, dtype: mx.Dtype, bits: int | None) -> list[list[mx.array]]:
+    ws = []
+    for i in range(reps):
+        w = (mx.random.normal((rows, k), key=mx.random.key(i)) * 0.02).astype(dtype)
+        ws.append(list(mx.quantize(w, group_size=64, bits=bits)) if bits else [w])
+    mx.eval(ws)
+    return ws
+
+
+def product_cases(h: int, inter: int, qkv: int, vocab: int) -> list[tuple[str, int, int, str, bool]]:
+    """(name, weight rows, row length, kind, with the norm) of a llama layer's products
+    and the logits, as segc's CUDA lowering takes them with ``concat_projections``."""
+    return [
+        ("q/k/v + norm", qkv, h, "gemv", True),
+        ("o + residual", h, h, "add", False),
+        ("gate/up + norm + silu", 2 * inter, h, "glu", True),
+        ("down + residual", h, inter, "add", False),
+        ("logits + norm", vocab, h, "gemv", True),
+    ]
+
+
+def _eager(kind: str, n: int, norm: bool, bits: int | None) -> Callable[..., mx.array]:
+    """The pattern in MLX's ops, as eager runs it."""
+
+    def mm(x: mx.array, w: list[mx.array]) -> mx.array:
+        if bits:
+            return mx.quantized_matmul(x, *w, transpose=True, group_size=64, bits=bits)
+        return x @ w[0].T
+
+    def run(x: mx.array, w: list[mx.array], r: mx.array, nw: mx.array) -> mx.array:
+        if norm:
+            x = mx.fast.rms_norm(x, nw, 1e-5)
+        y = mm(x, w)
+        if kind == "add":
+            return r + y
+        if kind == "glu":
+            g, u = y[..., :n], y[..., n:]
+            return (g * mx.sigmoid(g)) * u
+        return y
+
+    return run
+
+
+def _segc(kind: str, n: int, norm: bool, bits: int | None, shape: tuple[int, ...]) -> Callable[..., mx.array] | None:
+    """The pattern as segc's CUDA lowering runs it (one kernel), or None off CUDA or
+    where it is not taken."""
+    from segc.lower.product_match import QMV_MAX
+    from segc.lower.products import ProductMatch, product_kernel
+
+    kernel = product_kernel("auto")
+    if kernel is None or (bits and n * (2 if kind == "glu" else 1) > QMV_MAX):
+        return None
+    rows = (0, n) if kind == "glu" else (0,)
+    order = (True, True) if kind == "glu" else (False,) if kind == "add" else ()
+
+    def run(x: mx.array, w: list[mx.array], r: mx.array, nw: mx.array) -> mx.array:
+        ins = [x, *w, *([r] if kind == "add" else []), *([nw] if norm else [])]
+        names = tuple(f"i{i}" for i in range(len(ins)))
+        m = ProductMatch(
+            kind,
+            names,
+            rows,
+            n,
+            order,
+            "o",
+            shape,
+            0,
+            frozenset(),
+            1e-5 if norm else None,
+            (64, bits) if bits else None,
+        )
+        return kernel(m, ins)
+
+    return run
+
+
+def time_products(args: argparse.Namespace) -> list[dict[str, Any]]:
+    dtype = mx.bfloat16
+    h, inter, vocab = args.hidden, args.intermediate, args.vocab
+    qkv = h + 2 * args.kv_heads * (h // args.heads)
+    x = (mx.random.normal((1, 1, h)) * 0.5).astype(dtype)
+    rows = []
+    for name, nrows, k, kind, norm in product_cases(h, inter, qkv, vocab):
+        n = nrows // 2 if kind == "glu" else nrows
+        xin = x if k == h else (mx.random.normal((1, 1, k)) * 0.5).astype(dtype)
+        r = mx.zeros((1, 1, n), dtype=dtype)
+        nw = mx.ones((k,), dtype=dtype)
+        ws = _weights(nrows, k, args.reps, dtype, args.bits)
+        nbytes = sum(a.nbytes for a in ws[0])
+        impls = {"mlx": _eager(kind, n, norm, args.bits), "segc": _segc(kind, n, norm, args.bits, (1, 1, n))}
+        for impl, f in impls.items():
+            if f is not None:
+                secs = _measure(f, xin, ws, r, nw, args.repeats)
+                rows.append(
+                    {"case": name, "impl": impl, "us": secs * 1e6, "mb": nbytes / 1e6, "tbps": nbytes / secs / 1e12}
+                )
+    return rows
+
+
+def _measure(
+    f: Callable[..., mx.array], xin: mx.array, ws: list[list[mx.array]], r: mx.array, nw: mx.array, repeats: int
+) -> float:
+    """Seconds of one launch of ``f``: the median over ``repeats`` stamped runs of one
+    launch per weight."""
+
+    def body(y: mx.array) -> list[mx.array]:
+        return [f(y, w, r, nw) for w in ws]
+
+    for _ in range(2):
+        stamped(xin, body)  # kernels built, graphs cached
+    return statistics.median(stamped(xin, body) for _ in range(repeats)) / len(ws)
+
+
+def time_steps(args: argparse.Namespace) -> dict[str, float]:
+    """The device's span of one decode step at context 1024, per variant, ms."""
+    from bench_llama import FixedContext, compiled_with_cache, make_model
+
+    import segc
+
+    preset = "reference" if CUDA else "cpu"
+    model = make_model(preset, layers=args.layers, bits=args.bits)
+    fc = FixedContext(model, 1024)
+    m2 = make_model(preset, layers=args.layers, bits=args.bits)
+    fc2 = FixedContext(m2, 1024)
+    step = segc.jit(m2, validate=False, concat_projections=True, freeze_params=True)
+    comp = compiled_with_cache(model, fc)
+    x = mx.array([[1]])
+    variants: dict[str, Callable[[mx.array], list[mx.array]]] = {
+        "eager": lambda y: [model(y, cache=fc.reset()), *fc.arrays()],
+        "compile": lambda y: [comp(y), *fc.arrays()],
+        "segc": lambda y: [step(y, cache=fc2.reset()), *fc2.arrays()],
+    }
+    out = {}
+    for name, body in variants.items():
+        for _ in range(3):
+            stamped(x, body)
+        out[name] = 1e3 * statistics.median(stamped(x, body) for _ in range(args.repeats))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--intermediate", type=int, default=8192)
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--kv-heads", type=int, default=8)
+    ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--layers", type=int, default=16, help="layers of the decode step's model (0: no step)")
+    ap.add_argument("--bits", type=int, default=None, help="quantize the weights (groups of 64)")
+    ap.add_argument("--reps", type=int, default=12, help="launches between the stamps (one CUDA graph: keep it small)")
+    ap.add_argument("--repeats", type=int, default=10, help="stamped measurements per figure (the median)")
+    ap.add_argument("--peak", type=float, default=4.8, help="the HBM's peak, TB/s")
+    args = ap.parse_args()
+    what = "device time (the GPU's clock)" if CUDA else "wall-clock time (no CUDA: host and device together)"
+    print(f"{what} on {mx.default_device()}, bf16{f', {args.bits}-bit' if args.bits else ''}, mlx {mx.__version__}")
+    rows = time_products(args)
+    print(f"\n{'pattern':<24}{'impl':>6}{'us':>10}{'MB':>9}{'TB/s':>8}{'of peak':>9}")
+    for r in rows:
+        print(
+            f"{r['case']:<24}{r['impl']:>6}{r['us']:>10.1f}{r['mb']:>9.1f}{r['tbps']:>8.2f}{r['tbps'] / args.peak:>9.0%}"
+        )
+    per = {(r["case"], r["impl"]): r["us"] for r in rows}
+    layer = ("q/k/v + norm", "o + residual", "gate/up + norm + silu", "down + residual")
+    for impl in ("mlx", "segc"):
+        if all((c, impl) in per for c in layer):
+            total = args.layers * sum(per[(c, impl)] for c in layer) + per.get(("logits + norm", impl), 0.0)
+            print(f"a step's products ({args.layers} layers and the logits), {impl}: {total / 1e3:.3f} ms")
+    if args.layers:
+        steps = time_steps(args)
+        print("\na decode step at context 1024, the device's span (waits for the host included), ms:")
+        for name, ms in steps.items():
+            print(f"  {name:<10}{ms:8.3f}")
+
+
+if __name__ == "__main__":
+    main()
