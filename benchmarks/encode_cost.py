@@ -184,12 +184,12 @@ def decode_interleaved(
             f = compiled_with_cache(m3, fc3)
             fns[v], fcs[v] = (lambda f=f: f(x)), fc3
         else:
-            commit, attention, concat, bounds = SEGC[v][:4]
+            # the settings a variant leaves out: segc's select write and product kernels, not frozen
+            spec = SEGC[v] + ("auto", "auto", False)[len(SEGC[v]) - 4 :]
+            commit, attention, concat, bounds, select, fused, frozen = spec
             # concat_projections rebinds the module's weights to views of their
             # concatenations: those variants get a model (and caches) of their own
             m, c = (model, fc) if not concat else own()
-            spec = SEGC[v] + ("auto", "auto", False)[len(SEGC[v]) - 4 :]  # (select write, products, frozen)
-            frozen = spec[6]
             step = segc.jit(
                 m,
                 boundaries=bounds,
@@ -203,8 +203,8 @@ def decode_interleaved(
             if SEGC[v][4:]:
                 from segc.lower import products, shapes
 
-                shapes.SELECT_WRITE = spec[4]
-                products.FUSED_PRODUCTS = spec[5]
+                shapes.SELECT_WRITE = select
+                products.FUSED_PRODUCTS = fused
                 mx.eval(fns[v](), c.arrays())  # lowered now, with those settings
                 shapes.SELECT_WRITE = products.FUSED_PRODUCTS = "auto"
             steps[v], fcs[v] = step, c

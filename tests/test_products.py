@@ -153,6 +153,19 @@ def _replayed(g, args, kernel) -> mx.array:
     return out
 
 
+def _fused_against_plain(eqns, ins: dict, outs: list[str], avals: dict) -> Counter[str]:
+    """Replays hand-built ``eqns`` over ``ins`` with every match computed by MLX's ops
+    and without matches: the same bits for every output. Returns the matches' kinds."""
+    from segc.lower import replay_fn
+
+    names, vals = list(ins), list(ins.values())
+    kernel = Counted()
+    fused = replay_fn(eqns, names, outs, {}, None, None, eqns, kernel, avals)(*vals)
+    for got, want in zip(fused, replay_fn(eqns, names, outs, {})(*vals), strict=True):
+        assert same_bits(got, want)
+    return kernel.calls
+
+
 def test_nothing_is_fused_where_an_intermediate_value_is_read_elsewhere() -> None:
     x = mx.ones((1, 8))
     w = mx.ones((4, 8))
@@ -273,7 +286,6 @@ def _mlp_block(k: int, n: int, dt: str, eps: float, concat: bool) -> list:
 )
 def test_a_norm_before_the_products_is_taken_with_them(dt, k, n, concat, eps, seed) -> None:
     from segc.dtypes import short
-    from segc.lower import replay_fn
 
     d = short(dt)
     eqns = _mlp_block(k, n, d, eps, concat)
@@ -289,13 +301,7 @@ def test_a_norm_before_the_products_is_taken_with_them(dt, k, n, concat, eps, se
     found = find_products(eqns, ["out", "logits"], avals, eqns)
     assert sorted((m.kind, m.eps is not None) for m in found) == [("add", False), ("gemv", True), ("glu", True)]
     assert all(m.eps == eps for m in found if m.eps is not None)
-    names, vals = list(ins), list(ins.values())
-    plain = replay_fn(eqns, names, ["out", "logits"], {})(*vals)
-    kernel = Counted()
-    fused = replay_fn(eqns, names, ["out", "logits"], {}, None, None, eqns, kernel, avals)(*vals)
-    assert kernel.calls == {"glu": 1, "add": 1, "gemv": 1}
-    for got, want in zip(fused, plain):
-        assert same_bits(got, want)
+    assert _fused_against_plain(eqns, ins, ["out", "logits"], avals) == {"glu": 1, "add": 1, "gemv": 1}
 
 
 def test_a_norm_read_elsewhere_stays_and_the_product_is_fused_without_it() -> None:
@@ -331,7 +337,6 @@ def test_a_norm_read_by_three_products_goes_into_each(spoil) -> None:
     the row itself and the norm's own kernel goes. Where something else reads the row
     too (``spoil``), the norm stays and the products are MLX's."""
     from segc.ir import Eqn, Var
-    from segc.lower import replay_fn
 
     k, dt = 16, "f32"
 
@@ -362,12 +367,7 @@ def test_a_norm_read_by_three_products_goes_into_each(spoil) -> None:
         return
     assert [(m.kind, m.ins, m.eps) for m in found] == [("gemv", ("h", w, "nw"), 1e-5) for w in ("wq", "wk", "wv")]
     assert {0, 1} <= found[0].skip and not {0, 1} & (found[1].skip | found[2].skip)
-    kernel = Counted()
-    names, vals = list(ins), list(ins.values())
-    fused = replay_fn(eqns, names, outs, {}, None, None, eqns, kernel, avals)(*vals)
-    assert kernel.calls == {"gemv": 3}
-    for got, want in zip(fused, replay_fn(eqns, names, outs, {})(*vals)):
-        assert same_bits(got, want)
+    assert _fused_against_plain(eqns, ins, outs, avals) == {"gemv": 3}
 
 
 @settings(max_examples=examples(40), deadline=None)
@@ -490,7 +490,6 @@ def test_a_quantized_block_with_its_norms_is_taken_whole(dt, k, n, group, bits, 
     with their quantization, and the replay with the matches computed by MLX's ops is
     the plain replay's bits."""
     from segc.dtypes import short
-    from segc.lower import replay_fn
 
     d = short(dt)
     eqns = _qmlp_block(k, n, d, group, bits, concat)
@@ -508,13 +507,7 @@ def test_a_quantized_block_with_its_norms_is_taken_whole(dt, k, n, group, bits, 
     found = find_products(eqns, ["out", "logits"], avals, eqns)
     kinds = sorted((m.kind, m.eps is not None, m.quant) for m in found)
     assert kinds == [("add", False, (group, bits)), ("gemv", True, (group, bits)), ("glu", True, (group, bits))]
-    names, vals = list(ins), list(ins.values())
-    plain = replay_fn(eqns, names, ["out", "logits"], {})(*vals)
-    kernel = Counted()
-    fused = replay_fn(eqns, names, ["out", "logits"], {}, None, None, eqns, kernel, avals)(*vals)
-    assert kernel.calls == {"glu": 1, "add": 1, "gemv": 1}
-    for got, want in zip(fused, plain):
-        assert same_bits(got, want)
+    assert _fused_against_plain(eqns, ins, ["out", "logits"], avals) == {"glu": 1, "add": 1, "gemv": 1}
 
 
 @pytest.mark.parametrize(
