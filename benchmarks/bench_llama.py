@@ -23,7 +23,10 @@ One run times, interleaved round by round so that drift hits every variant alike
   products as one product over concatenated weights (the module's weights become views
   of them, so in one process every later variant runs on those views: the same values);
   ``wholefrozen`` -- ``wholeconcat`` with ``freeze_params=True`` (the parameters checked
-  at the first call only).
+  at the first call only); ``frozen`` / ``frozeneach`` / ``frozengeo`` -- the same with
+  a segment per layer, the commit policy ``"auto"``, ``"segment"``, ``"geometric"``
+  (MLX launches a step's work as the commits close it: they trade host time for an
+  earlier start of the device).
 
 ``--isolate`` runs every variant in a process of its own (MLX's kernel and CUDA-graph
 caches are per process, so one variant's commits cannot slow another down); the
@@ -118,6 +121,9 @@ VARIANTS = (
     "concatfences",
     "wholeconcat",
     "wholefrozen",
+    "frozen",
+    "frozeneach",
+    "frozengeo",
 )
 COMMIT = {
     "each": "segment",
@@ -126,8 +132,11 @@ COMMIT = {
     "fusedfences": "fences",
     "unfused": "fences",
     "concatfences": "fences",
+    "frozeneach": "segment",
+    "frozengeo": "geometric",
 }
-CONCAT = ("concat", "concatfences", "wholeconcat", "wholefrozen")  # concat_projections=True: sibling products as one
+FROZEN = ("wholefrozen", "frozen", "frozeneach", "frozengeo")  # freeze_params=True
+CONCAT = ("concat", "concatfences", "wholeconcat", *FROZEN)  # concat_projections=True: sibling products as one
 FUSED = ("fused", "fusedfences")  # attention="on": segc's fused decode attention (CUDA)
 UNFUSED = ("unfused",)  # attention="off": MLX's decomposition of the masked attention
 DEFAULT_VARIANTS = ("eager", "compile", "segc", "drain")
@@ -324,7 +333,7 @@ def workload(
                     attention="on" if v in FUSED else "off" if v in UNFUSED else "auto",
                     validate=False,
                     concat_projections=v in CONCAT,
-                    freeze_params=v == "wholefrozen",
+                    freeze_params=v in FROZEN,
                 )
                 jitted[v] = step
                 fns[v] = _bind_segc(step, x, fc)

@@ -18,7 +18,13 @@ Against the weights' bytes each figure gives a bandwidth, and against the HBM's 
 stamps are wall-clock times around a synchronous evaluation: the script runs, but its
 figures are host and device together, not device time.
 
-    python benchmarks/device_time.py [--bits 4] [--repeats 10] [--reps 12] [--layers 16]
+    python benchmarks/device_time.py [--bits 4] [--repeats 10] [--reps 12] [--layers 16] [--skip-products]
+
+Each segc kernel's output is compared with MLX's, byte for byte (the last column). With
+``MLX_MAX_OPS_PER_BUFFER`` and ``MLX_MAX_MB_PER_BUFFER`` set past a step's size, MLX
+launches a step as one CUDA graph after the host has encoded all of it: the span is
+then the device's own time for the step, no wait for the host in it. With
+``MLX_USE_CUDA_GRAPHS=0`` MLX launches each kernel as it encodes it.
 """
 
 from __future__ import annotations
@@ -176,11 +182,21 @@ def time_products(args: argparse.Namespace) -> list[dict[str, Any]]:
         ws = _weights(nrows, k, args.reps, dtype, args.bits)
         nbytes = sum(a.nbytes for a in ws[0])
         impls = {"mlx": _eager(kind, n, norm, args.bits), "segc": _segc(kind, n, norm, args.bits, (1, 1, n))}
+        ref = None
         for impl, f in impls.items():
             if f is not None:
+                got = bytes(memoryview(f(xin, ws[0], r, nw)))
+                ref = got if ref is None else ref
                 secs = _measure(f, xin, ws, r, nw, args.repeats)
                 rows.append(
-                    {"case": name, "impl": impl, "us": secs * 1e6, "mb": nbytes / 1e6, "tbps": nbytes / secs / 1e12}
+                    {
+                        "case": name,
+                        "impl": impl,
+                        "us": secs * 1e6,
+                        "mb": nbytes / 1e6,
+                        "tbps": nbytes / secs / 1e12,
+                        "same": got == ref,
+                    }
                 )
     return rows
 
@@ -199,25 +215,81 @@ def _measure(
     return statistics.median(stamped(xin, body) for _ in range(repeats)) / len(ws)
 
 
+def time_attention(args: argparse.Namespace) -> dict[str, float]:
+    """Microseconds of one layer's decode attention at context 1024 (32 query heads over
+    8 KV heads of 64, bf16): MLX's fused kernel over the live keys, as eager runs it, and
+    segc's kernel over a 1280-position buffer with a mask, as segc's dynamic cache runs
+    it (each over ``--reps`` distinct buffers, as the layers' are)."""
+    hq, hkv, d, cap, live = args.heads, args.kv_heads, args.hidden // args.heads, 1280, 1025
+    dt = mx.bfloat16
+    q = mx.random.normal((1, hq, 1, d)).astype(dt)
+    kv = [
+        (
+            mx.random.normal((1, hkv, cap, d), key=mx.random.key(2 * i)).astype(dt),
+            mx.random.normal((1, hkv, cap, d), key=mx.random.key(2 * i + 1)).astype(dt),
+        )
+        for i in range(args.reps)
+    ]
+    mask = (mx.arange(cap) < live)[None]
+    mx.eval(q, kv, mask)
+    scale = d**-0.5
+    impls: dict[str, Callable[[mx.array, tuple[mx.array, mx.array]], mx.array]] = {
+        "MLX, live keys": lambda y, b: mx.fast.scaled_dot_product_attention(
+            y, b[0][:, :, :live], b[1][:, :, :live], scale=scale
+        ),
+    }
+    if CUDA:
+        from segc.lower.cuda_attention import cuda_attention
+
+        impls["segc, masked buffer"] = lambda y, b: cuda_attention(y, b[0], b[1], mask, scale)
+    out = {}
+    for name, f in impls.items():
+
+        def body(y: mx.array, f: Callable[..., mx.array] = f) -> list[mx.array]:
+            return [f(y, b) for b in kv]
+
+        for _ in range(2):
+            stamped(q, body)
+        out[name] = 1e6 * statistics.median(stamped(q, body) for _ in range(args.repeats)) / len(kv)
+    return out
+
+
+# segc's step variants: (jit settings, SELECT_WRITE, FUSED_PRODUCTS) as the lowering reads them
+SEGC_STEPS: dict[str, tuple[dict[str, Any], str, str]] = {
+    "segc": ({}, "auto", "auto"),  # one segment, concat_projections, freeze_params
+    "segcdsu": ({}, "never", "auto"),  # MLX's own one-position KV writes, not the select
+    "segcplain": ({}, "auto", "never"),  # without the product kernels
+    "segcmlxattn": ({"attention": "off"}, "auto", "auto"),  # MLX's masked attention, not segc's kernel
+}
+
+
 def time_steps(args: argparse.Namespace) -> dict[str, float]:
     """The device's span of one decode step at context 1024, per variant, ms."""
     from bench_llama import FixedContext, compiled_with_cache, make_model
 
     import segc
+    from segc.lower import products, shapes
 
     preset = "reference" if CUDA else "cpu"
-    model = make_model(preset, layers=args.layers, bits=args.bits)
-    fc = FixedContext(model, 1024)
-    m2 = make_model(preset, layers=args.layers, bits=args.bits)
-    fc2 = FixedContext(m2, 1024)
-    step = segc.jit(m2, validate=False, concat_projections=True, freeze_params=True)
-    comp = compiled_with_cache(model, fc)
     x = mx.array([[1]])
-    variants: dict[str, Callable[[mx.array], list[mx.array]]] = {
-        "eager": lambda y: [model(y, cache=fc.reset()), *fc.arrays()],
-        "compile": lambda y: [comp(y), *fc.arrays()],
-        "segc": lambda y: [step(y, cache=fc2.reset()), *fc2.arrays()],
-    }
+    variants: dict[str, Callable[[mx.array], list[mx.array]]] = {}
+    for name in args.steps.split(","):
+        model = make_model(preset, layers=args.layers, bits=args.bits)
+        fc = FixedContext(model, 1024)
+        if name == "eager":
+            variants[name] = lambda y, model=model, fc=fc: [model(y, cache=fc.reset()), *fc.arrays()]
+        elif name == "compile":
+            comp = compiled_with_cache(model, fc)
+            variants[name] = lambda y, comp=comp, fc=fc: [comp(y), *fc.arrays()]
+        elif name in SEGC_STEPS:
+            kw, select, fused = SEGC_STEPS[name]
+            step = segc.jit(model, validate=False, concat_projections=True, freeze_params=True, **kw)
+            shapes.SELECT_WRITE, products.FUSED_PRODUCTS = select, fused
+            mx.eval(step(x, cache=fc.reset()), fc.arrays())  # lowered now, with those settings
+            shapes.SELECT_WRITE = products.FUSED_PRODUCTS = "auto"
+            variants[name] = lambda y, step=step, fc=fc: [step(y, cache=fc.reset()), *fc.arrays()]
+        else:
+            raise SystemExit(f"unknown step variant {name!r}: eager, compile, {', '.join(SEGC_STEPS)}")
     out = {}
     for name, body in variants.items():
         for _ in range(3):
@@ -238,14 +310,20 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=12, help="launches between the stamps (one CUDA graph: keep it small)")
     ap.add_argument("--repeats", type=int, default=10, help="stamped measurements per figure (the median)")
     ap.add_argument("--peak", type=float, default=4.8, help="the HBM's peak, TB/s")
+    ap.add_argument(
+        "--steps", default="eager,compile,segc", help=f"whole steps: eager, compile, {', '.join(SEGC_STEPS)}"
+    )
+    ap.add_argument("--skip-products", action="store_true", help="time the whole steps only")
     args = ap.parse_args()
     what = "device time (the GPU's clock)" if CUDA else "wall-clock time (no CUDA: host and device together)"
     print(f"{what} on {mx.default_device()}, bf16{f', {args.bits}-bit' if args.bits else ''}, mlx {mx.__version__}")
-    rows = time_products(args)
-    print(f"\n{'pattern':<24}{'impl':>6}{'us':>10}{'MB':>9}{'TB/s':>8}{'of peak':>9}")
+    rows = [] if args.skip_products else time_products(args)
+    if rows:
+        print(f"\n{'pattern':<24}{'impl':>6}{'us':>10}{'MB':>9}{'TB/s':>8}{'of peak':>9}  MLX's bytes")
     for r in rows:
         print(
             f"{r['case']:<24}{r['impl']:>6}{r['us']:>10.1f}{r['mb']:>9.1f}{r['tbps']:>8.2f}{r['tbps'] / args.peak:>9.0%}"
+            f"  {'yes' if r['same'] else 'NO'}"
         )
     per = {(r["case"], r["impl"]): r["us"] for r in rows}
     layer = ("q/k/v + norm", "o + residual", "gate/up + norm + silu", "down + residual")
@@ -255,11 +333,15 @@ def main() -> None:
             logits = per.get(("logits + norm", impl), per.get(("logits + norm", "mlx"), 0.0))
             total = args.layers * sum(per[(c, impl)] for c in layer) + logits
             print(f"a step's products ({args.layers} layers and the logits), {impl}: {total / 1e3:.3f} ms")
+    if not args.skip_products:
+        print("\none layer's decode attention at context 1024, us:")
+        for name, us in time_attention(args).items():
+            print(f"  {name:<22}{us:8.1f}")
     if args.layers:
         steps = time_steps(args)
         print("\na decode step at context 1024, the device's span (waits for the host included), ms:")
         for name, ms in steps.items():
-            print(f"  {name:<10}{ms:8.3f}")
+            print(f"  {name:<12}{ms:8.3f}")
 
 
 if __name__ == "__main__":

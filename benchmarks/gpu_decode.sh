@@ -6,13 +6,16 @@
 #
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_decode.sh [PARTS]
 #
-# PARTS: any of  dense quant moe concat isolated runtime kernels select products check generate device
+# PARTS: any of  dense quant moe concat isolated runtime kernels select products check generate device ablate commits
 # (default: dense runtime). kernels: fewer_kernels.py (what each kernel and each of the
 # dynamic cache's differences costs); select: segc's one-position KV write as a select
 # against MLX's, three models; products: segc's product kernels (segc.lower.products)
 # against MLX's own kernels, the llama and the mixtral; check: the CUDA kernels' tests
 # (tests/test_products_cuda.py and the tests of what lowers to them); generate: mlx-lm's own generation loop;
-# device: device_time.py (the step's products and whole steps on the GPU's clock, bf16 and 4-bit). Logs go
+# device: device_time.py (the step's products and whole steps on the GPU's clock, bf16 and 4-bit);
+# ablate: device_time.py's whole steps as one CUDA graph each (the device's own time), segc's
+# step with each of its differences from eager undone; commits: the commit policies on a
+# segment per layer, each variant a process of its own, 2 rounds. Logs go
 # to $OUT. isolated: decode of the three models with one segment and the concatenation,
 # every variant a process of its own, 2 rounds (the issue's "variants isolated"); about
 # 4 minutes a model on the H200, so MODELS=llama: (or llama_4bit:--bits,4 or
@@ -100,6 +103,15 @@ for p in $parts; do
       timeout 200 $PY benchmarks/device_time.py $a >"$OUT/device${a// /_}.txt" 2>&1
       echo "device $a: rc=$?"
     done
+    ;;
+  ablate)
+    MLX_MAX_OPS_PER_BUFFER=100000 MLX_MAX_MB_PER_BUFFER=1000000 timeout 150 $PY benchmarks/device_time.py \
+      --skip-products --repeats 20 --steps eager,compile,segc,segcdsu,segcplain,segcmlxattn >"$OUT/ablate.txt" 2>&1
+    echo "ablate: rc=$?"
+    ;;
+  commits)
+    VARIANTS=eager,compile,wholefrozen,frozen,frozeneach,frozengeo ROUNDS=2 REPEATS=30 BENCH_LIMIT=420 \
+      bench commits --prefill 0 --first-call-layers 0 --no-dispatch
     ;;
   runtime)
     timeout 300 $PY benchmarks/bench_runtime.py --layers 16 --hidden 2048 --intermediate 8192 --heads 32 \

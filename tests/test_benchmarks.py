@@ -146,7 +146,28 @@ def test_device_time_runs_every_pattern_and_step(bits) -> None:
     for case in ("q/k/v", "o", "gate/up", "down", "logits"):
         assert any(r[:1] == [case] and "mlx" in r for r in rows), (case, p.stdout)
     assert [r[0] for r in rows if r[:1] in (["eager"], ["compile"], ["segc"])] == ["eager", "compile", "segc"]
+    # every kernel timed gave MLX's bytes (the last column), and the attention was timed
+    timed = [r for r in rows if len(r) > 6 and r[-6] in ("mlx", "segc")]
+    assert len(timed) >= 5 and all(r[-1] == "yes" for r in timed), p.stdout
+    assert any(r[:3] == ["MLX,", "live", "keys"] for r in rows), p.stdout
     import mlx.core as mx
 
     cuda = mx.default_device() == mx.gpu and mx.cuda.is_available()
     assert p.stdout.splitlines()[0].startswith("device time" if cuda else "wall-clock"), p.stdout
+
+
+def test_device_time_ablates_segcs_step() -> None:
+    """``--steps`` with every segc variant (MLX's writes, no product kernels, MLX's
+    attention) and ``--skip-products``: the steps in the order asked, no product rows;
+    an unknown variant is refused by name."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "device_time.py"), "--hidden=128", "--intermediate=256"]
+    cmd += ["--heads=4", "--kv-heads=2", "--vocab=256", "--layers=1", "--repeats=1", "--skip-products"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    want = ["segcmlxattn", "eager", "segcdsu", "segcplain"]
+    p = subprocess.run([*cmd, "--steps=" + ",".join(want)], capture_output=True, text=True, env=env, timeout=280)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = [line.split() for line in p.stdout.splitlines()]
+    assert [r[0] for r in rows if len(r) == 2 and r[0] in want] == want, p.stdout
+    assert "MLX's bytes" not in p.stdout and "live keys" not in p.stdout, p.stdout
+    bad = subprocess.run([*cmd, "--steps=eager,segcx"], capture_output=True, text=True, env=env, timeout=280)
+    assert bad.returncode != 0 and "unknown step variant 'segcx'" in bad.stderr, bad.stderr

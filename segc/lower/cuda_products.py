@@ -25,7 +25,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from .cuda_qmv import QBODY, QHEADER, QINPUTS
+from .cuda_qmv import GLU_WARPS, QBODY, QHEADER, QINPUTS
 
 ROWS_PER_BLOCK = 8  # MLX's gemv: a block of 8 warps, a warp per row
 
@@ -262,11 +262,12 @@ def product(
     width = 1 if quant is None else 3
     if kind == "glu" and len(inputs) == 1 + width + (norm is not None):  # one concatenated weight, read twice
         inputs[1 + width : 1 + width] = inputs[1 : 1 + width]
+    warps = ROWS_PER_BLOCK * (GLU_WARPS if quant is not None and kind == "glu" else 1)
     (out,) = _kernel(kind, eps_bits, quant is not None)(
         inputs=inputs,
         template=tmpl,
-        grid=(32 * blocks, ROWS_PER_BLOCK, 1),
-        threadgroup=(32, ROWS_PER_BLOCK, 1),
+        grid=(32 * blocks, warps, 1),
+        threadgroup=(32, warps, 1),
         output_shapes=[shape],
         output_dtypes=[x.dtype],
     )

@@ -138,7 +138,8 @@ __device__ float qrow(const T* x, const uint32_t* w, const T* s, const T* b, int
 }  // namespace segc_q
 """
 
-# the same over quantized weights (MLX's qmv for each row; glu: the gate's row, then the up's)
+# the same over quantized weights (MLX's qmv for each row; glu: the gate's and the up's rows
+# by warps of their own, ``GLU_WARPS`` per block row)
 QBODY = {
     "gemv": r"""
     const int row = blockIdx.x * RPB + threadIdx.y;
@@ -160,20 +161,31 @@ QBODY = {
     }
 """,
     "glu": r"""
-    const int row = blockIdx.x * RPB + threadIdx.y;
+    // a block of 2 * RPB warps: the first RPB sum the gate's rows, the others the up's
+    // (each row one warp, as MLX's qmv over the concatenated weight gives it)
+    __shared__ float segc_up[RPB];
+    const int wy = threadIdx.y % RPB;
+    const bool up = threadIdx.y >= RPB;
+    const int row = blockIdx.x * RPB + wy;
+    float sum = 0.f;
     if (row < N) {
-        float sg = segc_q::qrow<GS, BITS, T>(vec, wg, gs, gb, OG + row, K);
-        float su = segc_q::qrow<GS, BITS, T>(vec, wu, us, ub, OU + row, K);
-        if (threadIdx.x == 0) {
-            T g = segc_q::to_dtype<T>(sg);
-            T u = segc_q::to_dtype<T>(su);
-            T s = Sigmoid{}(g);
-            T gsv = GFIRST ? Multiply{}(g, s) : Multiply{}(s, g);
-            out[row] = GSFIRST ? Multiply{}(gsv, u) : Multiply{}(u, gsv);
+        sum = up ? segc_q::qrow<GS, BITS, T>(vec, wu, us, ub, OU + row, K)
+                 : segc_q::qrow<GS, BITS, T>(vec, wg, gs, gb, OG + row, K);
+        if (up && threadIdx.x == 0) {
+            segc_up[wy] = sum;
         }
+    }
+    __syncthreads();
+    if (!up && row < N && threadIdx.x == 0) {
+        T g = segc_q::to_dtype<T>(sum);
+        T u = segc_q::to_dtype<T>(segc_up[wy]);
+        T s = Sigmoid{}(g);
+        T gsv = GFIRST ? Multiply{}(g, s) : Multiply{}(s, g);
+        out[row] = GSFIRST ? Multiply{}(gsv, u) : Multiply{}(u, gsv);
     }
 """,
 }
+GLU_WARPS = 2  # the quantized glu's launch: 2 * ROWS_PER_BLOCK warps a block
 QINPUTS = {
     "gemv": ["x", "w", "ws", "wb"],
     "add": ["x", "w", "ws", "wb", "r"],

@@ -10,10 +10,10 @@ segments the stock loop commits after:
 - ``"fences"``: none (the call's end commits everything; signals and waits of a
   schedule add commits that are not modelled here);
 - ``"geometric"``: the 1st, 2nd, 4th, 8th, ... (counted from 1);
-- ``"auto"``: ``"segment"`` on a CPU; on a GPU ``"geometric"`` and every segment of at
-  least ``COMMIT_FLOPS`` floating point operations.
+- ``"auto"``: ``"segment"``, on a CPU and on a GPU (docs/runtime.md, "Commits", has the
+  measurements behind it).
 
-The runtime (``segc.runtime.executor``) takes its policy names and threshold from here
+The runtime (``segc.runtime.executor``) takes its policy names from here
 and decides its commits itself; ``tests/test_research_commits.py`` checks the two
 agree.
 """
@@ -22,10 +22,8 @@ from __future__ import annotations
 
 from ..errors import ScheduleError
 from ..ir import Graph, segments
-from .analysis import eqn_flops
 
 COMMITS = ("auto", "segment", "fences", "geometric")
-COMMIT_FLOPS = 1e9  # "auto" on a GPU: a segment with this much work is committed at once
 DEVICES = ("cpu", "gpu")
 
 
@@ -37,7 +35,7 @@ def commit_flags(g: Graph, policy: str = "segment", device: str = "cpu") -> tupl
     if device not in DEVICES:
         raise ScheduleError(f"device must be one of {DEVICES}, not {device!r}")
     segs = segments(g)
-    if policy == "segment" or (policy == "auto" and device == "cpu"):
+    if policy in ("segment", "auto"):
         return (True,) * len(segs)
     if policy == "fences":
         return (False,) * len(segs)
@@ -45,15 +43,7 @@ def commit_flags(g: Graph, policy: str = "segment", device: str = "cpu") -> tupl
     while p <= len(segs):
         doubling.add(p)
         p *= 2
-    flags = [k + 1 in doubling for k in range(len(segs))]
-    if policy == "auto":
-        vs = g.vars()
-        for k, s in enumerate(segs):
-            work = 0
-            for e in g.eqns[s.start : s.stop]:
-                work += eqn_flops(e, vs)  # 0 for cuts and other pseudo-equations
-            flags[k] = flags[k] or work >= COMMIT_FLOPS
-    return tuple(flags)
+    return tuple(k + 1 in doubling for k in range(len(segs)))
 
 
 def commit_count(flags: tuple[bool, ...]) -> int:

@@ -7,15 +7,12 @@ kept apart from where segments are cut (docs/runtime.md, "Commits"):
   command buffer without waiting for it (the seed's Metal engine does this);
 * ``"fences"``: a commit only where something must observe a boundary: after a segment
   that signals, before a segment that waits (so that the work before it runs while the
-  host blocks), and at the end (the caller's ``mx.eval``). On MLX's CUDA build a commit
-  builds and launches a CUDA graph (~100-160 us of host time), so this is the default
-  there;
+  host blocks), and at the end (the caller's ``mx.eval``);
 * ``"geometric"``: ``"fences"`` plus a commit after segments 1, 2, 4, 8, ... (counted
   from 1): the device starts after the first segment while the commits stay few;
-* ``"auto"``: ``"segment"`` on the CPU; on a GPU, ``"geometric"`` plus a commit after
-  every segment whose work (the cost model's FLOPs) is at least ``COMMIT_FLOPS``: a
-  commit pays for itself when it starts that much work early (prefill), and not for
-  each of a decode's layers of a few hundred MFLOP (docs/runtime.md, "Commits").
+* ``"auto"``: ``"segment"``, on the CPU and on a GPU: on MLX's CUDA build a commit
+  launches the segment's CUDA graph at once, and the device then runs it while the
+  host dispatches the next (docs/runtime.md, "Commits", has the measurements).
 
 Either way the host never drains between segments. With ``drain=True`` the executor
 instead ``mx.eval``s after each segment: the host-draining baseline that segc exists to
@@ -40,8 +37,7 @@ import mlx.core as mx
 from ..errors import MemoryLimitError, ScheduleError, SignatureError
 from ..ir import WINDOW, Graph, Segment, SegmentEffects, Var, segment_effects, segments, window_segments
 from ..lower import attention_kernel, check_supported, check_types, compile_loses, product_kernel, segment_fn
-from ..passes.analysis import eqn_flops
-from ..passes.commits import COMMIT_FLOPS, COMMITS
+from ..passes.commits import COMMITS
 from ..units import fmt_bytes
 from .aborted import Aborted
 from .fenced import Fences, Timeline, WindowRun, run_effects
@@ -89,18 +85,15 @@ def _getter(cells: tuple[int, ...]) -> Callable[[list], tuple]:
 # (the check reads the limit through two calls: nothing a limit could refuse is that small)
 _MEMORY_LIMIT_FLOOR = 1 << 20
 
-# the policies' names and the GPU's work threshold are the cost model's too
-# (segc.passes.commits); the decisions below are the runtime's own
+# the policies' names are the cost model's too (segc.passes.commits); the decisions below
+# are the runtime's own
 
 
 def resolve_commit(commit: str) -> str:
-    """The commit policy ``commit`` names, with ``"auto"`` decided by the default device
-    (``"auto"`` stays ``"auto"`` on a GPU, where it depends on each segment's work)."""
+    """The commit policy ``commit`` names, with ``"auto"`` resolved (``"segment"``)."""
     if commit not in COMMITS:
         raise ScheduleError(f"commit must be one of {COMMITS}, not {commit!r}")
-    if commit == "auto" and mx.default_device() == mx.cpu:
-        return "segment"
-    return commit
+    return "segment" if commit == "auto" else commit
 
 
 def _commits_after(g: Graph, segs: Sequence[Segment], policy: str) -> tuple[bool, ...]:
@@ -109,11 +102,7 @@ def _commits_after(g: Graph, segs: Sequence[Segment], policy: str) -> tuple[bool
         return tuple(policy == "segment" for _ in segs)
     # after segments 1, 2, 4, 8, ...: the device starts after the first segment, and the
     # commits stay few (log2 of the count) while the host dispatches the rest
-    geometric = tuple((k + 1) & k == 0 for k in range(len(segs)))
-    if policy == "geometric":
-        return geometric
-    vs = g.vars()
-    return tuple(geo or sum(eqn_flops(e, vs) for e in s.eqns(g)) >= COMMIT_FLOPS for geo, s in zip(geometric, segs))
+    return tuple((k + 1) & k == 0 for k in range(len(segs)))
 
 
 def _touches_empty(g: Graph, s: Segment, vs: dict[str, Var]) -> bool:
