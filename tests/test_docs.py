@@ -172,6 +172,41 @@ def resolve(name: str) -> object:
     raise ModuleNotFoundError(name)
 
 
+def _slug(heading: str) -> str:
+    """A heading's anchor as GitHub makes it: lower case, punctuation but ``-`` and
+    ``_`` dropped, each space a ``-``."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    return {_slug(h) for h in re.findall(r"^#+\s+(.*)$", path.read_text(), re.M)}
+
+
+ALL_DOCS = sorted({"README.md", *CHECKED, *(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))})
+
+
+def test_slug_is_githubs() -> None:
+    assert _slug("GPU decode: the device's own time (2026-12-02, twelfth session)") == (
+        "gpu-decode-the-devices-own-time-2026-12-02-twelfth-session"
+    )
+    assert _slug("`segc.jit(fn, *, boundaries=None)`") == "segcjitfn--boundariesnone"
+
+
+@pytest.mark.parametrize("doc", ALL_DOCS)
+def test_link_anchors_exist(doc: str) -> None:
+    """Every ``file.md#anchor`` (or ``#anchor``) link names a heading of its target."""
+    path = ROOT / doc
+    bad = []
+    for target in _LINK.findall(path.read_text()):
+        file, _, anchor = target.partition("#")
+        if not anchor or re.match(r"^[a-z]+:", target) or not (file == "" or file.endswith(".md")):
+            continue
+        dest = path if not file else (path.parent / file)
+        if dest.exists() and anchor not in _anchors(dest):
+            bad.append(target)
+    assert not bad, f"{doc}: links to headings that do not exist: {bad}"
+
+
 @pytest.mark.parametrize("doc", CHECKED)
 def test_references_exist(doc: str) -> None:
     from segc.ir import PSEUDO
