@@ -263,33 +263,37 @@ SEGC_STEPS: dict[str, tuple[dict[str, Any], str, str]] = {
 }
 
 
-def time_steps(args: argparse.Namespace) -> dict[str, float]:
-    """The device's span of one decode step at context 1024, per variant, ms."""
+def step_body(name: str, layers: int, bits: int | None) -> Callable[[mx.array], list[mx.array]]:
+    """One decode step at context 1024 of variant ``name`` (``eager``, ``compile`` or a
+    ``SEGC_STEPS`` name) on a model of its own: a function of the token (a ``(1, 1)``
+    array) returning the step's logits and KV buffers, warmed up (traced, lowered)."""
     from bench_llama import FixedContext, compiled_with_cache, make_model
 
     import segc
     from segc.lower import products, shapes
 
-    preset = "reference" if CUDA else "cpu"
+    model = make_model("reference" if CUDA else "cpu", layers=layers, bits=bits)
+    fc = FixedContext(model, 1024)
     x = mx.array([[1]])
-    variants: dict[str, Callable[[mx.array], list[mx.array]]] = {}
-    for name in args.steps.split(","):
-        model = make_model(preset, layers=args.layers, bits=args.bits)
-        fc = FixedContext(model, 1024)
-        if name == "eager":
-            variants[name] = lambda y, model=model, fc=fc: [model(y, cache=fc.reset()), *fc.arrays()]
-        elif name == "compile":
-            comp = compiled_with_cache(model, fc)
-            variants[name] = lambda y, comp=comp, fc=fc: [comp(y), *fc.arrays()]
-        elif name in SEGC_STEPS:
-            kw, select, fused = SEGC_STEPS[name]
-            step = segc.jit(model, validate=False, concat_projections=True, freeze_params=True, **kw)
-            shapes.SELECT_WRITE, products.FUSED_PRODUCTS = select, fused
-            mx.eval(step(x, cache=fc.reset()), fc.arrays())  # lowered now, with those settings
-            shapes.SELECT_WRITE = products.FUSED_PRODUCTS = "auto"
-            variants[name] = lambda y, step=step, fc=fc: [step(y, cache=fc.reset()), *fc.arrays()]
-        else:
-            raise SystemExit(f"unknown step variant {name!r}: eager, compile, {', '.join(SEGC_STEPS)}")
+    if name == "eager":
+        return lambda y: [model(y, cache=fc.reset()), *fc.arrays()]
+    if name == "compile":
+        comp = compiled_with_cache(model, fc)
+        return lambda y: [comp(y), *fc.arrays()]
+    if name not in SEGC_STEPS:
+        raise SystemExit(f"unknown step variant {name!r}: eager, compile, {', '.join(SEGC_STEPS)}")
+    kw, select, fused = SEGC_STEPS[name]
+    step = segc.jit(model, validate=False, concat_projections=True, freeze_params=True, **kw)
+    shapes.SELECT_WRITE, products.FUSED_PRODUCTS = select, fused
+    mx.eval(step(x, cache=fc.reset()), fc.arrays())  # lowered now, with those settings
+    shapes.SELECT_WRITE = products.FUSED_PRODUCTS = "auto"
+    return lambda y: [step(y, cache=fc.reset()), *fc.arrays()]
+
+
+def time_steps(args: argparse.Namespace) -> dict[str, float]:
+    """The device's span of one decode step at context 1024, per variant, ms."""
+    x = mx.array([[1]])
+    variants = {name: step_body(name, args.layers, args.bits) for name in args.steps.split(",")}
     out = {}
     for name, body in variants.items():
         for _ in range(3):

@@ -6,7 +6,7 @@
 #
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_decode.sh [PARTS]
 #
-# PARTS: any of  dense quant moe concat isolated runtime kernels select products check generate device ablate commits
+# PARTS: any of  dense quant moe concat isolated runtime kernels select products check generate device ablate commits census
 # (default: dense runtime). kernels: fewer_kernels.py (what each kernel and each of the
 # dynamic cache's differences costs); select: segc's one-position KV write as a select
 # against MLX's, three models; products: segc's product kernels (segc.lower.products)
@@ -15,7 +15,8 @@
 # device: device_time.py (the step's products and whole steps on the GPU's clock, bf16 and 4-bit);
 # ablate: device_time.py's whole steps as one CUDA graph each (the device's own time), segc's
 # step with each of its differences from eager undone; commits: the commit policies on a
-# segment per layer, each variant a process of its own, 2 rounds. Logs go
+# segment per layer, each variant a process of its own, 2 rounds; census: kernel_census.py
+# (the kernels of one decode step, by name, from MLX's CUDA graphs). Logs go
 # to $OUT. isolated: decode of the three models with one segment and the concatenation,
 # every variant a process of its own, 2 rounds (the "variants isolated"); about
 # 4 minutes a model on the H200, so MODELS=llama: (or llama_4bit:--bits,4 or
@@ -108,6 +109,10 @@ for p in $parts; do
     MLX_MAX_OPS_PER_BUFFER=100000 MLX_MAX_MB_PER_BUFFER=1000000 timeout 150 $PY benchmarks/device_time.py \
       --skip-products --repeats 20 --steps eager,compile,segc,segcdsu,segcplain,segcmlxattn >"$OUT/ablate.txt" 2>&1
     echo "ablate: rc=$?"
+    ;;
+  census)
+    timeout 240 $PY benchmarks/kernel_census.py --steps eager,compile,segc,segcplain --top 40 >"$OUT/census.txt" 2>&1
+    echo "census: rc=$?"
     ;;
   commits)
     VARIANTS=eager,compile,wholefrozen,frozen,frozeneach,frozengeo ROUNDS=2 REPEATS=30 BENCH_LIMIT=420 \

@@ -171,3 +171,46 @@ def test_device_time_ablates_segcs_step() -> None:
     assert "MLX's bytes" not in p.stdout and "live keys" not in p.stdout, p.stdout
     bad = subprocess.run([*cmd, "--steps=eager,segcx"], capture_output=True, text=True, env=env, timeout=280)
     assert bad.returncode != 0 and "unknown step variant 'segcx'" in bad.stderr, bad.stderr
+
+
+def test_kernel_census_counts_nodes_by_kernel_name() -> None:
+    """``benchmarks/kernel_census.py``'s parser over two graphs in the form
+    ``cudaGraphDebugDotPrint`` writes (a label: the node's number, the kernel with its
+    template arguments, its launch): every instance of a kernel counts under one name,
+    a memset under its kind; counted here by hand."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from kernel_census import census
+
+    g1 = (
+        "digraph dot {\nsubgraph cluster_1 {\n"
+        '"graph_1_node_0"[style="solid" shape="rectangle" label="0\n'
+        'void mlx::core::cu::gemv_single<__nv_bfloat16, 4>\n\\<\\<\\<(256,1,1),(32,8,1),0\\>\\>\\>"];\n'
+        '"graph_1_node_1"[style="solid" shape="rectangle" label="1\n'
+        'void mlx::core::cu::gemv_single<__nv_bfloat16, 2>\n\\<\\<\\<(64,1,1),(32,8,1),0\\>\\>\\>"];\n'
+        '"graph_1_node_2"[style="solid" shape="rectangle" label="2\nMEMSET\n"];\n'
+        '"graph_1_node_0" -> "graph_1_node_1";\n}\n}\n'
+    )
+    g2 = (
+        'digraph dot {\n"graph_2_node_0"[style="solid" shape="rectangle" label="0\n'
+        'custom_kernel_segc_gemv_add_bfloat16\n\\<\\<\\<(256,1,1),(32,8,1),0\\>\\>\\>"];\n}\n'
+    )
+    counts = census([g1, g2])
+    assert counts == {"mlx::core::cu::gemv_single": 2, "MEMSET": 1, "custom_kernel_segc_gemv_add_bfloat16": 1}
+
+
+def test_kernel_census_runs_each_variant_in_its_own_process() -> None:
+    """The script at small sizes: a line per variant; off CUDA MLX writes no graph, and
+    the script says so (on CUDA: at least one node per step)."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "kernel_census.py"), "--steps=eager,segc", "--layers=1"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=280, cwd=ROOT)
+    assert p.returncode == 0, p.stdout + p.stderr
+    heads = [ln for ln in p.stdout.splitlines() if "CUDA graphs," in ln]
+    assert [h.split(":")[0] for h in heads] == ["eager", "segc"], p.stdout
+    import mlx.core as mx
+
+    if mx.default_device() == mx.gpu and mx.cuda.is_available():
+        assert all(int(h.split(",")[1].split()[0]) > 0 for h in heads), p.stdout
+    else:
+        assert all(h.endswith(": 0 CUDA graphs, 0 nodes in one decode step") for h in heads), p.stdout
+        assert p.stdout.count("no CUDA graphs") == 2, p.stdout

@@ -1,0 +1,110 @@
+"""Which kernels one decode step launches, per variant, counted from MLX's own CUDA graphs
+(issue 13: a decode step on the GPU costs what its kernels cost the host, so the next
+kernel to remove is the one this lists most).
+
+Each variant runs in a process of its own with ``MLX_SAVE_CUDA_GRAPHS_DOT_FILE`` set:
+MLX then writes every CUDA graph it commits as a Graphviz file (``cudaGraphDebugDotPrint``).
+The step is warmed up (traced, lowered, its kernels built), then run once more; the
+graphs written by that run are parsed and their kernel nodes counted by kernel name
+(template arguments and launch dimensions dropped, so that every layer's instance of a
+kernel counts under one name; a node that is not a kernel counts under its kind). On a machine without CUDA MLX writes no graph: each
+variant reports none.
+
+    python benchmarks/kernel_census.py [--steps eager,compile,segc] [--layers 16] [--bits 4] [--top 25]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+# a node of cudaGraphDebugDotPrint's output: "graph_0_node_3"[... label="..." ...]; a
+# label may hold escaped quotes and newlines
+_NODE = re.compile(r'^\s*"?(\w+_node_\d+)"?\s*\[[^\n]*?label="((?:[^"\\]|\\.)*)"', re.M)
+
+
+def kernel_name(label: str) -> str:
+    """What a node's label names (its first line that is not the node's number), without
+    template arguments, launch dimensions or parameters: a kernel's name, or a node
+    kind (a memset, an event) as the label gives it."""
+    lines = [ln.strip() for ln in label.replace("\\n", "\n").splitlines() if ln.strip()]
+    words = [ln for ln in lines if not ln.isdigit()] or lines or ["?"]
+    name = words[0].removeprefix("void ")
+    for cut in ("\\<", "<", "("):  # template arguments, a launch configuration, parameters
+        name = name.split(cut, 1)[0]
+    return name.strip() or words[0]
+
+
+def census(dot_texts: list[str]) -> collections.Counter[str]:
+    """Nodes by name over the graphs' texts."""
+    counts: collections.Counter[str] = collections.Counter()
+    for text in dot_texts:
+        for m in _NODE.finditer(text):
+            counts[kernel_name(m.group(2))] += 1
+    return counts
+
+
+def child(args: argparse.Namespace) -> None:
+    """Run in the variant's process: warm the step up, run it once, count its graphs."""
+    import mlx.core as mx
+
+    sys.path.insert(0, str(HERE))
+    from device_time import step_body
+
+    prefix = os.environ.get("MLX_SAVE_CUDA_GRAPHS_DOT_FILE", "")
+    folder = Path(prefix).parent if prefix else None
+    body = step_body(args.child, args.layers, args.bits)
+    x = mx.array([[1]])
+    for _ in range(3):
+        mx.eval(body(x))
+    mx.synchronize()
+    before = set(folder.glob("*.dot")) if folder else set()
+    mx.eval(body(x))
+    mx.synchronize()
+    new = sorted(set(folder.glob("*.dot")) - before) if folder else []
+    counts = census([p.read_text(errors="replace") for p in new])
+    print(json.dumps({"graphs": len(new), "kernels": dict(counts)}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", default="eager,compile,segc", help="variants (device_time.py's --steps names)")
+    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--bits", type=int, default=None)
+    ap.add_argument("--top", type=int, default=25, help="kernel names listed per variant")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args)
+        return
+    results = {}
+    for name in args.steps.split(","):
+        with tempfile.TemporaryDirectory() as tmp:
+            env = dict(os.environ, MLX_SAVE_CUDA_GRAPHS_DOT_FILE=str(Path(tmp) / "g"))
+            cmd = [sys.executable, __file__, "--child", name, "--layers", str(args.layers)]
+            cmd += ["--bits", str(args.bits)] if args.bits else []
+            p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            if p.returncode != 0:
+                raise SystemExit(f"{name}: {p.stderr.strip() or p.stdout.strip()}")
+            results[name] = json.loads(p.stdout.strip().splitlines()[-1])
+    for name, r in results.items():
+        counts = collections.Counter(r["kernels"])
+        total = sum(counts.values())
+        print(f"\n{name}: {r['graphs']} CUDA graphs, {total} nodes in one decode step")
+        if not r["graphs"]:
+            print("  (no CUDA graphs: MLX writes them only on its CUDA build)")
+        for k, n in counts.most_common(args.top):
+            print(f"  {n:5d}  {k}")
+
+
+if __name__ == "__main__":
+    main()
