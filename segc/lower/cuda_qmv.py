@@ -185,7 +185,7 @@ QBODY = {
     }
 """,
 }
-GLU_WARPS = 2  # the quantized glu's launch: 2 * ROWS_PER_BLOCK warps a block
+GLU_WARPS = 2  # the quantized glu's launch, as its body lays it out: RPB warps for the gate's rows, RPB for the up's
 QINPUTS = {
     "gemv": ["x", "w", "ws", "wb"],
     "add": ["x", "w", "ws", "wb", "r"],
