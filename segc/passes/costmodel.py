@@ -105,7 +105,7 @@ class MachineModel:
     source: str = "default"  # "default", or what calibrated it
     encode_s: float = 0.0  # host: per kernel, while the device already runs the segment's first ones
     commit_s: float = 0.0  # host: per commit (commits.py); the device starts the committed work after it
-    device: str = "cpu"  # "cpu" or "gpu": what the commit policy "auto" means here
+    device: str = "cpu"  # "cpu" or "gpu" (the commit policy "auto" meant per device until 2026-12-02)
     queue_kernels: float = 0.0  # host: the kernels it may have outstanding (MLX throttles it); 0: unbounded
     segment_sq_s: float = 0.0  # per kernel squared of a segment: what a large segment costs beyond its kernels
     fused_products: bool = False  # one-row products with their neighbours as one kernel (segc on CUDA)
@@ -275,8 +275,8 @@ def _span_in_bytes(lv: Liveness, os_: list, a: int, b: int) -> int:
 
 def predict_time(g: Graph, m: MachineModel | None = None, commit: str = "segment") -> TimePrediction:
     """The predicted wall time of one call of ``g`` cut as it is, its segments
-    committed as the runtime's ``commit`` policy does (``commits.py``; ``"auto"``
-    follows ``m.device``). The default, a commit per segment, is the pipeline that the
+    committed as the runtime's ``commit`` policy does (``commits.py``; ``"auto"`` is
+    ``"segment"`` on either device). The default, a commit per segment, is the pipeline that the
     ``optimal`` strategy minimises."""
     m = m or default_model()
     os_ = ops(g)
