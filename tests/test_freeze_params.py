@@ -59,3 +59,80 @@ def test_a_frozen_decode_keeps_eagers_bits_and_does_not_see_a_new_weight() -> No
 def test_freeze_params_must_be_a_bool() -> None:
     with pytest.raises(UsageError, match="freeze_params"):
         segc.jit(_mlp(), freeze_params="yes")
+
+
+def _graph_params(entry: segc.Compiled) -> int:
+    return sum(1 for i in entry.graph.inputs if i.kind == "param")
+
+
+@pytest.mark.parametrize("concat", [False, True])
+def test_frozen_segments_capture_the_parameters_and_keep_eagers_bits(concat) -> None:
+    """After its first call a frozen entry's executor takes no parameter inputs (its
+    segments close over the weights, as ``mx.compile`` does); decode over a segment per
+    layer stays eager's bits, with the concatenated projections too."""
+    model = build("llama", num_hidden_layers=3)
+    ref = build("llama", num_hidden_layers=3)
+    ref.update(model.parameters())
+    step = segc.jit(model, boundaries="layers.*", freeze_params=True, validate=False, concat_projections=concat)
+    ce, cs = make_prompt_cache(ref), make_prompt_cache(model)
+    prompt = mx.array([[3, 1, 4, 1, 5]])
+    assert same_bits(step(prompt, cache=cs), ref(prompt, cache=ce))
+    for t in (2, 7, 1, 8):
+        x = mx.array([[t]])
+        assert same_bits(step(x, cache=cs), ref(x, cache=ce))
+    for c, e in zip(cs, ce):
+        assert same_bits(c.keys[..., : c.offset, :], e.keys[..., : e.offset, :])
+    entries = step.entries()
+    assert entries and all(_graph_params(e) > 0 for e in entries)
+    for e in entries:
+        n_params = _graph_params(e)
+        assert e.executor.n_inputs == len(e.graph.inputs) - n_params, "parameters still passed per call"
+        assert len(e.executor.graph.consts) == len(e.graph.consts) + n_params
+
+
+def test_an_unfrozen_entry_passes_its_parameters() -> None:
+    m = _mlp()
+    f = segc.jit(m)
+    x = mx.ones((2, 8))
+    assert same_bits(f(x), m(x))
+    (e,) = f.entries()
+    assert _graph_params(e) == 4 and e.executor.n_inputs == len(e.graph.inputs)
+
+
+def test_captured_parameters_are_the_modules_arrays_not_copies() -> None:
+    """The segments close over the module's own weight arrays: memory does not grow by
+    the weights' size when the parameters are captured."""
+    m = nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024))  # 8 MiB of weights
+    mx.eval(m.parameters())
+    x = mx.ones((1, 1024))
+    want = m(x)
+    mx.eval(want)
+    f = segc.jit(m, freeze_params=True)
+    base = mx.get_active_memory()
+    y = f(x)
+    mx.eval(y)
+    assert same_bits(y, want)
+    assert mx.get_active_memory() - base < 2 << 20  # far below the 8 MiB a copy would take
+    (e,) = f.entries()
+    held = {id(c.value) for c in e.executor.graph.consts}
+    assert id(m.layers[0].weight) in held and id(m.layers[2].weight) in held
+
+
+def test_a_window_on_a_frozen_function_keeps_its_bits() -> None:
+    """Engine effects lower the cached traces again: the new entries capture too."""
+    model = build("llama", num_hidden_layers=3)
+    step = segc.jit(model, boundaries="layers.*", freeze_params=True, validate=False)
+    x = mx.array([[3, 1, 4, 1, 5]])
+    want = model(x)
+    assert same_bits(step(x), want)
+    g = step.lower(x).graph
+    ids = [e.id for e in g.eqns]
+    stash = step.set_window(ids[0], ids[-1])
+    got = step(x)
+    assert stash is not None and same_bits(got, want)
+    (e,) = step.entries()  # lowered again for the window, and captured at its first call
+    assert e.executor.n_inputs == len(e.graph.inputs) - _graph_params(e)
+    step.clear_window()
+    assert same_bits(step(x), want)
+    (e,) = step.entries()
+    assert e.executor.n_inputs == len(e.graph.inputs) - _graph_params(e)

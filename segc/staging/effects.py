@@ -34,6 +34,7 @@ class EngineHooks:
     commit: str
     attention: Any
     _concats: Concats
+    freeze_params: bool
 
     def set_boundary_schedule(
         self,
@@ -127,7 +128,11 @@ class EngineHooks:
             (
                 sig,
                 c.lowered.traced.lower(effects=effects).compile(
-                    drain=self.drain, commit=self.commit, attention=self.attention, concats=self._concats
+                    drain=self.drain,
+                    commit=self.commit,
+                    attention=self.attention,
+                    concats=self._concats,
+                    capture_params=self.freeze_params,
                 ),
             )
             for sig, c in self._cache.items()

@@ -157,7 +157,11 @@ class Jitted(EngineHooks):
     def _compile(self, t: Traced) -> Compiled:
         """The miss path: lower and compile a fresh trace, and file it in the cache."""
         c = t.lower(effects=self._effects).compile(
-            drain=self.drain, commit=self.commit, attention=self.attention, concats=self._concats
+            drain=self.drain,
+            commit=self.commit,
+            attention=self.attention,
+            concats=self._concats,
+            capture_params=self.freeze_params,
         )
         self.info.misses += 1
         # against the entry this call was expected to hit (the nearest cached signature)

@@ -27,6 +27,7 @@ from ..runtime.fenced import Fences, Timeline, WindowRun
 from ..trace import state as st
 from ..trace.pytree import TreeDef, unflatten
 from . import rng
+from .capture import params_as_consts
 from .concat import Concats, is_concat
 from .signature import CallSpec, Signature
 
@@ -110,14 +111,26 @@ class Lowered:
         return self.as_text()
 
     def compile(
-        self, *, drain: bool = False, commit: str = "auto", attention: Any = "auto", concats: Concats | None = None
+        self,
+        *,
+        drain: bool = False,
+        commit: str = "auto",
+        attention: Any = "auto",
+        concats: Concats | None = None,
+        capture_params: bool = False,
     ) -> Compiled:
         concats = concats if concats is not None else self.traced.concats
-        return Compiled(self, drain=drain, commit=commit, attention=attention, concats=concats)
+        return Compiled(
+            self, drain=drain, commit=commit, attention=attention, concats=concats, capture_params=capture_params
+        )
 
 
 class Compiled:
-    """A callable for one signature. Calling it with another signature raises."""
+    """A callable for one signature. Calling it with another signature raises.
+
+    With ``capture_params`` (``segc.jit(..., freeze_params=True)``) the first call's
+    parameters become constants of the compiled segments (``capture.py``): the executor
+    is rebuilt on that graph, and later calls pass no parameters."""
 
     def __init__(
         self,
@@ -128,12 +141,12 @@ class Compiled:
         commit: str = "auto",
         attention: Any = "auto",
         concats: Concats | None = None,
+        capture_params: bool = False,
     ):
         self.lowered = lowered
         self.graph = lowered.graph
-        self.executor = Executor(
-            self.graph, compile=compile, drain=drain, check=False, commit=commit, attention=attention
-        )
+        self._executor_options = {"compile": compile, "drain": drain, "commit": commit, "attention": attention}
+        self.executor = Executor(self.graph, check=False, **self._executor_options)
         t = lowered.traced
         self.spec = t.spec
         self.signature = t.signature
@@ -145,6 +158,8 @@ class Compiled:
         self._key_in = any(i.path == rng.KEY_PATH for i in self.graph.inputs)
         self._ran = False
         self._param_order = [i.path for i in self.graph.inputs if i.kind == "param"]
+        self._capture = capture_params and bool(self._param_order)
+        self._captured = False
         # concatenated weights (segc.passes.concat): built from the members, once
         self._derived = [is_concat(p) for p in self._param_order]
         self._concats = (concats or Concats()) if any(self._derived) else None
@@ -179,12 +194,15 @@ class Compiled:
         return self.run(*self._bind(args, kwargs))
 
     def flat_inputs(self, *args: Any, **kwargs: Any) -> list[mx.array]:
-        """The graph's inputs for a call (arguments, state arrays, then parameters), after
-        checking its signature: what :meth:`execute` takes."""
+        """The graph's inputs for a call (arguments, state arrays, then parameters: none
+        once a frozen entry has captured them), after checking its signature: what
+        :meth:`execute` takes."""
         return self._inputs(*self._bind(args, kwargs))
 
     def _inputs(self, leaves: list[mx.array], params: dict[str, mx.array], slots: Sequence[st.Slot]) -> list[mx.array]:
         key = [rng.current_key()] if self._key_in else []
+        if self._captured:  # the segments hold the parameters
+            return leaves + [x for s in slots for x in s.inputs] + key
         if self._memo is not None and self._memo[0] is params:
             ps = self._memo[1]  # the gatherer returns the same dict while no parameter changed
         elif self._concats is None:
@@ -194,7 +212,16 @@ class Compiled:
             get = self._concats.get
             ps = [get(p, params) if d else params[p] for p, d in zip(self._param_order, self._derived)]
             self._memo = (params, ps)
+        if self._capture:
+            self._capture_params(ps)
+            ps = []
         return leaves + [x for s in slots for x in s.inputs] + key + ps
+
+    def _capture_params(self, ps: list[mx.array]) -> None:
+        """Rebuild the executor with ``ps`` as constants of its segments (once)."""
+        mx.eval(ps)  # a constant is an evaluated array (concatenated weights may still be lazy)
+        self.executor = Executor(params_as_consts(self.graph, ps), check=False, **self._executor_options)
+        self._capture, self._captured = False, True
 
     def execute(self, inputs: list[mx.array]) -> list[mx.array]:
         """Run the segments on flat graph inputs; the graph's outputs (not waited for),
