@@ -17,8 +17,8 @@
 # step with each of its differences from eager undone; commits: the commit policies on a
 # segment per layer, each variant a process of its own, 2 rounds; census: kernel_census.py
 # (the kernels of one decode step, by name, from MLX's CUDA graphs). Logs go
-# to $OUT. isolated: decode of the three models with one segment and the concatenation,
-# every variant a process of its own, 2 rounds (the "variants isolated"); about
+# to $OUT. isolated: decode of the three models: segc's defaults, and concatenated and
+# frozen with one segment (wholefrozen) and a segment per layer (frozen), every variant a process of its own, 2 rounds (the "variants isolated"); about
 # 4 minutes a model on the H200, so MODELS=llama: (or llama_4bit:--bits,4 or
 # mixtral:--arch,mixtral) runs one model in a device call.
 # VARIANTS (default eager,compile,segc,each,whole,drain), REPEATS (40), ROUNDS (1),
@@ -56,7 +56,7 @@ for p in $parts; do
     for spec in ${MODELS:-llama: llama_4bit:--bits,4 mixtral:--arch,mixtral}; do  # about 4 min each
       spec=${spec//,/ }
       # shellcheck disable=SC2086  # the extra arguments are meant to split
-      VARIANTS=eager,compile,segc,wholeconcat,wholefrozen ROUNDS=2 REPEATS=30 BENCH_LIMIT=280 \
+      VARIANTS=eager,compile,segc,wholefrozen,frozen ROUNDS=2 REPEATS=30 BENCH_LIMIT=280 \
         bench "isolated_${spec%%:*}" --prefill 0 --first-call-layers 0 --no-dispatch ${spec#*:}
     done
     ;;
