@@ -20,6 +20,7 @@ import collections
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,9 +28,12 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
-# a node of cudaGraphDebugDotPrint's output: "graph_0_node_3"[... label="..." ...]; a
-# label may hold escaped quotes and newlines
-_NODE = re.compile(r'^\s*"?(\w+_node_\d+)"?\s*\[[^\n]*?label="((?:[^"\\]|\\.)*)"', re.M)
+# a node of cudaGraphDebugDotPrint's output: "graph_0_node_3"[style=... shape=... label="..."];
+# a kernel is an octagon labelled with its number and its (mangled) symbol, a child graph
+# (MLX adds some: cuBLAS's, cuDNN's) a rectangle labelled "graph_<n>", whose own nodes
+# follow as a cluster of their own; a label may hold escaped quotes and newlines
+_NODE = re.compile(r'^\s*"?(\w+_node_\d+)"?\s*\[([^\n]*?)label="((?:[^"\\]|\\.)*)"', re.M)
+_CHILD = re.compile(r"graph_\d+")
 
 
 def kernel_name(label: str) -> str:
@@ -45,12 +49,34 @@ def kernel_name(label: str) -> str:
 
 
 def census(dot_texts: list[str]) -> collections.Counter[str]:
-    """Nodes by name over the graphs' texts."""
+    """Nodes by name over the graphs' texts (a child graph's node under one name: its
+    kernels are counted in its own cluster)."""
     counts: collections.Counter[str] = collections.Counter()
     for text in dot_texts:
         for m in _NODE.finditer(text):
-            counts[kernel_name(m.group(2))] += 1
+            name = kernel_name(m.group(3))
+            child = 'shape="rectangle"' in m.group(2) and _CHILD.fullmatch(name)
+            counts["(a child graph's frame)" if child else name] += 1
     return counts
+
+
+def readable(counts: collections.Counter[str]) -> collections.Counter[str]:
+    """``counts`` with mangled symbols demangled by ``c++filt`` where the machine has it
+    (then without their template arguments and parameters, as ``kernel_name`` drops
+    them), merged by the names that result."""
+    mangled = [k for k in counts if k.startswith("_Z")]
+    tool = shutil.which("c++filt")
+    if not mangled or tool is None:
+        return counts
+    p = subprocess.run([tool], input="\n".join(mangled), capture_output=True, text=True)
+    names = p.stdout.splitlines() if p.returncode == 0 else []
+    if len(names) != len(mangled):
+        return counts
+    out: collections.Counter[str] = collections.Counter()
+    plain = dict(zip(mangled, names))
+    for k, n in counts.items():
+        out[kernel_name(plain[k]) if k in plain else k] += n
+    return out
 
 
 def child(args: argparse.Namespace) -> None:
@@ -97,7 +123,7 @@ def main() -> None:
                 raise SystemExit(f"{name}: {p.stderr.strip() or p.stdout.strip()}")
             results[name] = json.loads(p.stdout.strip().splitlines()[-1])
     for name, r in results.items():
-        counts = collections.Counter(r["kernels"])
+        counts = readable(collections.Counter(r["kernels"]))
         total = sum(counts.values())
         print(f"\n{name}: {r['graphs']} CUDA graphs, {total} nodes in one decode step")
         if not r["graphs"]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -175,27 +176,35 @@ def test_device_time_ablates_segcs_step() -> None:
 
 def test_kernel_census_counts_nodes_by_kernel_name() -> None:
     """``benchmarks/kernel_census.py``'s parser over two graphs in the form
-    ``cudaGraphDebugDotPrint`` writes (a label: the node's number, the kernel with its
-    template arguments, its launch): every instance of a kernel counts under one name,
-    a memset under its kind; counted here by hand."""
+    ``cudaGraphDebugDotPrint`` writes (a kernel: an octagon labelled with its number and
+    symbol; a child graph: a rectangle labelled ``graph_<n>``, its kernels in a cluster
+    of their own): every instance of a kernel counts under one name, its template
+    arguments, parameters and launch dropped; counted here by hand."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from kernel_census import census
 
     g1 = (
-        "digraph dot {\nsubgraph cluster_1 {\n"
-        '"graph_1_node_0"[style="solid" shape="rectangle" label="0\n'
-        'void mlx::core::cu::gemv_single<__nv_bfloat16, 4>\n\\<\\<\\<(256,1,1),(32,8,1),0\\>\\>\\>"];\n'
-        '"graph_1_node_1"[style="solid" shape="rectangle" label="1\n'
-        'void mlx::core::cu::gemv_single<__nv_bfloat16, 2>\n\\<\\<\\<(64,1,1),(32,8,1),0\\>\\>\\>"];\n'
-        '"graph_1_node_2"[style="solid" shape="rectangle" label="2\nMEMSET\n"];\n'
-        '"graph_1_node_0" -> "graph_1_node_1";\n}\n}\n'
+        'digraph dot {\nsubgraph cluster_1 {\nlabel="graph_1" graph[style="dashed"];\n'
+        '"graph_1_node_0"[style="bold" shape="octagon" label="0\n'
+        'void mlx::core::cu::gemv_single<__nv_bfloat16, 4>(const __nv_bfloat16*, int)\n"];\n'
+        '"graph_1_node_1"[style="bold" shape="octagon" label="1\n'
+        'void mlx::core::cu::gemv_single<__nv_bfloat16, 2>(const __nv_bfloat16*, int)\n"];\n'
+        '"graph_1_node_2"[style="solid" shape="rectangle" label="2\ngraph_2\n"];\n'
+        '"graph_1_node_0" -> "graph_1_node_1";\n}\n'
+        'subgraph cluster_2 {\nlabel="graph_2" graph[style="dashed"];\n'
+        '"graph_2_node_0"[style="bold" shape="octagon" label="0\n_Z5saxpyifPfS_\n"];\n}\n}\n'
     )
     g2 = (
-        'digraph dot {\n"graph_2_node_0"[style="solid" shape="rectangle" label="0\n'
-        'custom_kernel_segc_gemv_add_bfloat16\n\\<\\<\\<(256,1,1),(32,8,1),0\\>\\>\\>"];\n}\n'
+        'digraph dot {\n"graph_3_node_0"[style="bold" shape="octagon" label="0\n'
+        'custom_kernel_segc_gemv_add_bfloat16 \\<\\<\\<(256,1,1),(32,8,1),0\\>\\>\\>\n"];\n}\n'
     )
     counts = census([g1, g2])
-    assert counts == {"mlx::core::cu::gemv_single": 2, "MEMSET": 1, "custom_kernel_segc_gemv_add_bfloat16": 1}
+    assert counts == {
+        "mlx::core::cu::gemv_single": 2,
+        "_Z5saxpyifPfS_": 1,
+        "(a child graph's frame)": 1,
+        "custom_kernel_segc_gemv_add_bfloat16": 1,
+    }
 
 
 def test_kernel_census_runs_each_variant_in_its_own_process() -> None:
@@ -214,3 +223,16 @@ def test_kernel_census_runs_each_variant_in_its_own_process() -> None:
     else:
         assert all(h.endswith(": 0 CUDA graphs, 0 nodes in one decode step") for h in heads), p.stdout
         assert p.stdout.count("no CUDA graphs") == 2, p.stdout
+
+
+@pytest.mark.skipif(shutil.which("c++filt") is None, reason="needs binutils' c++filt to demangle")
+def test_kernel_census_demangles_symbols() -> None:
+    """Two instantiations of one template kernel (mangled symbols, demangled by hand:
+    ``void ns::k<int>(int)`` and ``void ns::k<float>(int)``) count under one name."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from collections import Counter
+
+    from kernel_census import readable
+
+    got = readable(Counter({"_ZN2ns1kIiEEvi": 2, "_ZN2ns1kIfEEvi": 3, "custom_kernel_x": 1}))
+    assert got == {"ns::k": 5, "custom_kernel_x": 1}
