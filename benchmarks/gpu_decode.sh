@@ -94,7 +94,7 @@ for p in $parts; do
     for p in 1000 32; do
       timeout 200 $PY benchmarks/bench_generate.py --layers 16 --hidden 2048 --intermediate 8192 --heads 32 \
         --kv-heads 8 --vocab 32000 --dtype bfloat16 --tokens 256 --prompt $p --rounds 2 \
-        --variants eager,segc,segc-1seg,segc-1seg-concat >"$OUT/generate_$p.txt" 2>&1
+        --variants eager,segc,segc-1seg,segc-1seg-concat,segc-frozen >"$OUT/generate_$p.txt" 2>&1
       echo "generate $p: rc=$?"
     done
     ;;

@@ -236,3 +236,24 @@ def test_kernel_census_demangles_symbols() -> None:
 
     got = readable(Counter({"_ZN2ns1kIiEEvi": 2, "_ZN2ns1kIfEEvi": 3, "custom_kernel_x": 1}))
     assert got == {"ns::k": 5, "custom_kernel_x": 1}
+
+
+def test_bench_generate_runs_mlx_lms_loop_with_every_variant() -> None:
+    """``benchmarks/bench_generate.py`` at tiny sizes: mlx-lm's ``generate_step`` with
+    eager and each segc variant (the frozen one included); on the CPU every variant's
+    greedy tokens are eager's (the last column). An unknown variant is refused."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_generate.py"), "--layers=2", "--hidden=64"]
+    cmd += ["--intermediate=128", "--heads=4", "--kv-heads=2", "--vocab=256", "--prompt=12", "--tokens=6"]
+    cmd += ["--rounds=1"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    variants = ["eager", "segc", "segc-1seg-concat", "segc-frozen"]
+    p = subprocess.run([*cmd, "--variants=" + ",".join(variants)], capture_output=True, text=True, env=env, timeout=280)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = {r[0]: r for r in (ln.split() for ln in p.stdout.splitlines()) if r and r[0] in variants}
+    assert list(rows) == variants, p.stdout
+    import mlx.core as mx
+
+    if mx.default_device() == mx.cpu:
+        assert all(r[-1] == "True" for r in rows.values()), p.stdout
+    bad = subprocess.run([*cmd, "--variants=eager,segc-x"], capture_output=True, text=True, env=env, timeout=280)
+    assert bad.returncode != 0 and "segc-x" in bad.stderr, bad.stderr
