@@ -288,3 +288,30 @@ def test_the_device_check_sees_another_summation_order(monkeypatch, dim: int, ou
         assert lc.same_bits("Matmul", h, shapes, [dtype], ())
     finally:
         lc.clear()
+
+
+def test_the_device_check_runs_once_per_shape(monkeypatch) -> None:
+    """The check's draws run once per group shape and device in a process: a decode
+    step of a model whose layers share their shapes draws for the first layer's groups
+    only, and a second trace (a new signature) draws for none. (An ``mx.Device`` hashes
+    by identity, so a key holding one never hit: every group of every trace drew.)"""
+    import segc.lower.concat as lc
+
+    calls: list[int] = []
+    real = lc._agree
+    monkeypatch.setattr(lc, "_agree", lambda *a: calls.append(1) or real(*a))
+    lc.clear()
+    try:
+        model = build("llama", num_hidden_layers=4)
+        step = segc.jit(model, validate=False, concat_projections=True)
+        cache = make_prompt_cache(model)
+        step(mx.array([[1, 2, 3]]), cache=cache)
+        first = len(calls)
+        step(mx.array([[4]]), cache=cache)  # decode: one-row products, q/k/v and gate/up per layer
+        decode = len(calls) - first
+        assert 0 < decode <= 2 * lc.DRAWS, decode  # the two group shapes of the first layer, not of all four
+        step.clear_cache()  # traced and lowered again: every answer is known
+        step(mx.array([[5]]), cache=cache)
+        assert len(calls) == first + decode
+    finally:
+        lc.clear()

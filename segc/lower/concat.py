@@ -103,7 +103,7 @@ def same_bits(
         tuple(tuple(map(tuple, w)) for w in wshapes),
         tuple(wdtypes),
         args,
-        mx.default_device(),
+        str(mx.default_device()),  # an mx.Device compares by value but hashes by identity
     )
     if key in _KNOWN:
         return _KNOWN[key]
