@@ -143,12 +143,12 @@ def main() -> None:
                 best[v] = r
     ref = best["eager"]
     print(
-        f"\n{'variant':12s} {'decode tok/s':>13s} {'vs eager':>9s} {'first token':>12s} {'traces':>7s}  tokens == eager"
+        f"\n{'variant':18s} {'decode tok/s':>13s} {'vs eager':>9s} {'first token':>12s} {'traces':>7s}  tokens == eager"
     )
     for v in variants:
         r = best[v]
         print(
-            f"{v:12s} {r['decode_tps']:13.1f} {r['decode_tps'] / ref['decode_tps']:8.2f}x "
+            f"{v:18s} {r['decode_tps']:13.1f} {r['decode_tps'] / ref['decode_tps']:8.2f}x "
             f"{r['first_s'] * 1e3:9.1f} ms {r.get('traces', 0):7d}  {r['tokens'] == ref['tokens']}"
         )
     for v in variants[1:]:
