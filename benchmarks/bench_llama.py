@@ -241,6 +241,19 @@ class FixedContext:
         return [a for c in self.cache for a in (c.keys, c.values)]
 
 
+def first_call_with(call: Callable[[], Any], select: str = "auto", fused: str = "auto") -> Any:
+    """``call()`` (a segc step's first call: where the jit lowers) with segc's CUDA
+    lowering settings ``select`` (``segc.lower.shapes.SELECT_WRITE``) and ``fused``
+    (``segc.lower.products.FUSED_PRODUCTS``), both back to ``"auto"`` after it."""
+    from segc.lower import products, shapes
+
+    shapes.SELECT_WRITE, products.FUSED_PRODUCTS = select, fused
+    try:
+        return call()
+    finally:
+        shapes.SELECT_WRITE = products.FUSED_PRODUCTS = "auto"
+
+
 def compiled_with_cache(model: nn.Module, fc: FixedContext) -> Callable[[mx.array], mx.array]:
     """``mx.compile`` of a decode step whose cache buffers are explicit inputs and outputs."""
 

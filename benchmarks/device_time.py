@@ -267,10 +267,9 @@ def step_body(name: str, layers: int, bits: int | None) -> Callable[[mx.array], 
     """One decode step at context 1024 of variant ``name`` (``eager``, ``compile`` or a
     ``SEGC_STEPS`` name) on a model of its own: a function of the token (a ``(1, 1)``
     array) returning the step's logits and KV buffers, warmed up (traced, lowered)."""
-    from bench_llama import FixedContext, compiled_with_cache, make_model
+    from bench_llama import FixedContext, compiled_with_cache, first_call_with, make_model
 
     import segc
-    from segc.lower import products, shapes
 
     model = make_model("reference" if CUDA else "cpu", layers=layers, bits=bits)
     fc = FixedContext(model, 1024)
@@ -284,9 +283,7 @@ def step_body(name: str, layers: int, bits: int | None) -> Callable[[mx.array], 
         raise SystemExit(f"unknown step variant {name!r}: eager, compile, {', '.join(SEGC_STEPS)}")
     kw, select, fused = SEGC_STEPS[name]
     step = segc.jit(model, validate=False, concat_projections=True, freeze_params=True, **kw)
-    shapes.SELECT_WRITE, products.FUSED_PRODUCTS = select, fused
-    mx.eval(step(x, cache=fc.reset()), fc.arrays())  # lowered now, with those settings
-    shapes.SELECT_WRITE = products.FUSED_PRODUCTS = "auto"
+    first_call_with(lambda: mx.eval(step(x, cache=fc.reset()), fc.arrays()), select, fused)  # lowered now
     return lambda y: [step(y, cache=fc.reset()), *fc.arrays()]
 
 

@@ -150,7 +150,7 @@ def decode_interleaved(
     """Per variant and run (``A``, ``B``), medians in ms; per variant, a decode loop's ms
     per token (``piped``); and per segc variant, its host time split into segc's call
     path and the executor's loop (``bench_llama.host_split``)."""
-    from bench_llama import FixedContext, compiled_with_cache, host_split, make_model
+    from bench_llama import FixedContext, compiled_with_cache, first_call_with, host_split, make_model
 
     import segc
 
@@ -200,13 +200,8 @@ def decode_interleaved(
                 freeze_params=frozen,
             )
             fns[v] = lambda step=step, c=c: step(x, cache=c.reset())
-            if SEGC[v][4:]:
-                from segc.lower import products, shapes
-
-                shapes.SELECT_WRITE = select
-                products.FUSED_PRODUCTS = fused
-                mx.eval(fns[v](), c.arrays())  # lowered now, with those settings
-                shapes.SELECT_WRITE = products.FUSED_PRODUCTS = "auto"
+            if SEGC[v][4:]:  # lowered now, with those settings
+                first_call_with(lambda f=fns[v], c=c: mx.eval(f(), c.arrays()), select, fused)
             steps[v], fcs[v] = step, c
     order = [(f"{v}/{r}", fns[v], fcs[v]) for r in "AB" for v in variants]
     for _, f, c in order:

@@ -158,7 +158,7 @@ def main() -> None:
     ap.add_argument("--preset", default="reference")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     args = ap.parse_args()
-    from bench_llama import FixedContext, compiled_with_cache, make_model
+    from bench_llama import FixedContext, compiled_with_cache, first_call_with, make_model
     from encode_cost import split_call
 
     model = make_model(args.preset, layers=args.layers)
@@ -186,12 +186,9 @@ def main() -> None:
             fc2 = FixedContext(m2, args.context)
             j = segc.jit(m2, validate=False, concat_projections=True, commit=SEGC[v], freeze_params=v == "segcfrozen")
             fns[v] = lambda j=j, fc2=fc2: [j(x, cache=fc2.reset()), *fc2.arrays()]
-            from segc.lower import products, shapes
-
-            shapes.SELECT_WRITE = "never" if v == "segcdsu" else "auto"  # read when the jit lowers
-            products.FUSED_PRODUCTS = "never" if v == "segcplain" else "auto"
-            first[v] = fns[v]()[0]
-            shapes.SELECT_WRITE = products.FUSED_PRODUCTS = "auto"
+            select = "never" if v == "segcdsu" else "auto"  # read when the jit lowers
+            fused = "never" if v == "segcplain" else "auto"
+            first[v] = first_call_with(fns[v], select, fused)[0]
             continue
         if VARIANTS[v][4:] and VARIANTS[v][4][2] and mx.default_device() != mx.gpu:
             print(f"{v}: segc's attention kernel needs MLX's CUDA build; left out")
