@@ -241,17 +241,18 @@ class FixedContext:
         return [a for c in self.cache for a in (c.keys, c.values)]
 
 
-def first_call_with(call: Callable[[], Any], select: str = "auto", fused: str = "auto") -> Any:
+def first_call_with(call: Callable[[], Any], select: str = "auto", fused: str = "auto", kv: str = "auto") -> Any:
     """``call()`` (a segc step's first call: where the jit lowers) with segc's CUDA
-    lowering settings ``select`` (``segc.lower.shapes.SELECT_WRITE``) and ``fused``
-    (``segc.lower.products.FUSED_PRODUCTS``), both back to ``"auto"`` after it."""
-    from segc.lower import products, shapes
+    lowering settings ``select`` (``segc.lower.shapes.SELECT_WRITE``), ``fused``
+    (``segc.lower.products.FUSED_PRODUCTS``) and ``kv``
+    (``segc.lower.kvwrite.FUSED_KV_WRITE``), all back to ``"auto"`` after it."""
+    from segc.lower import kvwrite, products, shapes
 
-    shapes.SELECT_WRITE, products.FUSED_PRODUCTS = select, fused
+    shapes.SELECT_WRITE, products.FUSED_PRODUCTS, kvwrite.FUSED_KV_WRITE = select, fused, kv
     try:
         return call()
     finally:
-        shapes.SELECT_WRITE = products.FUSED_PRODUCTS = "auto"
+        shapes.SELECT_WRITE = products.FUSED_PRODUCTS = kvwrite.FUSED_KV_WRITE = "auto"
 
 
 def compiled_with_cache(model: nn.Module, fc: FixedContext) -> Callable[[mx.array], mx.array]:

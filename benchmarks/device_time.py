@@ -254,12 +254,13 @@ def time_attention(args: argparse.Namespace) -> dict[str, float]:
     return out
 
 
-# segc's step variants: (jit settings, SELECT_WRITE, FUSED_PRODUCTS) as the lowering reads them
-SEGC_STEPS: dict[str, tuple[dict[str, Any], str, str]] = {
-    "segc": ({}, "auto", "auto"),  # one segment, concat_projections, freeze_params
-    "segcdsu": ({}, "never", "auto"),  # MLX's own one-position KV writes, not the select
-    "segcplain": ({}, "auto", "never"),  # without the product kernels
-    "segcmlxattn": ({"attention": "off"}, "auto", "auto"),  # MLX's masked attention, not segc's kernel
+# segc's step variants: (jit settings, SELECT_WRITE, FUSED_PRODUCTS, FUSED_KV_WRITE) as the lowering reads them
+SEGC_STEPS: dict[str, tuple[dict[str, Any], str, str, str]] = {
+    "segc": ({}, "auto", "auto", "auto"),  # one segment, concat_projections, freeze_params
+    "segcdsu": ({}, "never", "auto", "auto"),  # MLX's own one-position KV writes (and rotations)
+    "segcplain": ({}, "auto", "never", "auto"),  # without the product kernels
+    "segcnokv": ({}, "auto", "auto", "never"),  # the rotations and writes without segc's kernel
+    "segcmlxattn": ({"attention": "off"}, "auto", "auto", "auto"),  # MLX's masked attention, not segc's kernel
 }
 
 
@@ -281,9 +282,9 @@ def step_body(name: str, layers: int, bits: int | None) -> Callable[[mx.array], 
         return lambda y: [comp(y), *fc.arrays()]
     if name not in SEGC_STEPS:
         raise SystemExit(f"unknown step variant {name!r}: eager, compile, {', '.join(SEGC_STEPS)}")
-    kw, select, fused = SEGC_STEPS[name]
+    kw, select, fused, kv = SEGC_STEPS[name]
     step = segc.jit(model, validate=False, concat_projections=True, freeze_params=True, **kw)
-    first_call_with(lambda: mx.eval(step(x, cache=fc.reset()), fc.arrays()), select, fused)  # lowered now
+    first_call_with(lambda: mx.eval(step(x, cache=fc.reset()), fc.arrays()), select, fused, kv)  # lowered now
     return lambda y: [step(y, cache=fc.reset()), *fc.arrays()]
 
 

@@ -11,7 +11,7 @@
 # dynamic cache's differences costs); select: segc's one-position KV write as a select
 # against MLX's, three models; products: segc's product kernels (segc.lower.products)
 # against MLX's own kernels, the llama and the mixtral; check: the CUDA kernels' tests
-# (tests/test_products_cuda.py and the tests of what lowers to them); generate: mlx-lm's own generation loop;
+# (tests/test_products_cuda.py, tests/test_kvwrite_cuda.py and the tests of what lowers to them); generate: mlx-lm's own generation loop;
 # device: device_time.py (the step's products and whole steps on the GPU's clock, bf16 and 4-bit);
 # ablate: device_time.py's whole steps as one CUDA graph each (the device's own time), segc's
 # step with each of its differences from eager undone; commits: the commit policies on a
@@ -85,7 +85,7 @@ for p in $parts; do
     done
     ;;
   check)
-    timeout 300 $PY -m pytest -q -p no:benchmark -p no:cacheprovider -n 8 tests/test_products_cuda.py \
+    timeout 300 $PY -m pytest -q -p no:benchmark -p no:cacheprovider -n 8 tests/test_products_cuda.py tests/test_kvwrite_cuda.py tests/test_kvwrite.py \
       tests/test_products.py tests/test_freeze_params.py tests/test_select_write.py tests/test_fused_attention.py \
       >"$OUT/check.txt" 2>&1
     echo "check: rc=$?"
@@ -107,11 +107,11 @@ for p in $parts; do
     ;;
   ablate)
     MLX_MAX_OPS_PER_BUFFER=100000 MLX_MAX_MB_PER_BUFFER=1000000 timeout 150 $PY benchmarks/device_time.py \
-      --skip-products --repeats 20 --steps eager,compile,segc,segcdsu,segcplain,segcmlxattn >"$OUT/ablate.txt" 2>&1
+      --skip-products --repeats 20 --steps eager,compile,segc,segcdsu,segcplain,segcnokv,segcmlxattn >"$OUT/ablate.txt" 2>&1
     echo "ablate: rc=$?"
     ;;
   census)
-    timeout 240 $PY benchmarks/kernel_census.py --steps eager,compile,segc,segcplain --top 40 >"$OUT/census.txt" 2>&1
+    timeout 240 $PY benchmarks/kernel_census.py --steps eager,compile,segc,segcplain,segcnokv --top 40 --keep "$OUT/graphs" >"$OUT/census.txt" 2>&1
     echo "census: rc=$?"
     ;;
   commits)

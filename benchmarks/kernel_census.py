@@ -10,7 +10,7 @@ graphs written by that run are parsed and their kernel nodes counted by kernel n
 kernel counts under one name; a node that is not a kernel counts under its kind). On a machine without CUDA MLX writes no graph: each
 variant reports none.
 
-    python benchmarks/kernel_census.py [--steps eager,compile,segc] [--layers 16] [--bits 4] [--top 25]
+    python benchmarks/kernel_census.py [--steps eager,compile,segc] [--layers 16] [--bits 4] [--top 25] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -93,10 +93,18 @@ def child(args: argparse.Namespace) -> None:
     for _ in range(3):
         mx.eval(body(x))
     mx.synchronize()
-    before = set(folder.glob("*.dot")) if folder else set()
+    # MLX numbers the files after the prefix; their suffix is its business, so every file
+    # the prefix starts is one
+    pattern = Path(prefix).name + "*"
+    before = set(folder.glob(pattern)) if folder else set()
     mx.eval(body(x))
     mx.synchronize()
-    new = sorted(set(folder.glob("*.dot")) - before) if folder else []
+    new = sorted(set(folder.glob(pattern)) - before) if folder else []
+    if args.keep and new:
+        keep = Path(args.keep) / args.child
+        keep.mkdir(parents=True, exist_ok=True)
+        for p in new:
+            shutil.copy(p, keep / p.name)
     counts = census([p.read_text(errors="replace") for p in new])
     print(json.dumps({"graphs": len(new), "kernels": dict(counts)}))
 
@@ -107,6 +115,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--bits", type=int, default=None)
     ap.add_argument("--top", type=int, default=25, help="kernel names listed per variant")
+    ap.add_argument("--keep", default=None, help="a folder to copy each variant's graphs into (a folder each)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -118,6 +127,7 @@ def main() -> None:
             env = dict(os.environ, MLX_SAVE_CUDA_GRAPHS_DOT_FILE=str(Path(tmp) / "g"))
             cmd = [sys.executable, __file__, "--child", name, "--layers", str(args.layers)]
             cmd += ["--bits", str(args.bits)] if args.bits else []
+            cmd += ["--keep", args.keep] if args.keep else []
             p = subprocess.run(cmd, capture_output=True, text=True, env=env)
             if p.returncode != 0:
                 raise SystemExit(f"{name}: {p.stderr.strip() or p.stdout.strip()}")

@@ -313,6 +313,31 @@ def state_close(a: mx.array, b: mx.array) -> bool:
 # H200 found no bits that depend on buffer alignment (docs/gpu.md).
 
 
+def assert_decodes_agree(
+    model: nn.Module,
+    fused: Callable[..., mx.array],
+    plain: Callable[..., mx.array],
+    steps: int = 10,
+    prompt_too: bool = True,
+) -> None:
+    """``fused`` and ``plain`` (two ways of running ``model``, each called as
+    ``f(tokens, cache=...)`` on a prompt cache of its own) over a 12-token prompt and
+    ``steps`` greedy decode steps: logits and every cache buffer byte for byte after
+    each step, and the prompt's logits with ``prompt_too``."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cf, cp = make_prompt_cache(model), make_prompt_cache(model)
+    prompt = mx.array([[(5 * i + 1) % 100 for i in range(12)]])
+    lf, lp = fused(prompt, cache=cf), plain(prompt, cache=cp)
+    assert not prompt_too or same_bits(lf, lp), "prompt: logits"
+    for k in range(steps):
+        t = mx.argmax(lp[:, -1:], -1)
+        lf, lp = fused(t, cache=cf), plain(t, cache=cp)
+        assert same_bits(lf, lp), f"decode step {k}: logits"
+        for a, b in zip(cf, cp):
+            assert same_bits(a.keys, b.keys) and same_bits(a.values, b.values), f"decode step {k}: caches"
+
+
 def assert_matches(
     got: Sequence[mx.array],
     eager: Sequence[mx.array],

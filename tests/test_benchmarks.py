@@ -158,13 +158,13 @@ def test_device_time_runs_every_pattern_and_step(bits) -> None:
 
 
 def test_device_time_ablates_segcs_step() -> None:
-    """``--steps`` with every segc variant (MLX's writes, no product kernels, MLX's
-    attention) and ``--skip-products``: the steps in the order asked, no product rows;
+    """``--steps`` with every segc variant (MLX's writes, no rotated-write kernel, no
+    product kernels, MLX's attention) and ``--skip-products``: the steps in the order asked, no product rows;
     an unknown variant is refused by name."""
     cmd = [sys.executable, str(ROOT / "benchmarks" / "device_time.py"), "--hidden=128", "--intermediate=256"]
     cmd += ["--heads=4", "--kv-heads=2", "--vocab=256", "--layers=1", "--repeats=1", "--skip-products"]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    want = ["segcmlxattn", "eager", "segcdsu", "segcplain"]
+    want = ["segcmlxattn", "eager", "segcdsu", "segcnokv", "segcplain"]
     p = subprocess.run([*cmd, "--steps=" + ",".join(want)], capture_output=True, text=True, env=env, timeout=280)
     assert p.returncode == 0, p.stdout + p.stderr
     rows = [line.split() for line in p.stdout.splitlines()]

@@ -90,6 +90,22 @@ def test_segments_count_the_products_a_cuda_lowering_fuses() -> None:
     assert {r["products"] for r in csv.DictReader(io.StringIO(out.stdout))} == {""}
 
 
+def test_segments_count_the_rotated_kv_writes_a_cuda_lowering_fuses(tmp_path: Path) -> None:
+    """A decode step's rotations and cache writes as a GPU trace records them (built by
+    hand: MLX's CPU build decomposes ``RoPE``), saved as an IR file: one ``kv_write``
+    with its queries' rotation."""
+    from test_kvwrite import _layer
+
+    from segc.ir import Graph, Input, Var
+
+    eqns, avals, ins, outs = _layer()
+    g = Graph("kv", tuple(Input(Var(n, *avals[n]), "arg", n) for n in ins), (), tuple(eqns), tuple(outs))
+    path = tmp_path / "kv.segc"
+    path.write_text(g.as_text())
+    rows = list(csv.DictReader(io.StringIO(segc("segments", str(path), "--format", "csv").stdout)))
+    assert [r["products"] for r in rows] == ["kv_write+q:1"], rows
+
+
 def test_a_quantized_architecture_target_counts_its_quantized_products() -> None:
     """``bits=4,group=64`` quantizes the built-in llama as mlx-lm does: its decode
     products are quantized ones (``/q4``), found as the plain ones are."""

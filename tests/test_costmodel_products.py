@@ -89,3 +89,18 @@ def test_a_quantized_product_and_its_residual_are_one_kernel_too() -> None:
 
     assert _kernels(f, H200, x, wq, s, b, r) == 1
     assert _kernels(f, PLAIN_GPU, x, wq, s, b, r) == 2
+
+
+def test_a_rotated_kv_write_with_its_queries_is_one_kernel() -> None:
+    """The two rotations and two cache writes of a decode step's attention (built by hand
+    as a GPU trace records them: MLX's CPU build decomposes ``RoPE``) are one kernel on
+    a fusing machine (``segc.lower.kvwrite``), four without; the queries' reader is a
+    kernel of its own either way."""
+    from test_kvwrite import _layer
+
+    from segc.ir import Graph, Input, Var
+
+    eqns, avals, ins, outs = _layer()
+    g = Graph("kv", tuple(Input(Var(n, *avals[n]), "arg", n) for n in ins), (), tuple(eqns), tuple(outs))
+    assert sum(op_costs(g, H200).kernels) == 2  # the kernel, the queries' square
+    assert sum(op_costs(g, PLAIN_GPU).kernels) == 5  # two rotations, two writes, the square

@@ -19,7 +19,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 import segc
 from segc.ir import Eqn, Var
-from segc.lower import shapes
+from segc.lower import kvwrite, shapes
 from segc.models.zoo import build
 
 DTYPES = [mx.float32, mx.float16, mx.bfloat16, mx.int32, mx.uint8]
@@ -100,7 +100,9 @@ def test_decode_with_select_writes_keeps_the_bits(dtype, always, monkeypatch: py
     512 positions). segc with the select writes against segc with MLX's writes: logits
     and caches byte for byte (on every device); against eager mlx-lm: byte for byte on
     the CPU, within the GPU bound elsewhere (``conftest.state_close``; segc's dynamic
-    decode graph is not eager's there, docs/models.md)."""
+    decode graph is not eager's there, docs/models.md). The writes stay selects here:
+    on CUDA a write whose keys are rotated is otherwise ``kvwrite.py``'s kernel."""
+    monkeypatch.setattr(kvwrite, "FUSED_KV_WRITE", "never")
     model = build("llama", num_hidden_layers=2, dtype=dtype)
     sel, dsu = segc.jit(model, validate=False), segc.jit(model, validate=False)
 

@@ -1,7 +1,8 @@
 """A table of a target's segments: equations, FLOPs, bytes in and out, peak live bytes,
 the cost model's estimate, the one-row products segc's CUDA lowering would compute with
 their neighbours as one kernel (``segc.lower.product_match``: ``add``, ``glu``, ``gemv``,
-``+norm`` with the norm before), fences and windows.
+``+norm`` with the norm before) and its rotated KV writes (``segc.lower.kvwrite``:
+``kv_write``, ``+q`` with the queries' rotation), fences and windows.
 
 Costs are the roofline estimate of the device model named in the table's caption (an
 NVIDIA H200 in bf16), not measurements of this machine: ``segc bench`` measures.
@@ -49,6 +50,7 @@ def machine_text(m: Any) -> str:
 def segment_rows(g: Any) -> tuple[list[dict[str, Any]], Any]:
     from ..ir import segment_effects, segments
     from ..ir.printer import effect_text
+    from ..lower.kvwrite import find_kv_writes
     from ..lower.product_match import find_products
     from ..passes.analysis import H200, analyze
 
@@ -58,9 +60,13 @@ def segment_rows(g: Any) -> tuple[list[dict[str, Any]], Any]:
     rows = []
     for s, ss, eff in zip(segments(g), stats.segments, segment_effects(g)):
         fences = [effect_text(e) for e in g.eqns[s.start : s.stop] if e.is_pseudo and e.prim != "segc.window"]
+        found = find_products(s.eqns(g), s.outputs, avals, g.eqns)
         kinds = Counter(
-            m.kind + ("+norm" if m.eps is not None else "") + (f"/q{m.quant[1]}" if m.quant else "")
-            for m in find_products(s.eqns(g), s.outputs, avals, g.eqns)
+            m.kind + ("+norm" if m.eps is not None else "") + (f"/q{m.quant[1]}" if m.quant else "") for m in found
+        )
+        taken = frozenset(i for m in found for i in m.skip)
+        kinds.update(
+            "kv_write" + ("+q" if w.queries else "") for w in find_kv_writes(s.eqns(g), s.outputs, avals, g.eqns, taken)
         )
         rows.append(
             {

@@ -17,6 +17,8 @@ from ..errors import UnsupportedPrimitive
 from ..ir import Const, Eqn, Graph, Segment
 from .attention import AttentionMatch, eager_fuses, find_attention
 from .attention import Kernel as Attention
+from .kvwrite import Kernel as KVWrite
+from .kvwrite import KVWriteMatch, find_kv_writes
 from .prim import Rule, lookup
 from .products import Kernel as Products
 from .products import find_products, fused_rule
@@ -57,18 +59,30 @@ def segment_fn(
     const_args: Sequence[str] = (),
     attention: Attention | None = None,
     products: Products | None = None,
+    kv_write: KVWrite | None = None,
 ) -> Callable[..., list[mx.array]]:
     """A function of the segment's inputs, then of the constants named in ``const_args``,
     returning its outputs by replaying its equations; other constants are captured.
     With ``attention`` (a kernel), each decomposed masked attention the segment holds
     (``attention.py``) is computed by it instead; with ``products``, each one-row product
-    and the elementwise work after it (``products.py``)."""
+    and the elementwise work after it (``products.py``); with ``kv_write``, each rotated
+    KV-cache write (``kvwrite.py``)."""
     consts = {c.var.name: c.value for c in g.consts if c.var.name not in const_args}
-    vs = g.vars() if attention is not None or products is not None else {}
+    fused = attention is not None or products is not None or kv_write is not None
+    vs = g.vars() if fused else {}
     shapes = {n: v.shape for n, v in vs.items()}
-    avals = {n: (v.shape, v.dtype) for n, v in vs.items()} if products is not None else None
+    avals = {n: (v.shape, v.dtype) for n, v in vs.items()} if products is not None or kv_write is not None else None
     return replay_fn(
-        seg.eqns(g), (*seg.inputs, *const_args), seg.outputs, consts, attention, shapes, g.eqns, products, avals
+        seg.eqns(g),
+        (*seg.inputs, *const_args),
+        seg.outputs,
+        consts,
+        attention,
+        shapes,
+        g.eqns,
+        products,
+        avals,
+        kv_write,
     )
 
 
@@ -89,6 +103,40 @@ def _fused(m: AttentionMatch, kernel: Attention) -> Rule:
     return run
 
 
+def _kv_rule(m: KVWriteMatch, kernel: KVWrite) -> Rule:
+    def run(ins: list[mx.array], args: tuple, e: Eqn) -> list[mx.array]:
+        return kernel(m, ins)
+
+    return run
+
+
+Step = tuple[Rule, Eqn, Sequence[str], tuple[str, ...]]
+
+
+def _in_order(plan: list[Step], ready: set[str]) -> list[Step]:
+    """``plan`` with each step moved after the steps making its inputs: a fused KV write
+    runs where its last equation was, and a reader of the rotated queries it also makes
+    (earlier in the trace) waits for it. Replay builds a lazy graph, so only the
+    dependencies matter."""
+    out: list[Step] = []
+    waiting: list[Step] = []
+    for step in plan:
+        waiting.append(step)
+        moved = True
+        while moved:
+            moved = False
+            for w in waiting:
+                if all(v in ready for v in w[2]):
+                    out.append(w)
+                    ready.update(w[3])
+                    waiting.remove(w)
+                    moved = True
+                    break
+    if waiting:  # a finder's bug (a cycle through a fused kernel), not a user's mistake
+        raise AssertionError(f"replay: equations {[w[1].id for w in waiting]} wait for values never made")
+    return out
+
+
 def replay_fn(
     eqns: Sequence[Eqn],
     in_names: Sequence[str],
@@ -99,6 +147,7 @@ def replay_fn(
     context: Sequence[Eqn] = (),
     products: Products | None = None,
     avals: Mapping[str, tuple] | None = None,
+    kv_write: KVWrite | None = None,
 ) -> Callable[..., list[mx.array]]:
     matches = find_attention(eqns, out_names, consts, shapes or {}, context) if attention is not None else []
     if getattr(attention, "where_eager_fuses", False):  # "auto": attention.eager_fuses
@@ -110,9 +159,16 @@ def replay_fn(
     fused = [p for p in fused if not p.skip & skip]
     skip |= {i for p in fused for i in p.skip}
     prod_at = {p.last: p for p in fused}
-    plan: list[tuple[Rule, Eqn, Sequence[str], tuple[str, ...]]] = []
+    writes = find_kv_writes(eqns, out_names, avals or {}, context, frozenset(skip)) if kv_write is not None else []
+    skip |= {i for w in writes for i in w.skip}
+    write_at = {w.eqns[-1].id: w for w in writes}
+    plan: list[Step] = []
     for e in eqns:
-        if e.id in at:
+        if e.id in write_at:
+            w = write_at[e.id]
+            assert kv_write is not None
+            plan.append((_kv_rule(w, kv_write), e, w.ins, w.outs))
+        elif e.id in at:
             m = at[e.id]
             assert attention is not None
             plan.append((_fused(m, attention), e, (m.q, m.k, m.v, m.mask), (m.out,)))
@@ -122,6 +178,8 @@ def replay_fn(
             plan.append((fused_rule(p, products), e, p.ins, (p.out,)))
         elif e.id not in skip:
             plan.append((_rule(e), e, e.ins, tuple(o.name for o in e.outs)))
+    if writes:
+        plan = _in_order(plan, {*consts, *in_names})
 
     def run(*xs: mx.array) -> list[mx.array]:
         env: dict[str, Any] = dict(consts)

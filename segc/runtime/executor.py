@@ -36,7 +36,15 @@ import mlx.core as mx
 
 from ..errors import MemoryLimitError, ScheduleError, SignatureError
 from ..ir import WINDOW, Graph, Segment, SegmentEffects, Var, segment_effects, segments, window_segments
-from ..lower import attention_kernel, check_supported, check_types, compile_loses, product_kernel, segment_fn
+from ..lower import (
+    attention_kernel,
+    check_supported,
+    check_types,
+    compile_loses,
+    kv_write_kernel,
+    product_kernel,
+    segment_fn,
+)
 from ..passes.commits import COMMITS
 from ..units import fmt_bytes
 from .aborted import Aborted
@@ -158,11 +166,12 @@ class Executor:
         fragile = {c.var.name for c in g.consts if compile_loses(c)}
         kernel = attention_kernel(attention)
         products = product_kernel()  # segc.lower.products.FUSED_PRODUCTS, read now
+        kv_write = kv_write_kernel()  # segc.lower.kvwrite.FUSED_KV_WRITE, read now
         const_args: list[tuple[str, ...]] = []
         for s in self.segments:
             used = dict.fromkeys(v for e in s.eqns(g) for v in e.ins if v in fragile)
             const_args.append(tuple(used))
-            fn = segment_fn(g, s, const_args[-1], kernel, products)
+            fn = segment_fn(g, s, const_args[-1], kernel, products, kv_write)
             if compile and not _touches_empty(g, s, vs):
                 fn = mx.compile(fn)
             for o in s.outputs:

@@ -1,0 +1,167 @@
+"""The rotated KV write (``kvwrite.KVWriteMatch``, through ``kvwrite.cuda_kv_write``) as
+one ``mx.fast.cuda_kernel``.
+
+A thread per 16 bytes of the new key and value buffers (the row at the offset computed,
+every other row copied), then a thread per element of the rotated queries. An element of
+a rotation is MLX 0.32's ``rope_single`` (``mlx/backend/cuda/rope.cu``) for the pair it
+belongs to: the same expressions in the same order (``cos``, ``sin`` and ``exp2`` of
+float, the products and sums of ``rope_single_impl``, one cast to the dtype), so the
+same bits. Only imported on a machine whose MLX has CUDA.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+THREADS = 256
+
+_HEADER = r"""
+template <typename T, bool TRAD, int DIMS, int DK, bool FREQS>
+__device__ T segc_rotated(const T* x, int row, int d, int32_t offset, const float* freqs) {
+  // element d of row ``row`` of x (rows of DK) after MLX's rope_single; past DIMS a copy
+  const T* in = x + static_cast<int64_t>(row) * DK;
+  if (d >= DIMS) {
+    return in[d];
+  }
+  constexpr int HALF = DIMS / 2;
+  int p = TRAD ? d / 2 : (d < HALF ? d : d - HALF);
+  bool first = TRAD ? (d % 2) == 0 : d < HALF;
+  float inv_freq;
+  if (FREQS) {
+    inv_freq = 1.0 / freqs[p];
+  } else {
+    float dd = static_cast<float>(p) / static_cast<float>(HALF);
+    inv_freq = exp2(-dd * SEGC_LOG2_BASE);
+  }
+  float L = SEGC_SCALE * static_cast<float>(offset);
+  float theta = L * inv_freq;
+  float costheta = cos(theta);
+  float sintheta = sin(theta);
+  int i1 = TRAD ? 2 * p : p;
+  int i2 = TRAD ? i1 + 1 : i1 + HALF;
+  float x1 = static_cast<float>(in[i1]);
+  float x2 = static_cast<float>(in[i2]);
+  float r;
+  if (first) {
+    r = x1 * costheta - x2 * sintheta;
+  } else {
+    r = x1 * sintheta + x2 * costheta;
+  }
+  return static_cast<T>(r);
+}
+
+template <typename T, int VEC>
+__device__ void segc_copy(const T* src, T* dst, int64_t e) {
+  if (VEC > 1 && (reinterpret_cast<uintptr_t>(src) % 16) == 0 && (reinterpret_cast<uintptr_t>(dst) % 16) == 0) {
+    *reinterpret_cast<uint4*>(dst + e) = *reinterpret_cast<const uint4*>(src + e);
+  } else {
+    for (int j = 0; j < VEC; ++j) dst[e + j] = src[e + j];
+  }
+}
+"""
+
+_BODY = r"""
+    const int C = kb_shape[2];
+    const int32_t pos = off[0];
+    const int64_t nk = static_cast<int64_t>(H) * C * D / VEC;
+    const int64_t nv = static_cast<int64_t>(H) * C * DV / VEC;
+    int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < nk) {
+        int64_t e = i * VEC;
+        if ((e / D) % C == pos) {
+            int h = static_cast<int>(e / (static_cast<int64_t>(C) * D));
+            int d0 = static_cast<int>(e % D);
+            for (int j = 0; j < VEC; ++j) {
+                ko[e + j] = segc_rotated<T, TRAD, DIMS, D, FREQS>(k, h, d0 + j, pos, FREQ_PTR);
+            }
+        } else {
+            segc_copy<T, VEC>(kb, ko, e);
+        }
+        return;
+    }
+    i -= nk;
+    if (i < nv) {
+        int64_t e = i * VEC;
+        if ((e / DV) % C == pos) {
+            int h = static_cast<int>(e / (static_cast<int64_t>(C) * DV));
+            int d0 = static_cast<int>(e % DV);
+            for (int j = 0; j < VEC; ++j) {
+                vo[e + j] = v[static_cast<int64_t>(h) * DV + d0 + j];
+            }
+        } else {
+            segc_copy<T, VEC>(vb, vo, e);
+        }
+        return;
+    }
+    i -= nv;
+    QUERIES
+"""
+
+_QUERIES = r"""if (i < static_cast<int64_t>(HQ) * D) {
+        qo[i] = segc_rotated<T, TRAD, DIMS, D, FREQS>(q, static_cast<int>(i / D), static_cast<int>(i % D), pos, FREQ_PTR);
+    }"""
+
+
+def _bits(x: float) -> int:
+    return int(np.array(x, dtype=np.float32).view(np.uint32))
+
+
+@functools.cache
+def _kernel(queries: bool, freqs: bool, log2_base_bits: int, scale_bits: int) -> Any:
+    """The kernel for a rotation's constants (float32 bits: they are ``#define``d, so a
+    kernel per rotation, named after them) with or without queries and frequencies."""
+    ins = ["kb", "k", "vb", "v", "off", *(["q"] if queries else []), *(["freqs"] if freqs else [])]
+    outs = ["ko", "vo", *(["qo"] if queries else [])]
+    source = _BODY.replace("QUERIES", _QUERIES if queries else "").replace("FREQ_PTR", "freqs" if freqs else "nullptr")
+    header = (
+        f"#define SEGC_LOG2_BASE (__int_as_float(0x{log2_base_bits:08x}))\n"
+        f"#define SEGC_SCALE (__int_as_float(0x{scale_bits:08x}))\n" + _HEADER
+    )
+    name = f"segc_kv_write{'_q' if queries else ''}{'_f' if freqs else ''}_{log2_base_bits:08x}_{scale_bits:08x}"
+    return mx.fast.cuda_kernel(name=name, input_names=ins, output_names=outs, source=source, header=header)
+
+
+def kv_write(
+    ins: Sequence[mx.array], dims: int, traditional: bool, base: float | None, scale: float, queries: bool, freqs: bool
+) -> list[mx.array]:
+    """The key buffer, new keys, value buffer, new values and offset in ``ins`` (then the
+    queries with ``queries``, the frequencies with ``freqs``) rotated with ``dims``,
+    ``traditional``, ``base`` and ``scale`` and written, by one CUDA kernel."""
+    kb, k, vb, v, off = ins[:5]
+    q = ins[5] if queries else None
+    _, h, c, d = kb.shape
+    dv = vb.shape[3]
+    vec = 16 // kb.dtype.size
+    vec = vec if d % vec == 0 and dv % vec == 0 else 1
+    hq = q.shape[1] if q is not None else 0
+    threads = h * c * d // vec + h * c * dv // vec + hq * d
+    # MLX passes log2 of its float base, computed in float (std::log2 of a float)
+    log2_base = float(np.log2(np.float32(base))) if base is not None else 0.0
+    tmpl: list[tuple[str, Any]] = [
+        ("T", kb.dtype),
+        ("H", h),
+        ("D", d),
+        ("DV", dv),
+        ("HQ", hq),
+        ("DIMS", dims),
+        ("TRAD", traditional),
+        ("FREQS", freqs),
+        ("VEC", vec),
+    ]
+    shapes = [kb.shape, vb.shape, *([q.shape] if q is not None else [])]
+    kernel = _kernel(queries, freqs, _bits(log2_base), _bits(scale))
+    return list(
+        kernel(
+            inputs=[kb, k, vb, v, off.reshape(()) if off.ndim else off, *ins[5:]],
+            template=tmpl,
+            grid=(-(-threads // THREADS) * THREADS, 1, 1),
+            threadgroup=(THREADS, 1, 1),
+            output_shapes=shapes,
+            output_dtypes=[kb.dtype] * len(shapes),
+        )
+    )

@@ -1,0 +1,243 @@
+"""A decode step's rotary embedding and KV-cache writes as one kernel: the setting, the
+finder, and MLX's ops for the same thing.
+
+On CUDA a dynamic KV cache's one-token write (``segc/trace/kvcache.py``) is a select over
+the buffer (``shapes.py``), and a llama layer spends five kernels on what surrounds its
+attention: ``RoPE`` of the keys and of the queries (MLX's ``rope_single``), the
+comparison of the positions with the offset, and a select per buffer. A decode step on
+the H200 is bound by the host's cost per kernel (docs/performance.md), so
+:func:`find_kv_writes` finds, per layer, the keys' ``RoPE`` whose only reader is the
+keys' ``DynamicSliceUpdate``, the values' ``DynamicSliceUpdate`` at the same position,
+and the queries' ``RoPE`` at the same offset with the same rotation (when there is
+one); ``cuda_kvwrite.py`` computes them in one kernel: the new key and value buffers
+(the row at the offset rotated or copied in, every other row copied) and the rotated
+queries. The rotation is MLX 0.32's ``rope_single`` line for line (float arithmetic,
+one rounding to the dtype), the rest copies bytes: the same bits as eager's kernels
+(``tests/test_kvwrite_cuda.py``). :func:`reference_kv_write` runs the matched
+equations' own rules: the tests' stand-in on the CPU.
+
+Taken only where the select would be (one position along axis 2 of a ``(1, H, C, D)``
+buffer of at most ``shapes.SELECT_WRITE_BYTES``: the kernel copies the buffer as the
+select does), for one batch row, a floating dtype, an ``int32`` offset shared by the
+rotation and the writes, and intermediate values nothing else reads.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from ..errors import UsageError
+from ..ir import Eqn
+from .pattern import SegmentGraph, only_reader
+from .prim import lookup
+
+DTYPES = ("bf16", "f16", "f32")
+
+
+@dataclass(frozen=True)
+class KVWriteMatch:
+    """The keys' rotation and write, the values' write and (optionally) the queries'
+    rotation of one attention. ``ins`` are the kernel's inputs (key buffer, new keys,
+    value buffer, new values, offset, then the queries and the frequencies where
+    present), ``outs`` what it defines (new key buffer, new value buffer, rotated
+    queries). ``eqns`` are the equations it replaces, in the segment's order: the kernel
+    runs where the last of them was."""
+
+    ins: tuple[str, ...]
+    outs: tuple[str, ...]
+    dims: int
+    traditional: bool
+    base: float | None
+    scale: float
+    queries: bool
+    freqs: bool
+    eqns: tuple[Eqn, ...]
+
+    @property
+    def skip(self) -> frozenset[int]:
+        return frozenset(e.id for e in self.eqns)
+
+
+def _rows(shape: tuple[int, ...] | None) -> bool:
+    """A ``(1, H, 1, D)`` row of one token per head."""
+    return shape is not None and len(shape) == 4 and shape[0] == 1 and shape[2] == 1
+
+
+def _one_row_write(e: Eqn, g: SegmentGraph, avals: Mapping[str, tuple], max_bytes: int) -> bool:
+    """``e`` writes one token's row of every head into a ``(1, H, C, D)`` buffer along
+    axis 2 at an ``int32`` scalar, a buffer of at most ``max_bytes``."""
+    if e.prim != "DynamicSliceUpdate" or len(e.ins) != 3:
+        return False
+    buf, upd, start = (avals.get(v) for v in e.ins)
+    if buf is None or upd is None or start is None:
+        return False
+    (bs, bt), (us, ut), (ss, st) = buf, upd, start
+    axes = tuple(a % 4 for a in e.args[0]) if len(bs) == 4 else ()
+    if axes != (2,) or bs[0] != 1 or not _rows(us) or us[1] != bs[1] or us[3] != bs[3]:
+        return False
+    size = 1
+    for n in bs:
+        size *= n
+    itemsize = {"bf16": 2, "f16": 2, "f32": 4}.get(bt, 0)
+    return bt == ut and bt in DTYPES and st == "i32" and len(ss) <= 1 and size * itemsize <= max_bytes
+
+
+def _same_rotation(a: Eqn, b: Eqn) -> bool:
+    return a.args == b.args and a.ins[1:] == b.ins[1:]
+
+
+def _reads(v: str, names: set[str], g: SegmentGraph) -> bool:
+    """Whether ``v`` is made (in this segment) from any of ``names``."""
+    seen: set[str] = set()
+    todo = [v]
+    while todo:
+        x = todo.pop()
+        if x in names:
+            return True
+        e = g.prod.get(x)
+        if e is None or x in seen:
+            continue
+        seen.add(x)
+        todo.extend(e.ins)
+    return False
+
+
+def find_kv_writes(
+    eqns: Sequence[Eqn],
+    keep: Sequence[str],
+    avals: Mapping[str, tuple],
+    context: Sequence[Eqn] = (),
+    taken: frozenset[int] = frozenset(),
+    max_bytes: int | None = None,
+) -> list[KVWriteMatch]:
+    """Every rotated key write with its value write (and query rotation) in ``eqns`` (a
+    segment's equations, in order; ``keep`` its outputs; ``avals`` every var's shape and
+    dtype), none of whose equations are in ``taken`` (another kernel's)."""
+    if max_bytes is None:
+        from .shapes import SELECT_WRITE_BYTES
+
+        max_bytes = SELECT_WRITE_BYTES
+    g = SegmentGraph(eqns, keep, context)
+    used = set(taken)
+    found: list[KVWriteMatch] = []
+    for dk in eqns:
+        if dk.id in used or not _one_row_write(dk, g, avals, max_bytes):
+            continue
+        kbuf, kr, off = dk.ins
+        rk = g.eqn(kr, "RoPE")
+        if rk is None or rk.id in used or only_reader(kr, g) is not dk or len(rk.ins) not in (2, 3):
+            continue
+        dims, traditional, base, scale, forward = rk.args
+        if not forward or rk.ins[1] != off or not _rows(avals[rk.ins[0]][0]) or avals[rk.ins[0]][1] != avals[kr][1]:
+            continue
+        if len(rk.ins) == 3 and avals[rk.ins[2]][1] != "f32":
+            continue
+        kdt = avals[kbuf][1]
+        dv = next(
+            (
+                e
+                for e in eqns
+                if e.id not in used
+                and e is not dk
+                and _one_row_write(e, g, avals, max_bytes)
+                and e.ins[2] == off
+                and avals[e.ins[0]][0][2] == avals[kbuf][0][2]
+                and avals[e.ins[0]][1] == kdt
+                and g.eqn(e.ins[1], "RoPE") is None
+                and not _reads(e.ins[1], {dk.outs[0].name}, g)
+            ),
+            None,
+        )
+        if dv is None:
+            continue
+        rq = next(
+            (
+                e
+                for e in eqns
+                if e.prim == "RoPE"
+                and e.id not in used
+                and e is not rk
+                and _same_rotation(e, rk)
+                and _rows(avals[e.ins[0]][0])
+                and avals[e.ins[0]][0][3] == avals[kr][0][3]
+                and avals[e.ins[0]][1] == kdt
+                and not _reads(e.ins[0], {dk.outs[0].name, dv.outs[0].name}, g)
+            ),
+            None,
+        )
+        group = [e for e in (rk, dk, dv, rq) if e is not None]
+        ins = [kbuf, rk.ins[0], dv.ins[0], dv.ins[1], off]
+        outs = [dk.outs[0].name, dv.outs[0].name]
+        if rq is not None:
+            ins.append(rq.ins[0])
+            outs.append(rq.outs[0].name)
+        if len(rk.ins) == 3:
+            ins.append(rk.ins[2])
+        used.update(e.id for e in group)
+        found.append(
+            KVWriteMatch(
+                tuple(ins),
+                tuple(outs),
+                int(dims),
+                bool(traditional),
+                None if base is None else float(base),
+                float(scale),
+                rq is not None,
+                len(rk.ins) == 3,
+                tuple(sorted(group, key=lambda e: g.pos[e.id])),
+            )
+        )
+    return found
+
+
+def reference_kv_write(m: KVWriteMatch, ins: Sequence[mx.array]) -> list[mx.array]:
+    """What the kernel computes, by the matched equations' own rules (MLX's ops, the
+    primitives eager records): the tests' stand-in for the kernel without CUDA."""
+    env = dict(zip(m.ins, ins))
+    for e in m.eqns:
+        rule = lookup(e.prim).rule
+        assert rule is not None
+        res = rule([env[v] for v in e.ins], e.args, e)
+        env[e.outs[0].name] = res if isinstance(res, mx.array) else res[0]
+    return [env[v] for v in m.outs]
+
+
+Kernel = Callable[[KVWriteMatch, Sequence[mx.array]], list[mx.array]]
+
+# "auto": the CUDA kernel where the default device is a CUDA GPU of MLX 0.32 (unless the
+# environment sets SEGC_FUSED_KV_WRITE=0, or shapes.SELECT_WRITE is "never": MLX's own
+# write asked for), none on the CPU; "never"; or a kernel (tests, research). Read when a
+# graph is lowered.
+FUSED_KV_WRITE: str | Kernel = "auto"
+
+
+def kv_write_kernel(setting: str | Kernel | None = None) -> Kernel | None:
+    """The kernel segments lower their rotated KV writes to, or None (MLX's own
+    kernels). ``setting`` defaults to :data:`FUSED_KV_WRITE`."""
+    setting = FUSED_KV_WRITE if setting is None else setting
+    if callable(setting):
+        return setting
+    if setting == "never":
+        return None
+    if setting != "auto":
+        raise UsageError(f"FUSED_KV_WRITE must be 'auto', 'never' or a kernel, not {setting!r}")
+    from . import shapes
+    from .products import MLX_SERIES
+
+    cuda = mx.default_device() == mx.gpu and mx.cuda.is_available()
+    if not cuda or os.environ.get("SEGC_FUSED_KV_WRITE", "1") == "0" or shapes.SELECT_WRITE == "never":
+        return None
+    if not str(getattr(mx, "__version__", "")).startswith(MLX_SERIES):  # the kernel copies MLX 0.32's rope
+        return None
+    return cuda_kv_write
+
+
+def cuda_kv_write(m: KVWriteMatch, ins: Sequence[mx.array]) -> list[mx.array]:
+    """``m`` computed by one CUDA kernel (``cuda_kvwrite.py``, imported on first use)."""
+    from .cuda_kvwrite import kv_write
+
+    return kv_write(ins, m.dims, m.traditional, m.base, m.scale, m.queries, m.freqs)

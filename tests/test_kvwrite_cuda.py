@@ -1,0 +1,84 @@
+"""The rotated KV write's CUDA kernel (``segc.lower.cuda_kvwrite``) against MLX's own
+kernels on the GPU, byte for byte: ``mx.fast.rope`` of the queries and keys (MLX's
+``rope_single``) and ``mx.slice_update`` of both buffers at an array offset, as eager
+MLX runs them. On a machine without CUDA these tests cannot run;
+``tests/test_kvwrite.py`` checks the finder and the replay there."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from conftest import assert_decodes_agree, examples, same_bits
+from hypothesis import given, settings
+from hypothesis import strategies as hst
+from test_kvwrite import DT, Counted, _eager, _layer, _replay, _values
+
+import segc
+from segc.lower import kvwrite
+from segc.lower.shapes import SELECT_WRITE_BYTES
+from segc.models.zoo import build
+
+CUDA = mx.cuda.is_available() and mx.default_device() == mx.gpu
+pytestmark = [
+    pytest.mark.skipif(not CUDA, reason="the kernel is a CUDA kernel: needs MLX's CUDA backend and a GPU"),
+    pytest.mark.timeout(300),
+]
+
+
+@settings(max_examples=examples(40), deadline=None)
+@given(
+    h=hst.sampled_from([1, 2, 8]),
+    rep=hst.sampled_from([1, 4]),
+    c=hst.sampled_from([1, 7, 256, 1280, 4096]),
+    d=hst.sampled_from([64, 128, 80, 12]),
+    partial=hst.booleans(),
+    trad=hst.booleans(),
+    freqs=hst.booleans(),
+    dt=hst.sampled_from(list(DT)),
+    data=hst.data(),
+)
+def test_the_kernel_is_mlx_rope_and_slice_update(h, rep, c, d, partial, trad, freqs, dt, data) -> None:
+    dims = d // 2 if partial and (d // 2) % 2 == 0 else d
+    eqns, avals, ins, outs = _layer(h=h, hq=h * rep, c=c, d=d, dv=d, dims=dims, trad=trad, freqs=freqs, dt=dt)
+    vals = _values(avals, ins, offset=data.draw(hst.integers(0, c - 1)), seed=data.draw(hst.integers(0, 999)))
+    kernel = kvwrite.kv_write_kernel("auto")
+    assert kernel is not None
+    calls = []
+
+    def counted(m, xs):
+        calls.append(m)
+        return kernel(m, xs)
+
+    got = _replay(eqns, avals, ins, outs, vals, counted)
+    want = _eager(dict(zip(ins, vals)), dims, trad, freqs)
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        assert same_bits(a, b), f"output {outs[i]}"
+    # (a buffer over the select's limit is MLX's own write: nothing to compare then)
+    assert len(calls) == (h * c * d * DT[dt].size <= SELECT_WRITE_BYTES)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_a_decode_keeps_its_bits_with_the_kernel(arch, monkeypatch) -> None:
+    """segc with the kernel against segc with MLX's kernels (``FUSED_KV_WRITE =
+    "never"``): logits and caches byte for byte over a prompt and ten decode steps, and
+    every layer's write taken with its queries."""
+    model = build(arch, num_hidden_layers=2, hidden_size=256, intermediate_size=512, head_dim=64, dtype=mx.bfloat16)
+    fused = segc.jit(model, validate=False, concat_projections=True)
+    plain = segc.jit(model, validate=False, concat_projections=True)
+    kernel = kvwrite.kv_write_kernel("auto")
+    assert kernel is not None
+    seen = Counted()
+
+    def counted(m, ins):
+        seen.matches.append(m)
+        return kernel(m, ins)
+
+    def with_kernel(kern, f):
+        def call(*a, **kw):
+            monkeypatch.setattr(kvwrite, "FUSED_KV_WRITE", kern)
+            return f(*a, **kw)
+
+        return call
+
+    assert_decodes_agree(model, with_kernel(counted, fused), with_kernel("never", plain))
+    assert len(seen.matches) >= 2 and all(m.queries for m in seen.matches), seen.matches
