@@ -176,6 +176,13 @@ def test_what_is_not_taken() -> None:
     # a write along another axis
     other = [e.replace(args=((1,),)) if e.prim == "DynamicSliceUpdate" else e for e in eqns]
     _no_match(other, avals)
+    # values of another head count, and values made from the new keys (one kernel cannot
+    # make both)
+    eqns3, avals3, _, _ = _layer(dv=8)
+    _no_match(eqns3, {**avals3, "vb": ((1, 4, 16, 8), "bf16"), "vo": ((1, 4, 16, 8), "bf16")})
+    from_keys = Eqn(5, "Slice", ("ko",), (Var("vk", (1, 2, 1, 8), "bf16"),), ((0, 0, 0, 0), (1, 2, 1, 8), (1, 1, 1, 1)))
+    late = [e for e in eqns if e.id != 4] + [from_keys, eqns[4].replace(id=6, ins=("vb", "vk", "off"))]
+    _no_match(late, {**avals, "vk": ((1, 2, 1, 8), "bf16")})
 
 
 def test_the_queries_rotation_is_left_alone_when_it_differs() -> None:

@@ -145,7 +145,7 @@ def find_kv_writes(
                 and e is not dk
                 and _one_row_write(e, g, avals, max_bytes)
                 and e.ins[2] == off
-                and avals[e.ins[0]][0][2] == avals[kbuf][0][2]
+                and avals[e.ins[0]][0][1:3] == avals[kbuf][0][1:3]
                 and avals[e.ins[0]][1] == kdt
                 and g.eqn(e.ins[1], "RoPE") is None
                 and not _reads(e.ins[1], {dk.outs[0].name}, g)
@@ -169,7 +169,6 @@ def find_kv_writes(
             ),
             None,
         )
-        group = [e for e in (rk, dk, dv, rq) if e is not None]
         ins = [kbuf, rk.ins[0], dv.ins[0], dv.ins[1], off]
         outs = [dk.outs[0].name, dv.outs[0].name]
         if rq is not None:
@@ -177,6 +176,9 @@ def find_kv_writes(
             outs.append(rq.outs[0].name)
         if len(rk.ins) == 3:
             ins.append(rk.ins[2])
+        if any(_reads(v, set(outs), g) for v in ins):  # the kernel would wait for itself
+            continue
+        group = [e for e in (rk, dk, dv, rq) if e is not None]
         used.update(e.id for e in group)
         found.append(
             KVWriteMatch(
