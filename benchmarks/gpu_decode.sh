@@ -6,7 +6,7 @@
 #
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_decode.sh [PARTS]
 #
-# PARTS: any of  dense quant moe concat isolated runtime kernels select products check generate device ablate commits census
+# PARTS: any of  dense quant moe concat isolated runtime kernels select products check generate device ablate commits census kv prefill
 # (default: dense runtime). kernels: fewer_kernels.py (what each kernel and each of the
 # dynamic cache's differences costs); select: segc's one-position KV write as a select
 # against MLX's, three models; products: segc's product kernels (segc.lower.products)
@@ -16,7 +16,8 @@
 # ablate: device_time.py's whole steps as one CUDA graph each (the device's own time), segc's
 # step with each of its differences from eager undone; commits: the commit policies on a
 # segment per layer, each variant a process of its own, 2 rounds; census: kernel_census.py
-# (the kernels of one decode step, by name, from MLX's CUDA graphs). Logs go
+# (the kernels of one decode step, by name, from MLX's CUDA graphs); kv: the rotation-and-write
+# kernel on and off, two rounds; prefill: 512 tokens, segc's defaults against concatenated. Logs go
 # to $OUT. isolated: decode of the three models: segc's defaults, and concatenated and
 # frozen with one segment (wholefrozen) and a segment per layer (frozen), every variant a process of its own, 2 rounds (the "variants isolated"); about
 # 4 minutes a model on the H200, so MODELS=llama: (or llama_4bit:--bits,4 or
@@ -117,6 +118,18 @@ for p in $parts; do
   commits)
     VARIANTS=eager,compile,wholefrozen,frozen,frozeneach,frozengeo ROUNDS=2 REPEATS=30 BENCH_LIMIT=420 \
       bench commits --prefill 0 --first-call-layers 0 --no-dispatch
+    ;;
+  kv)  # segc's rotation-and-write kernel on and off (SEGC_FUSED_KV_WRITE), each variant a process, rounds alternating
+    for r in 1 2; do
+      SEGC_FUSED_KV_WRITE=1 VARIANTS=eager,compile,segc,frozen REPEATS=30 BENCH_LIMIT=150 \
+        bench "kv1_$r" --prefill 0 --first-call-layers 0 --no-dispatch
+      SEGC_FUSED_KV_WRITE=0 VARIANTS=segc,frozen REPEATS=30 BENCH_LIMIT=100 \
+        bench "kv0_$r" --prefill 0 --first-call-layers 0 --no-dispatch
+    done
+    ;;
+  prefill)  # prefill of 512 tokens: segc's defaults, concatenated, concatenated and frozen
+    VARIANTS=eager,compile,segc,concat,frozen REPEATS=20 BENCH_LIMIT=200 \
+      bench prefill --prefill 512 --no-decode --first-call-layers 0 --no-dispatch
     ;;
   runtime)
     timeout 300 $PY benchmarks/bench_runtime.py --layers 16 --hidden 2048 --intermediate 8192 --heads 32 \

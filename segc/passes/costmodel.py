@@ -1,4 +1,4 @@
-"""A cost model that predicts a segmented run's time and MLX's memory from the graph.
+"""A cost model that predicts a segmented run's time from the graph (its memory: ``memory.py``).
 
 **Time.** The executor dispatches segments from the host one after another
 (``mx.async_eval``) while the device runs the ones already dispatched, so a run is a
@@ -60,15 +60,7 @@ last commit, ``H_c = H_{c-1} + h_c + commit``, and
 commits the last segment. ``predict_time(g, m, commit=...)`` takes the policy; a plan
 of more segments then pays for the commits the policy makes after them.
 
-**Memory**, as MLX allocates it: the weights and other graph inputs stay resident (the
-model holds them) and are reported apart from the activations. Activations are
-simulated in program order: a buffer is allocated when its equation runs and freed
-after its last reader (MLX frees an array when its last reference goes); values inside
-a fused chain are never allocated; an elementwise output takes over an input buffer of
-the same size that dies at that equation (MLX's donation), and a KV-cache update writes
-into the cache buffer it consumes. The cuts change neither, so
-the prediction is the same for every legal plan (the executor releases a boundary
-value after its last reading segment, which is when its last reader has run).
+**Memory**: ``memory.py`` (``predict_memory``).
 
 Machine models (:class:`MachineModel`) are JSON; ``segc calibrate`` measures one
 (``segc.research.calibrate``). The defaults are rough: ``CPU`` for MLX's CPU build on a
@@ -83,8 +75,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from ..errors import ScheduleError
-from ..ir import Eqn, Graph, segments
-from ..lower.prim import lookup
+from ..ir import Graph, segments
 from .analysis import Liveness, Machine, eqn_bytes, eqn_flops, is_view, liveness, ops
 from .commits import DEVICES, commit_count, commit_flags
 from .legalize import fusion_groups
@@ -324,76 +315,6 @@ def timed(segs: Sequence[SegmentTime], m: MachineModel) -> TimePrediction:
 
 
 # --------------------------------------------------------------------------- memory
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryPrediction:
-    weights: int  # parameters (graph inputs of kind "param")
-    inputs: int  # other graph inputs (arguments, KV-cache buffers)
-    activations: int  # the most bytes of computed buffers alive at once
-    constants: int  # captured constants
-
-    @property
-    def peak(self) -> int:
-        return self.weights + self.inputs + self.activations + self.constants
-
-
-def predict_memory(g: Graph) -> MemoryPrediction:
-    """MLX's peak allocation for one call of ``g`` (module docstring)."""
-    os_ = ops(g)
-    oc = op_costs(g, CPU)
-    lv = oc.lv
-    state = {i.var.name for i in g.inputs if i.kind == "state"}
-    end = {}  # a fused chain runs as one kernel at its last equation: its inputs live to there
-    for grp in fusion_groups(g):
-        for k in grp:
-            end[k] = grp[-1]
-    last: dict[str, int] = {}
-    for k, e in enumerate(os_):
-        for v in e.ins:
-            r = lv.root[v]
-            last[r] = max(last.get(r, -1), end.get(k, k))
-    frees: dict[int, list[str]] = {}
-    for v in lv.defined:
-        u = lv.n if lv.last_use[v] >= lv.n else last.get(v, lv.defined[v])
-        if u < lv.n:
-            frees.setdefault(u, []).append(v)
-    live: dict[str, int] = {}
-    cur = peak = 0
-    for k, e in enumerate(os_):
-        dying = {v for v in frees.get(k, []) if v in live}
-        for o in e.outs:
-            if lv.defined.get(o.name) != k or o.name in oc.internal:
-                continue
-            size = lv.nbytes[o.name]
-            if e.prim in _IN_PLACE and e.ins and last.get(lv.root[e.ins[0]]) == k and lv.root[e.ins[0]] in state:
-                continue  # a KV-cache update into the consumed state buffer: no new memory
-            donor = next((v for v in sorted(dying) if live[v] == size), None) if _donates(e) else None
-            if donor is not None:  # MLX writes the output into the dying input's buffer
-                dying.discard(donor)
-                cur -= live.pop(donor)
-            live[o.name] = size
-            cur += size
-        peak = max(peak, cur)
-        for v in frees.get(k, []):
-            if v in live:
-                cur -= live.pop(v)
-    weights = sum(i.var.nbytes for i in g.inputs if i.kind == "param")
-    other = sum(i.var.nbytes for i in g.inputs if i.kind != "param")
-    consts = sum(c.var.nbytes for c in g.consts)
-    return MemoryPrediction(weights, other, peak, consts)
-
-
-# updates MLX makes in place when their first input is donated (segc hands a call's
-# KV-cache buffers to the executor once the signature has run: docs/performance.md)
-_IN_PLACE = frozenset({"SliceUpdate", "DynamicSliceUpdate", "Scatter", "ScatterAxis"})
-
-
-def _donates(e: Eqn) -> bool:
-    """Elementwise equations (and the fused chains made of them) may write into an input
-    buffer that dies with them; matrix products, reductions and the rest allocate."""
-    p = lookup(e.prim)
-    return p.fusible and p.memory in ("compute", "move")
 
 
 def with_source(m: MachineModel, source: str) -> MachineModel:

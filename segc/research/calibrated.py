@@ -13,7 +13,8 @@ from typing import Any
 from ..ir import Graph
 from ..passes import Plan
 from ..passes.analysis import analyze
-from ..passes.costmodel import MachineModel, predict_memory, predict_time
+from ..passes.costmodel import MachineModel, predict_time
+from ..passes.memory import predict_memory
 from .fit import Observation, fit_machine
 from .models import Workload
 
@@ -74,7 +75,7 @@ def calibrate(machine: MachineModel, policy: str, preps: list[Prepared], overhea
 
 def predict_row(row: dict[str, Any], cut: Graph, plan: Plan, machine: MachineModel, policy: str) -> None:
     tp = predict_time(cut, machine, policy)
-    mp = predict_memory(cut)
+    mp = predict_memory(cut, copied_writes=machine.fused_products)
     st = analyze(cut, machine.roofline())
     row.update(
         {

@@ -10,7 +10,8 @@ import pytest
 
 from segc.ir import parse
 from segc.passes import run_pass
-from segc.passes.costmodel import MachineModel, predict_memory, predict_time
+from segc.passes.costmodel import MachineModel, predict_time
+from segc.passes.memory import predict_memory
 
 TOY = MachineModel("toy", flops_per_s=1e9, bytes_per_s=1e9, launch_s=1e-6, dispatch_s=1e-5, host_op_s=1e-6)
 
@@ -99,6 +100,24 @@ graph f(%a0: f32[1,8] arg="0", %s0: f32[4,8] state="cache.k") {
 """
     m = predict_memory(parse(src))
     assert (m.inputs, m.activations) == (32 + 128, 128)  # only Exp's output is new
+
+
+def test_rotated_kv_writes_of_the_cuda_kernel_allocate() -> None:
+    """A decode step's rotations and writes (built by hand as a GPU trace records them)
+    with the caches as state: in place, only the rotated queries (64 B, its square
+    taking over its buffer) and keys (32 B) are new; computed by segc's CUDA kernel
+    (``copied_writes``), the new key and value buffers (512 B each) are too."""
+    from test_kvwrite import _layer
+
+    from segc.ir import Graph, Input, Var
+
+    eqns, avals, ins, outs = _layer()
+    kinds = {"kb": "state", "vb": "state", "off": "state"}
+    inputs = tuple(Input(Var(n, *avals[n]), kinds.get(n, "arg"), n) for n in ins)
+    g = Graph("kv", inputs, (), tuple(eqns), tuple(outs))
+    assert predict_memory(g).activations == 64 + 32
+    # the queries' 64 (squared in place), the keys' 32 until their write, then both buffers
+    assert predict_memory(g, copied_writes=True).activations == 64 + 512 + 512
 
 
 QUEUED = """\
