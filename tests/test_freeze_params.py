@@ -160,3 +160,26 @@ def test_captured_parameters_across_architectures(arch, bits, dtype) -> None:
         x = mx.array([[t]])
         assert same_bits(step(x, cache=cs), ref(x, cache=ce))
     assert all(e.executor.n_inputs == sum(i.kind != "param" for i in e.graph.inputs) for e in step.entries())
+
+
+@pytest.mark.parametrize("freeze", [False, True])
+def test_an_entry_builds_one_executor(freeze, monkeypatch) -> None:
+    """A frozen entry builds its executor at its first call, on the graph with the
+    parameters in it, and not also one that takes them as inputs; an unfrozen entry
+    builds one up front. Either way one per entry, and the results are eager's."""
+    from segc.staging import stages
+
+    built: list[int] = []
+    real = stages.Executor
+
+    def counted(g, **kw):
+        built.append(sum(i.kind == "param" for i in g.inputs))
+        return real(g, **kw)
+
+    monkeypatch.setattr(stages, "Executor", counted)
+    m = _mlp()
+    f = segc.jit(m, freeze_params=freeze, validate=False)
+    x = mx.random.normal((3, 8), key=mx.random.key(2))
+    for _ in range(3):
+        assert same_bits(f(x), m(x))
+    assert built == ([0] if freeze else [4])  # the MLP's two weights and two biases

@@ -104,6 +104,13 @@ def resolve_commit(commit: str) -> str:
     return "segment" if commit == "auto" else commit
 
 
+def check_options(commit: str, attention: Any) -> None:
+    """Raise for a commit policy or attention setting an executor would refuse, without
+    building one."""
+    resolve_commit(commit)
+    attention_kernel(attention)
+
+
 def _commits_after(g: Graph, segs: Sequence[Segment], policy: str) -> tuple[bool, ...]:
     """Per segment: whether the stock loop commits its outputs right after it."""
     if policy in ("segment", "fences"):

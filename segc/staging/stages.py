@@ -16,13 +16,14 @@ from typing import Any
 import mlx.core as mx
 
 from ..errors import SignatureError
-from ..ir import WINDOW, Graph, Segment, segments, to_text, verify
+from ..ir import WINDOW, Graph, Segment, segment_effects, segments, to_text, verify
 from ..lower import describe
 from ..passes import run_pass
 from ..passes.analysis import header_annotator
 from ..passes.fences import Schedule
 from ..passes.pipeline import place
 from ..runtime import Aborted, Executor
+from ..runtime.executor import check_options
 from ..runtime.fenced import Fences, Timeline, WindowRun
 from ..trace import state as st
 from ..trace.pytree import TreeDef, unflatten
@@ -130,7 +131,8 @@ class Compiled:
 
     With ``capture_params`` (``segc.jit(..., freeze_params=True)``) the first call's
     parameters become constants of the compiled segments (``capture.py``): the executor
-    is rebuilt on that graph, and later calls pass no parameters."""
+    is built on that graph at the first call (not before: building one costs about 0.4
+    ms a segment), and later calls pass no parameters."""
 
     def __init__(
         self,
@@ -146,7 +148,14 @@ class Compiled:
         self.lowered = lowered
         self.graph = lowered.graph
         self._executor_options = {"compile": compile, "drain": drain, "commit": commit, "attention": attention}
-        self.executor = Executor(self.graph, check=False, **self._executor_options)
+        self._param_order = [i.path for i in self.graph.inputs if i.kind == "param"]
+        self._capture = capture_params and bool(self._param_order)
+        self._captured = False
+        self._executor: Executor | None = None
+        if self._capture:  # built at the first call, on the graph with the parameters in it
+            check_options(commit, attention)
+        else:
+            self._executor = Executor(self.graph, check=False, **self._executor_options)
         t = lowered.traced
         self.spec = t.spec
         self.signature = t.signature
@@ -157,23 +166,28 @@ class Compiled:
         self._draws = t.draws
         self._key_in = any(i.path == rng.KEY_PATH for i in self.graph.inputs)
         self._ran = False
-        self._param_order = [i.path for i in self.graph.inputs if i.kind == "param"]
-        self._capture = capture_params and bool(self._param_order)
-        self._captured = False
         # concatenated weights (segc.passes.concat): built from the members, once
         self._derived = [is_concat(p) for p in self._param_order]
         self._concats = (concats or Concats()) if any(self._derived) else None
         self._memo: tuple[dict[str, mx.array], list[mx.array]] | None = None  # the last call's
         eff = lowered.effects
-        fenced = any(st.effects.signals or st.effects.waits for st in self.executor.steps)
+        fenced = any(e.signals or e.waits for e in segment_effects(self.graph))
         self._fences = eff.fences if fenced else None
         self._timeline = eff.timeline
         # windows that restrict this graph (neither endpoint here: the graph runs in full)
         self._windows = {e.args[0] for e in self.graph.eqns if e.prim == WINDOW and e.args[3] == "range"}
 
     @property
+    def executor(self) -> Executor:
+        """What runs the segments (built on the graph with the parameters in it once a
+        frozen entry has made its first call)."""
+        if self._executor is None:
+            self._executor = Executor(self.graph, check=False, **self._executor_options)
+        return self._executor
+
+    @property
     def segments(self) -> list[Segment]:
-        return self.executor.segments
+        return segments(self.graph)
 
     def as_text(self) -> str:
         return self.lowered.as_text()
@@ -220,7 +234,7 @@ class Compiled:
     def _capture_params(self, ps: list[mx.array]) -> None:
         """Rebuild the executor with ``ps`` as constants of its segments (once)."""
         mx.eval(ps)  # a constant is an evaluated array (concatenated weights may still be lazy)
-        self.executor = Executor(params_as_consts(self.graph, ps), check=False, **self._executor_options)
+        self._executor = Executor(params_as_consts(self.graph, ps), check=False, **self._executor_options)
         self._capture, self._captured = False, True
 
     def execute(self, inputs: list[mx.array]) -> list[mx.array]:
