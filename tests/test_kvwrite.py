@@ -205,3 +205,31 @@ def test_the_setting() -> None:
     if mx.default_device() == mx.cpu:
         assert kv_write_kernel("auto") is None  # never on the CPU: MLX's ops are eager's there
     assert kvwrite.FUSED_KV_WRITE == "auto"
+
+
+@settings(max_examples=examples(60), deadline=None)
+@given(data=hst.data())
+def test_replay_order_follows_the_data(data) -> None:
+    """``replay._in_order`` over a random program with one step moved later (as a fused
+    kernel runs where its last equation was): every step runs after the steps making its
+    inputs, each step once, and the steps that do not read the moved one keep their order."""
+    from segc.lower.replay import _in_order
+
+    n = data.draw(hst.integers(2, 12))
+    reads = [data.draw(hst.sets(hst.integers(0, k - 1), max_size=3)) if k else set() for k in range(n)]
+    k = data.draw(hst.integers(0, n - 2))
+    to = data.draw(hst.integers(k + 1, n - 1))
+    # the moved step may only read what comes before its new place, as the finder ensures
+    reads[k] = {r for r in reads[k] if r < k}
+    steps = [(None, Eqn(i, "Step", (), ()), tuple(f"v{r}" for r in reads[i]), (f"v{i}",)) for i in range(n)]
+    plan = steps[:k] + steps[k + 1 : to + 1] + [steps[k]] + steps[to + 1 :]
+    got = [s[1].id for s in _in_order(plan, set())]
+    assert sorted(got) == list(range(n))
+    place = {i: p for p, i in enumerate(got)}
+    assert all(place[r] < place[i] for i in range(n) for r in reads[i])
+
+    def needs_k(i: int) -> bool:
+        return i == k or any(needs_k(r) for r in reads[i])
+
+    free = [s[1].id for s in plan if not needs_k(s[1].id)]
+    assert [i for i in got if not needs_k(i)] == free
