@@ -289,3 +289,47 @@ def test_refusal_names_the_boundary() -> None:
     g = with_cuts(one_eqn("NoSuchPrimitive", (), [x], [((2,), mx.float32)]), [0])
     with pytest.raises(UnsupportedPrimitive, match="after boundary 'cut0'"):
         run_graph(g, [x])
+
+
+@settings(max_examples=examples(30), deadline=None)
+@given(
+    start=st.integers(-300, 300),
+    step=st.integers(-7, 7).filter(bool),
+    count=st.integers(0, 70000),
+    dt=st.sampled_from([mx.int32, mx.int64, mx.int16, mx.uint32]),
+)
+def test_an_integer_range_is_host_data_with_mlxs_values(start, step, count, dt) -> None:
+    """An integer ``Arange`` is made from host data (no kernel: ``mx.arange`` is not
+    called) up to ``ARANGE_CONSTANT_MAX`` values that fit its dtype; past that, or for
+    a fractional start, MLX's op. Values byte for byte ``mx.arange``'s."""
+    from segc.lower import shapes
+
+    stop = start + step * count
+    info = np.iinfo(np.dtype(str(dt).removeprefix("mlx.core.")))
+    assume(count == 0 or (info.min <= min(start, stop - step) and max(start, stop - step) <= info.max))
+    want = mx.arange(start, stop, step, dtype=dt)
+    calls: list[tuple] = []
+    real = mx.arange
+
+    def counted(*a, **k):
+        calls.append(a)
+        return real(*a, **k)
+
+    e = Eqn(0, "Arange", (), (Var("r", tuple(want.shape), dtypes.short(dt)),), (float(start), float(stop), float(step)))
+    half = e.replace(args=(start + 0.5, float(stop), float(step)))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(mx, "arange", counted)
+        got = shapes._arange([], e.args, e)
+        assert len(calls) == (want.size > shapes.ARANGE_CONSTANT_MAX)
+        shapes._arange([], half.args, half)
+        assert len(calls) == 1 + (want.size > shapes.ARANGE_CONSTANT_MAX)  # MLX's op
+    assert_same_bits([got], [want])
+
+
+def test_a_range_that_wraps_is_mlxs_op() -> None:
+    from segc.lower import shapes
+
+    want = mx.arange(30000, 40000, 3, dtype=mx.int16)  # past int16's largest value
+    e = Eqn(0, "Arange", (), (Var("r", tuple(want.shape), "i16"),), (30000.0, 40000.0, 3.0))
+    assert shapes._host_range(30000, 40000, 3, mx.int16, want.size) is None
+    assert_same_bits([shapes._arange([], e.args, e)], [want])

@@ -198,10 +198,39 @@ def _full(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
     return mx.full(o.shape, ins[0], dtype=dtypes.to_mx(o.dtype))
 
 
-@rule("Arange", **_MOVE)
+# An integer range is made from host data: a constant of the compiled segment, not an
+# Arange kernel per call (a decode step's mask makes two). Integers are exact either way.
+ARANGE_CONSTANT_MAX = 1 << 16  # values; a longer range keeps MLX's kernel (no host copy)
+
+
+def _host_range(start: int, stop: int, step: int, dtype: mx.Dtype, n: int) -> mx.array | None:
+    values = np.arange(start, stop, step, dtype=np.int64)
+    if values.size != n:  # MLX's count, from the recorded shape, is the authority
+        return None
+    np_dtype = np.dtype(str(dtype).removeprefix("mlx.core."))
+    info = np.iinfo(np_dtype)
+    if values.size and (values.min() < info.min or values.max() > info.max):  # wraps: MLX's business
+        return None
+    # a fresh array each time (a range another segment also makes may reach this one as
+    # an input too: one object as both would confuse mx.compile), from host data
+    return mx.array(values.astype(np_dtype))
+
+
+@rule(
+    "Arange",
+    rebuilt="an integer range with whole start and step, of at most 65536 values that fit its dtype: a constant from host data",
+    **_MOVE,
+)
 def _arange(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
     start, stop, step = args
-    return mx.arange(start, stop, step, dtype=dtypes.to_mx(e.outs[0].dtype))
+    dt = dtypes.to_mx(e.outs[0].dtype)
+    (n,) = e.outs[0].shape
+    whole = all(float(a).is_integer() for a in (start, stop, step))
+    if whole and n <= ARANGE_CONSTANT_MAX and mx.issubdtype(dt, mx.integer):
+        out = _host_range(int(start), int(stop), int(step), dt, n)
+        if out is not None:
+            return out
+    return mx.arange(start, stop, step, dtype=dt)
 
 
 @rule("NumberOfElements", rebuilt="always: a constant computed from the static shape as its eval does")
