@@ -91,7 +91,12 @@ def _same_rotation(a: Eqn, b: Eqn) -> bool:
 
 
 def _reads(v: str, names: set[str], g: SegmentGraph) -> bool:
-    """Whether ``v`` is made (in this segment) from any of ``names``."""
+    """Whether ``v`` is made (in this segment) from any of ``names``. A value made before
+    the first of ``names`` cannot be, so the walk stops there (it stays within a layer)."""
+    made = [g.pos[g.prod[n].id] for n in names if n in g.prod]
+    if not made:
+        return False
+    floor = min(made)
     seen: set[str] = set()
     todo = [v]
     while todo:
@@ -99,7 +104,7 @@ def _reads(v: str, names: set[str], g: SegmentGraph) -> bool:
         if x in names:
             return True
         e = g.prod.get(x)
-        if e is None or x in seen:
+        if e is None or x in seen or g.pos[e.id] < floor:
             continue
         seen.add(x)
         todo.extend(e.ins)
@@ -124,8 +129,10 @@ def find_kv_writes(
     g = SegmentGraph(eqns, keep, context)
     used = set(taken)
     found: list[KVWriteMatch] = []
-    for dk in eqns:
-        if dk.id in used or not _one_row_write(dk, g, avals, max_bytes):
+    writes = [e for e in eqns if _one_row_write(e, g, avals, max_bytes)]
+    ropes = [e for e in eqns if e.prim == "RoPE"]
+    for dk in writes:
+        if dk.id in used:
             continue
         kbuf, kr, off = dk.ins
         rk = g.eqn(kr, "RoPE")
@@ -140,10 +147,9 @@ def find_kv_writes(
         dv = next(
             (
                 e
-                for e in eqns
+                for e in writes
                 if e.id not in used
                 and e is not dk
-                and _one_row_write(e, g, avals, max_bytes)
                 and e.ins[2] == off
                 and avals[e.ins[0]][0][1:3] == avals[kbuf][0][1:3]
                 and avals[e.ins[0]][1] == kdt
@@ -157,9 +163,8 @@ def find_kv_writes(
         rq = next(
             (
                 e
-                for e in eqns
-                if e.prim == "RoPE"
-                and e.id not in used
+                for e in ropes
+                if e.id not in used
                 and e is not rk
                 and _same_rotation(e, rk)
                 and _rows(avals[e.ins[0]][0])
