@@ -34,6 +34,11 @@ def to_mx(name: str) -> mx.Dtype:
     return _TABLE[name][0]
 
 
+def np_dtype(name: str) -> np.dtype:
+    """The NumPy dtype that holds a value of ``name`` (bfloat16: its raw bits, as u16)."""
+    return np.dtype(_TABLE[name][1])
+
+
 def is_dtype_name(name: str) -> bool:
     return name in _TABLE
 

@@ -104,3 +104,30 @@ def test_a_rotated_kv_write_with_its_queries_is_one_kernel() -> None:
     g = Graph("kv", tuple(Input(Var(n, *avals[n]), "arg", n) for n in ins), (), tuple(eqns), tuple(outs))
     assert sum(op_costs(g, H200).kernels) == 2  # the kernel, the queries' square
     assert sum(op_costs(g, PLAIN_GPU).kernels) == 5  # two rotations, two writes, the square
+
+
+def test_an_integer_range_is_no_kernel() -> None:
+    """The lowering makes an integer range from host data (``shapes.host_range``): no
+    kernel and no device time on any machine; a float range, or one of more than
+    ``ARANGE_CONSTANT_MAX`` values, is MLX's kernel."""
+    from segc.lower.shapes import ARANGE_CONSTANT_MAX
+
+    def f(x):
+        return x + mx.arange(8, dtype=mx.int32)
+
+    def g(x):
+        return x + mx.arange(8, dtype=mx.float32)
+
+    n = ARANGE_CONSTANT_MAX + 1
+
+    def long(x):
+        return x + mx.arange(n, dtype=mx.int32)
+
+    x = mx.ones((8,), dtype=mx.int32)
+    xf = mx.ones((8,), dtype=mx.float32)
+    for m in (H200, CPU):
+        assert _kernels(f, m, x) == 1  # the addition only
+        assert _kernels(g, m, xf) == 2  # the range, the addition
+        assert _kernels(long, m, mx.ones((n,), dtype=mx.int32)) == 2
+    costs = op_costs(trace_graph(f, x), H200)
+    assert costs.device[0] == 0.0 and costs.kernels[0] == 0

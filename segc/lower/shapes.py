@@ -203,17 +203,28 @@ def _full(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
 ARANGE_CONSTANT_MAX = 1 << 16  # values; a longer range keeps MLX's kernel (no host copy)
 
 
-def _host_range(start: int, stop: int, step: int, dtype: mx.Dtype, n: int) -> mx.array | None:
-    values = np.arange(start, stop, step, dtype=np.int64)
-    if values.size != n:  # MLX's count, from the recorded shape, is the authority
+def host_range(e: Eqn) -> tuple[int, int, int] | None:
+    """``(start, step, n)`` when the ``Arange`` equation ``e`` is lowered as host data:
+    an integer dtype, whole start, stop and step, at most ``ARANGE_CONSTANT_MAX`` values
+    (MLX's count, the recorded shape, agreeing with Python's), every one within the
+    dtype (a range that wraps is MLX's business). The cost model reads it too: such a
+    range launches no kernel."""
+    if e.prim != "Arange" or len(e.outs) != 1 or len(e.outs[0].shape) != 1:
         return None
-    np_dtype = np.dtype(str(dtype).removeprefix("mlx.core."))
-    info = np.iinfo(np_dtype)
-    if values.size and (values.min() < info.min or values.max() > info.max):  # wraps: MLX's business
+    start, stop, step = e.args
+    (n,) = e.outs[0].shape
+    name = e.outs[0].dtype
+    if not all(float(a).is_integer() for a in (start, stop, step)) or n > ARANGE_CONSTANT_MAX:
         return None
-    # a fresh array each time (a range another segment also makes may reach this one as
-    # an input too: one object as both would confuse mx.compile), from host data
-    return mx.array(values.astype(np_dtype))
+    if name not in ("i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64"):
+        return None
+    a, b, c = int(start), int(stop), int(step)
+    if c == 0 or len(range(a, b, c)) != n:
+        return None
+    info = np.iinfo(dtypes.np_dtype(name))
+    if n and not (info.min <= min(a, a + (n - 1) * c) and max(a, a + (n - 1) * c) <= info.max):
+        return None
+    return a, c, n
 
 
 @rule(
@@ -224,12 +235,12 @@ def _host_range(start: int, stop: int, step: int, dtype: mx.Dtype, n: int) -> mx
 def _arange(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
     start, stop, step = args
     dt = dtypes.to_mx(e.outs[0].dtype)
-    (n,) = e.outs[0].shape
-    whole = all(float(a).is_integer() for a in (start, stop, step))
-    if whole and n <= ARANGE_CONSTANT_MAX and mx.issubdtype(dt, mx.integer):
-        out = _host_range(int(start), int(stop), int(step), dt, n)
-        if out is not None:
-            return out
+    r = host_range(e)
+    if r is not None:
+        # a fresh array each time (a range another segment also makes may reach this one
+        # as an input too: one object as both would confuse mx.compile), from host data
+        a, c, n = r
+        return mx.array((a + c * np.arange(n, dtype=np.int64)).astype(dtypes.np_dtype(e.outs[0].dtype)))
     return mx.arange(start, stop, step, dtype=dt)
 
 

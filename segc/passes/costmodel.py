@@ -76,6 +76,7 @@ from pathlib import Path
 
 from ..errors import ScheduleError
 from ..ir import Graph, segments
+from ..lower.shapes import host_range
 from .analysis import Liveness, Machine, eqn_bytes, eqn_flops, is_view, liveness, ops
 from .commits import DEVICES, commit_count, commit_flags
 from .legalize import fusion_groups
@@ -213,11 +214,12 @@ def op_costs(g: Graph, m: MachineModel) -> OpCosts:
             r -= sum(cost(v) for v in ins if v in internal or lv.root[v] in done)
             done.update(lv.root[v] for v in ins)
             w -= sum(lv.nbytes[o.name] for o in e.outs if o.name in internal)
-        device.append(max(eqn_flops(e, vs) / m.flops_per_s, max(r + w, 0) / m.bytes_per_s))
+        host = host_range(e) is not None  # an integer range the lowering makes from host data
+        device.append(0.0 if host else max(eqn_flops(e, vs) / m.flops_per_s, max(r + w, 0) / m.bytes_per_s))
         first = group[k] < 0 or group[k] not in seen
         seen.add(group[k])
         aliased = bool(e.outs) and is_view(e) and lv.root[e.outs[0].name] != e.outs[0].name
-        kernels.append(0 if aliased or not first else 1)
+        kernels.append(0 if aliased or not first or host else 1)
     return OpCosts(tuple(device), tuple(kernels), tuple(group), lv, internal)
 
 
