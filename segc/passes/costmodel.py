@@ -14,7 +14,8 @@ device
   inside a fused chain (``legalize.fusion_groups``) not counted: a value made and read
   inside one chain never reaches memory;
 - *launch*: a kernel per computing equation that is not a view, a fused chain one (with
-  ``fused_products``, segc's CUDA product kernels are chains too: ``product_groups.py``);
+  ``fused_products``, segc's CUDA product kernels are chains too: ``product_groups.py``),
+  an integer range the lowering makes from host data none (``shapes.host_range``);
 - *boundary traffic*: ``in_k``, the bytes of activations the segment reads from earlier
   segments (each segment reads its inputs afresh);
 - *fusion loss*: a cut inside a fused chain (an unlegalised plan) splits it; the values
