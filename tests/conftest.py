@@ -313,6 +313,19 @@ def state_close(a: mx.array, b: mx.array) -> bool:
 # H200 found no bits that depend on buffer alignment (docs/gpu.md).
 
 
+def with_setting(
+    monkeypatch: pytest.MonkeyPatch, module: Any, name: str, value: Any, f: Callable[..., Any]
+) -> Callable[..., Any]:
+    """``f`` called with ``module.name`` set to ``value`` (a lowering setting read when a
+    jitted function lowers: ``products.FUSED_PRODUCTS``, ``kvwrite.FUSED_KV_WRITE``)."""
+
+    def call(*a: Any, **kw: Any) -> Any:
+        monkeypatch.setattr(module, name, value)
+        return f(*a, **kw)
+
+    return call
+
+
 def assert_decodes_agree(
     model: nn.Module,
     fused: Callable[..., mx.array],

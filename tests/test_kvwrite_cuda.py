@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-from conftest import assert_decodes_agree, examples, same_bits
+from conftest import assert_decodes_agree, examples, same_bits, with_setting
 from hypothesis import given, settings
 from hypothesis import strategies as hst
 from test_kvwrite import DT, Counted, _eager, _layer, _replay, _values
@@ -73,12 +73,6 @@ def test_a_decode_keeps_its_bits_with_the_kernel(arch, monkeypatch) -> None:
         seen.matches.append(m)
         return kernel(m, ins)
 
-    def with_kernel(kern, f):
-        def call(*a, **kw):
-            monkeypatch.setattr(kvwrite, "FUSED_KV_WRITE", kern)
-            return f(*a, **kw)
-
-        return call
-
-    assert_decodes_agree(model, with_kernel(counted, fused), with_kernel("never", plain))
+    fused_call = with_setting(monkeypatch, kvwrite, "FUSED_KV_WRITE", counted, fused)
+    assert_decodes_agree(model, fused_call, with_setting(monkeypatch, kvwrite, "FUSED_KV_WRITE", "never", plain))
     assert len(seen.matches) >= 2 and all(m.queries for m in seen.matches), seen.matches

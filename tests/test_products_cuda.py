@@ -10,7 +10,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from conftest import assert_decodes_agree, examples, same_bits
+from conftest import assert_decodes_agree, examples, same_bits, with_setting
 from hypothesis import assume, given, settings
 from hypothesis import strategies as hst
 
@@ -211,15 +211,10 @@ def test_a_llama_decode_keeps_its_bits_with_the_kernels(bits, concat, monkeypatc
         seen.append((m.kind, m.quant))
         return kernel(m, ins)
 
-    def with_kernel(kern, f):
-        def call(*a, **kw):
-            monkeypatch.setattr(products, "FUSED_PRODUCTS", kern)
-            return f(*a, **kw)
-
-        return call
-
+    fused_call = with_setting(monkeypatch, products, "FUSED_PRODUCTS", counted, fused)
+    plain_call = with_setting(monkeypatch, products, "FUSED_PRODUCTS", "never", plain)
     # (the prompt's quantized products may be MLX's qmm_sm90, whose results vary: not compared)
-    assert_decodes_agree(model, with_kernel(counted, fused), with_kernel("never", plain), prompt_too=False)
+    assert_decodes_agree(model, fused_call, plain_call, prompt_too=False)
     q = (64, bits) if bits else None
     assert seen.count(("glu", q)) >= 2 and seen.count(("add", q)) >= 4, seen
     # q/k/v (one product or three) with their norm, and the logits with the final norm

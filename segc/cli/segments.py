@@ -50,8 +50,7 @@ def machine_text(m: Any) -> str:
 def segment_rows(g: Any) -> tuple[list[dict[str, Any]], Any]:
     from ..ir import segment_effects, segments
     from ..ir.printer import effect_text
-    from ..lower.kvwrite import find_kv_writes
-    from ..lower.product_match import find_products
+    from ..lower.kvwrite import find_fused
     from ..passes.analysis import H200, analyze
 
     vs = g.vars()
@@ -60,14 +59,11 @@ def segment_rows(g: Any) -> tuple[list[dict[str, Any]], Any]:
     rows = []
     for s, ss, eff in zip(segments(g), stats.segments, segment_effects(g)):
         fences = [effect_text(e) for e in g.eqns[s.start : s.stop] if e.is_pseudo and e.prim != "segc.window"]
-        found = find_products(s.eqns(g), s.outputs, avals, g.eqns)
+        found, writes = find_fused(s.eqns(g), s.outputs, avals, g.eqns)
         kinds = Counter(
             m.kind + ("+norm" if m.eps is not None else "") + (f"/q{m.quant[1]}" if m.quant else "") for m in found
         )
-        taken = frozenset(i for m in found for i in m.skip)
-        kinds.update(
-            "kv_write" + ("+q" if w.queries else "") for w in find_kv_writes(s.eqns(g), s.outputs, avals, g.eqns, taken)
-        )
+        kinds.update("kv_write" + ("+q" if w.queries else "") for w in writes)
         rows.append(
             {
                 "segment": s.index,

@@ -24,16 +24,15 @@ rotation and the writes, and intermediate values nothing else reads.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
 
-from ..errors import UsageError
 from ..ir import Eqn
 from .pattern import SegmentGraph, only_reader
 from .prim import lookup
+from .product_match import ProductMatch, find_products
 
 DTYPES = ("bf16", "f16", "f32")
 
@@ -201,6 +200,17 @@ def find_kv_writes(
     return found
 
 
+def find_fused(
+    eqns: Sequence[Eqn], keep: Sequence[str], avals: Mapping[str, tuple], context: Sequence[Eqn] = ()
+) -> tuple[list[ProductMatch], list[KVWriteMatch]]:
+    """What segc's CUDA lowering computes with its product kernels and its rotated-write
+    kernel in ``eqns`` (a segment's, or a whole graph's for an estimate): the products,
+    then the rotated KV writes among the rest, as the replay finds them."""
+    products = find_products(eqns, keep, avals, context)
+    taken = frozenset(i for m in products for i in m.skip)
+    return products, find_kv_writes(eqns, keep, avals, context, taken)
+
+
 def reference_kv_write(m: KVWriteMatch, ins: Sequence[mx.array]) -> list[mx.array]:
     """What the kernel computes, by the matched equations' own rules (MLX's ops, the
     primitives eager records): the tests' stand-in for the kernel without CUDA."""
@@ -228,19 +238,11 @@ def kv_write_kernel(setting: str | Kernel | None = None) -> Kernel | None:
     setting = FUSED_KV_WRITE if setting is None else setting
     if callable(setting):
         return setting
-    if setting == "never":
-        return None
-    if setting != "auto":
-        raise UsageError(f"FUSED_KV_WRITE must be 'auto', 'never' or a kernel, not {setting!r}")
     from . import shapes
-    from .products import MLX_SERIES
+    from .products import cuda_wanted
 
-    cuda = mx.default_device() == mx.gpu and mx.cuda.is_available()
-    if not cuda or os.environ.get("SEGC_FUSED_KV_WRITE", "1") == "0" or shapes.SELECT_WRITE == "never":
-        return None
-    if not str(getattr(mx, "__version__", "")).startswith(MLX_SERIES):  # the kernel copies MLX 0.32's rope
-        return None
-    return cuda_kv_write
+    wanted = cuda_wanted(setting, "FUSED_KV_WRITE")
+    return cuda_kv_write if wanted and shapes.SELECT_WRITE != "never" else None
 
 
 def cuda_kv_write(m: KVWriteMatch, ins: Sequence[mx.array]) -> list[mx.array]:

@@ -103,22 +103,28 @@ MLX_SERIES = "0.32."  # the MLX whose kernels the CUDA kernels copy
 FUSED_PRODUCTS: str | Kernel = "auto"
 
 
+def cuda_wanted(setting: str, name: str) -> bool:
+    """Whether ``setting`` (``"auto"`` or ``"never"``) of the setting ``name``
+    (``FUSED_PRODUCTS``, ``FUSED_KV_WRITE``) asks for segc's CUDA kernel here: ``"auto"``
+    where the default device is a CUDA GPU, MLX is of :data:`MLX_SERIES` (the kernels
+    copy its code) and the environment does not set ``SEGC_<name>=0``."""
+    if setting == "never":
+        return False
+    if setting != "auto":
+        raise UsageError(f"{name} must be 'auto', 'never' or a kernel, not {setting!r}")
+    cuda = mx.default_device() == mx.gpu and mx.cuda.is_available()
+    if not cuda or os.environ.get(f"SEGC_{name}", "1") == "0":
+        return False
+    return str(getattr(mx, "__version__", "")).startswith(MLX_SERIES)
+
+
 def product_kernel(setting: str | Kernel | None = None) -> Kernel | None:
     """The kernel segments lower ``add`` and ``glu`` patterns to, or None (MLX's own
     kernels). ``setting`` defaults to :data:`FUSED_PRODUCTS`."""
     setting = FUSED_PRODUCTS if setting is None else setting
     if callable(setting):
         return setting
-    if setting == "never":
-        return None
-    if setting != "auto":
-        raise UsageError(f"FUSED_PRODUCTS must be 'auto', 'never' or a kernel, not {setting!r}")
-    cuda = mx.default_device() == mx.gpu and mx.cuda.is_available()
-    if not cuda or os.environ.get("SEGC_FUSED_PRODUCTS", "1") == "0":
-        return None
-    if not str(getattr(mx, "__version__", "")).startswith(MLX_SERIES):  # the kernels copy MLX 0.32's
-        return None
-    return cuda_products
+    return cuda_products if cuda_wanted(setting, "FUSED_PRODUCTS") else None
 
 
 def cuda_products(m: ProductMatch, ins: Sequence[mx.array]) -> mx.array:

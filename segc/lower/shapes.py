@@ -216,7 +216,7 @@ def host_range(e: Eqn) -> tuple[int, int, int] | None:
     name = e.outs[0].dtype
     if not all(float(a).is_integer() for a in (start, stop, step)) or n > ARANGE_CONSTANT_MAX:
         return None
-    if name not in ("i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64"):
+    if not np.issubdtype(dtypes.np_dtype(name), np.integer):
         return None
     a, b, c = int(start), int(stop), int(step)
     if c == 0 or len(range(a, b, c)) != n:
@@ -233,15 +233,14 @@ def host_range(e: Eqn) -> tuple[int, int, int] | None:
     **_MOVE,
 )
 def _arange(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
-    start, stop, step = args
-    dt = dtypes.to_mx(e.outs[0].dtype)
     r = host_range(e)
-    if r is not None:
-        # a fresh array each time (a range another segment also makes may reach this one
-        # as an input too: one object as both would confuse mx.compile), from host data
-        a, c, n = r
-        return mx.array((a + c * np.arange(n, dtype=np.int64)).astype(dtypes.np_dtype(e.outs[0].dtype)))
-    return mx.arange(start, stop, step, dtype=dt)
+    if r is None:
+        start, stop, step = args
+        return mx.arange(start, stop, step, dtype=dtypes.to_mx(e.outs[0].dtype))
+    # a fresh array each time (a range another segment also makes may reach this one as
+    # an input too: one object as both would confuse mx.compile), from host data
+    a, c, n = r
+    return mx.array((a + c * np.arange(n, dtype=np.int64)).astype(dtypes.np_dtype(e.outs[0].dtype)))
 
 
 @rule("NumberOfElements", rebuilt="always: a constant computed from the static shape as its eval does")

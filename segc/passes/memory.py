@@ -19,9 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir import Eqn, Graph, segments
-from ..lower.kvwrite import find_kv_writes
+from ..lower.kvwrite import find_fused
 from ..lower.prim import lookup
-from ..lower.product_match import find_products
 from .analysis import ops
 from .costmodel import CPU, op_costs
 from .legalize import fusion_groups
@@ -103,12 +102,10 @@ def _donates(e: Eqn) -> bool:
 
 def _copied(g: Graph) -> frozenset[int]:
     """The writes segc's CUDA lowering computes with its rotated-write kernel, segment by
-    segment (``kvwrite.find_kv_writes``, after the product kernels, as the replay finds them)."""
+    segment (``kvwrite.find_fused``, as the replay finds them)."""
     avals = {n: (v.shape, v.dtype) for n, v in g.vars().items()}
     out: set[int] = set()
     for s in segments(g):
-        eqns = s.eqns(g)
-        taken = frozenset(i for m in find_products(eqns, s.outputs, avals, g.eqns) for i in m.skip)
-        for w in find_kv_writes(eqns, s.outputs, avals, g.eqns, taken):
+        for w in find_fused(s.eqns(g), s.outputs, avals, g.eqns)[1]:
             out.update(e.id for e in w.eqns if e.prim == "DynamicSliceUpdate")
     return frozenset(out)

@@ -8,8 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..ir import Eqn, Graph
-from ..lower.kvwrite import find_kv_writes
-from ..lower.product_match import find_products
+from ..lower.kvwrite import find_fused
 from .analysis import is_view
 
 
@@ -36,9 +35,7 @@ def with_products(g: Graph, os_: Sequence[Eqn], groups: Sequence[Sequence[int]])
     for grp in groups:
         join(list(grp))
     grouped = {k for grp in groups for k in grp}
-    products = find_products(g.eqns, g.outputs, avals, g.eqns)
-    taken = frozenset(i for m in products for i in m.skip)
-    writes = find_kv_writes(g.eqns, g.outputs, avals, g.eqns, taken)
+    products, writes = find_fused(g.eqns, g.outputs, avals, g.eqns)
     for skip in [m.skip for m in products] + [w.skip for w in writes]:
         ks = [at[i] for i in sorted(skip) if i in at and not is_view(os_[at[i]])]  # views launch nothing
         join(ks)

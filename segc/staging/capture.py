@@ -3,7 +3,7 @@
 ``mx.compile`` takes what a function closes over as constants and what it is passed as
 inputs, and it checks every input on every call. A frozen jitted function's parameters
 do not change between calls (until ``clear_cache``), so once its first call has read
-them, each ``Compiled`` rebuilds its executor on the graph with the parameter inputs
+them, each ``Compiled`` builds its executor on the graph with the parameter inputs
 turned into constants: the segments then close over the weights, and a call passes
 only its arguments, state arrays and random key (docs/api.md, ``freeze_params``)."""
 

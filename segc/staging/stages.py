@@ -232,7 +232,7 @@ class Compiled:
         return leaves + [x for s in slots for x in s.inputs] + key + ps
 
     def _capture_params(self, ps: list[mx.array]) -> None:
-        """Rebuild the executor with ``ps`` as constants of its segments (once)."""
+        """Build the executor with ``ps`` as constants of its segments (once)."""
         mx.eval(ps)  # a constant is an evaluated array (concatenated weights may still be lazy)
         self._executor = Executor(params_as_consts(self.graph, ps), check=False, **self._executor_options)
         self._capture, self._captured = False, True
