@@ -6,7 +6,7 @@
 #
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_decode.sh [PARTS]
 #
-# PARTS: any of  dense quant moe concat isolated runtime kernels select products check generate device ablate commits census kv prefill
+# PARTS: any of  dense quant moe concat isolated runtime kernels select products check generate device ablate commits census kv attn prefill
 # (default: dense runtime). kernels: fewer_kernels.py (what each kernel and each of the
 # dynamic cache's differences costs); select: segc's one-position KV write as a select
 # against MLX's, three models; products: segc's product kernels (segc.lower.products)
@@ -17,7 +17,7 @@
 # step with each of its differences from eager undone; commits: the commit policies on a
 # segment per layer, each variant a process of its own, 2 rounds; census: kernel_census.py
 # (the kernels of one decode step, by name, from MLX's CUDA graphs); kv: the rotation-and-write
-# kernel on and off, two rounds; prefill: 512 tokens, segc's defaults against concatenated. Logs go
+# kernel on and off, two rounds; attn: the decode attention as one kernel or two, two rounds; prefill: 512 tokens, segc's defaults against concatenated. Logs go
 # to $OUT. isolated: decode of the three models: segc's defaults, and concatenated and
 # frozen with one segment (wholefrozen) and a segment per layer (frozen), every variant a process of its own, 2 rounds (the "variants isolated"); about
 # 4 minutes a model on the H200, so MODELS=llama: (or llama_4bit:--bits,4 or
@@ -86,7 +86,7 @@ for p in $parts; do
     done
     ;;
   check)
-    timeout 300 $PY -m pytest -q -p no:benchmark -p no:cacheprovider -n 8 tests/test_products_cuda.py tests/test_kvwrite_cuda.py tests/test_kvwrite.py \
+    timeout 300 $PY -m pytest -q -p no:benchmark -p no:cacheprovider -n 8 tests/test_products_cuda.py tests/test_kvwrite_cuda.py tests/test_attention_cuda.py tests/test_kvwrite.py \
       tests/test_products.py tests/test_freeze_params.py tests/test_select_write.py tests/test_fused_attention.py \
       >"$OUT/check.txt" 2>&1
     echo "check: rc=$?"
@@ -127,8 +127,16 @@ for p in $parts; do
         bench "kv0_$r" --prefill 0 --first-call-layers 0 --no-dispatch
     done
     ;;
+  attn)  # segc's decode attention as one kernel or two (SEGC_ATTENTION_KERNELS), each variant a process, rounds alternating
+    for r in 1 2; do
+      SEGC_ATTENTION_KERNELS=1 VARIANTS=eager,segc,frozen REPEATS=30 BENCH_LIMIT=150 \
+        bench "attn1_$r" --prefill 0 --first-call-layers 0 --no-dispatch
+      SEGC_ATTENTION_KERNELS=2 VARIANTS=segc,frozen REPEATS=30 BENCH_LIMIT=100 \
+        bench "attn2_$r" --prefill 0 --first-call-layers 0 --no-dispatch
+    done
+    ;;
   prefill)  # prefill of 512 tokens: segc's defaults, concatenated, concatenated and frozen
-    VARIANTS=eager,compile,segc,concat,frozen REPEATS=20 BENCH_LIMIT=200 \
+    VARIANTS=${VARIANTS:-eager,compile,segc,concat,frozen} REPEATS=20 BENCH_LIMIT=${BENCH_LIMIT:-200} \
       bench prefill --prefill 512 --no-decode --first-call-layers 0 --no-dispatch
     ;;
   runtime)

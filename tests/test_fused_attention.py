@@ -43,8 +43,8 @@ def _f64_attention(q, k, v, mask, scale):
     vn = np.repeat(vn, hq // hkv, axis=1)
     s = scale * qn @ kn.swapaxes(-1, -2)
     m = np.broadcast_to(np.array(mask).reshape(-1, cap), (lq, cap))
-    m = np.where(m.any(axis=-1, keepdims=True), m, True)
     s = np.where(m, s, -np.inf)
+    s = np.where(m.any(axis=-1, keepdims=True), s, 0.0)  # every key hidden: equal weights
     w = np.exp(s - s.max(axis=-1, keepdims=True))
     return (w / w.sum(axis=-1, keepdims=True)) @ vn
 
@@ -69,6 +69,23 @@ def test_the_reference_is_softmax_attention(heads, d, lq, cap, data):
     got = np.array(reference_attention(q, k, v, mask, d**-0.5)).astype(np.float64)
     tol = 1e-5 if mx.default_device() == mx.cpu else VALIDATE_TOL
     np.testing.assert_allclose(got, _f64_attention(q, k, v, mask, d**-0.5), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("hidden_rows", [(0,), (0, 1), (1,)])
+def test_the_reference_is_mlx_attention_where_a_row_hides_every_key(hidden_rows):
+    """MLX's attention (``mx.fast.scaled_dot_product_attention``, its masked fallback)
+    averages the values for a row that hides every key; so do the reference and the
+    CUDA kernel (``tests/test_attention_cuda.py``)."""
+    mx.random.seed(3)
+    q, k, v = (mx.random.normal(s) for s in ((1, 4, 2, 16), (1, 2, 9, 16), (1, 2, 9, 16)))
+    mask = np.arange(9)[None, :] < np.array([[4], [6]])
+    mask[list(hidden_rows)] = False
+    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.25, mask=mx.array(mask))
+    got = reference_attention(q, k, v, mx.array(mask), 0.25)
+    np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-5, atol=1e-5)
+    mean = np.repeat(np.array(v).mean(axis=2), 2, axis=1)  # (1, 4, 16): each query head's KV head
+    for r in hidden_rows:
+        np.testing.assert_allclose(np.array(got)[:, :, r], mean, rtol=1e-5, atol=1e-5)
 
 
 def _model(heads: int, kv_heads: int, layers: int, dtype=mx.float32, hidden: int = 128, intermediate: int = 256):

@@ -211,8 +211,9 @@ def reference_attention(q: mx.array, k: mx.array, v: mx.array, mask: mx.array, s
     rows = mx.broadcast_to(m2, (lq, cap)) if m2.shape[0] == 1 else m2
     rows = mx.broadcast_to(rows[None, None, None], (b, hkv, rep, lq, cap)).reshape(b, hkv, rep * lq, cap)
     none = ~mx.any(rows, axis=-1, keepdims=True)
-    rows = rows | none
-    s = mx.where(rows, s, -mx.inf)
+    # a row that hides every key: equal scores (MLX's fallback masks with the dtype's
+    # lowest value, not -inf), so equal weights
+    s = mx.where(none, 0.0, mx.where(rows, s, -mx.inf))
     p = mx.softmax(s, axis=-1)
     o = p @ v.astype(mx.float32)
     return o.reshape(b, hq, lq, d).astype(q.dtype)

@@ -11,6 +11,15 @@ kernels, split-K over the buffer as flash-decoding does:
    values (a decode at 1,280 positions with 8 KV heads: 320 blocks);
 2. ``combine``: a block per (batch, query head, row) merges the chunks.
 
+By default the two are one kernel (``one``): the first kernel's blocks count themselves
+done on a counter per (batch, KV head), and the last block of a group merges its chunks,
+the same arithmetic as ``combine`` in the same order (the same bits), reading the partial
+results from L2. A decode step is host-bound on the GPU by the kernels it launches
+(docs/performance.md), and this takes one a layer away. The counter is a small uint32
+array made once per traced call (so each compiled segment holds its own: two kernels
+that MLX may run concurrently never share one); the last block sets it back to zero for
+the next call. ``SEGC_ATTENTION_KERNELS=2`` (or ``kernels=2``) keeps the two kernels.
+
 Everything is float32 until the one rounding to the output dtype. A row whose mask hides
 every key gets the mean of the values (what the fallback's softmax over equal scores
 gives). Only imported on a machine whose MLX has CUDA.
@@ -19,10 +28,12 @@ gives). Only imported on a machine whose MLX has CUDA.
 from __future__ import annotations
 
 import functools
+import os
 import struct
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 
 CHUNK = 32  # keys per block of the first kernel: a warp's width (a lane per key in the softmax)
 THREADS = 128  # four warps
@@ -107,31 +118,64 @@ _PARTIAL = r"""
     }
 """
 
-_COMBINE = r"""
+# a query row's chunks merged, for column ``d`` of row ``row`` of KV head group ``grp``:
+# the second kernel's body and the one kernel's tail (the same text, so the same bits);
+# ``SEGC_LD`` reads a partial result (plainly, or from L2 where other blocks wrote it)
+_MERGE = r"""
+        float mx_ = NEG_INF;
+        for (int c = 0; c < S; ++c) mx_ = fmaxf(mx_, SEGC_LD(pm + row * S + c));
+        float res;
+        if (mx_ == NEG_INF) {
+            const T* vc = v + ((size_t)grp * C) * D + d;
+            float acc = 0.f;
+            for (int j = 0; j < C; ++j) acc += static_cast<float>(vc[(size_t)j * D]);
+            res = acc / C;
+        } else {
+            float num = 0.f, den = 0.f;
+            for (int c = 0; c < S; ++c) {
+                float w = expf(SEGC_LD(pm + row * S + c) - mx_);
+                den += SEGC_LD(pl + row * S + c) * w;
+                num += SEGC_LD(po + (row * S + c) * D + d) * w;
+            }
+            res = num / den;
+        }
+        out[row * D + d] = static_cast<T>(res);
+"""
+
+# the last block of a (batch, KV head) group merges the group's chunks, a thread per
+# (row, d) of the group
+_ONE_TAIL = (
+    r"""
+    __threadfence();                     // this block's partial results, seen device-wide
+    __shared__ bool last;
+    __syncthreads();
+    uint32_t* cnt = const_cast<uint32_t*>(count);
+    if (t == 0) last = atomicAdd(cnt + bh, 1u) == (uint32_t)(S - 1);
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (t == 0) cnt[bh] = 0u;            // ready for the next call
+    const int grp = bh;
+    for (int i = t; i < R * D; i += NT) {
+        const int r = i / D, d = i % D;
+        const int h = r / L, l = r % L;
+        const size_t row = ((size_t)(b * HQ + hk * REP + h) * L + l);
+"""
+    + _MERGE
+    + "    }\n"
+)
+
+# a block per query row, a thread per column
+_COMBINE = (
+    r"""
     const int C = v_shape[2];
     const int S = (C + CHUNK - 1) / CHUNK;
     const size_t row = blockIdx.x;       // (b * HQ + hq) * L + l
     const int d = threadIdx.x;
-    float mx_ = NEG_INF;
-    for (int s = 0; s < S; ++s) mx_ = fmaxf(mx_, pm[row * S + s]);
-    float res;
-    if (mx_ == NEG_INF) {
-        const int hq = (row / L) % HQ, b = row / L / HQ;
-        const T* vc = v + ((size_t)(b * HKV + hq / REP) * C) * D + d;
-        float acc = 0.f;
-        for (int j = 0; j < C; ++j) acc += static_cast<float>(vc[(size_t)j * D]);
-        res = acc / C;
-    } else {
-        float num = 0.f, den = 0.f;
-        for (int s = 0; s < S; ++s) {
-            float w = expf(pm[row * S + s] - mx_);
-            den += pl[row * S + s] * w;
-            num += po[(row * S + s) * D + d] * w;
-        }
-        res = num / den;
-    }
-    out[row * D + d] = static_cast<T>(res);
+    const int grp = (row / L / HQ) * HKV + ((row / L) % HQ) / REP;
 """
+    + _MERGE
+)
 
 
 @functools.cache
@@ -150,20 +194,42 @@ def _kernels(scale_bits: int) -> tuple[Any, Any]:
         input_names=["po", "pm", "pl", "v"],
         output_names=["out"],
         source=_COMBINE,
-        header=_HEADER,
+        header=_HEADER + "#define SEGC_LD(p) (*(p))\n",
     )
     return partial, combine
 
 
-def cuda_attention(q: mx.array, k: mx.array, v: mx.array, mask: mx.array, scale: float) -> mx.array:
+@functools.cache
+def _one_kernel(scale_bits: int) -> Any:
+    """``partial`` and ``combine`` as one kernel (module docstring)."""
+    return mx.fast.cuda_kernel(
+        name=f"segc_attention_one_{scale_bits:08x}",
+        input_names=["q", "k", "v", "mask", "count"],
+        output_names=["out", "po", "pm", "pl"],
+        source=_PARTIAL + _ONE_TAIL,
+        header=_HEADER + "#define SEGC_LD(p) __ldcg(p)\n" + f"#define SCALE (__int_as_float(0x{scale_bits:08x}))\n",
+    )
+
+
+def _how_many(kernels: int | None) -> int:
+    n = kernels if kernels is not None else int(os.environ.get("SEGC_ATTENTION_KERNELS", "1") or "1")
+    if n not in (1, 2):
+        raise ValueError(f"the decode attention runs as 1 or 2 kernels, not {n}")
+    return n
+
+
+def cuda_attention(
+    q: mx.array, k: mx.array, v: mx.array, mask: mx.array, scale: float, *, kernels: int | None = None
+) -> mx.array:
     """``softmax(scale * q @ k^T, where=mask) @ v`` for ``q`` of ``(B, Hq, L, D)``, ``k``
-    and ``v`` of ``(B, Hkv, C, D)``, ``mask`` boolean with ``C`` last and one row or ``L``."""
+    and ``v`` of ``(B, Hkv, C, D)``, ``mask`` boolean with ``C`` last and one row or ``L``.
+    ``kernels``: 1 (the default, or ``SEGC_ATTENTION_KERNELS``) or 2 (module docstring)."""
     b, hq, lq, d = q.shape
     hkv, cap = k.shape[1], k.shape[2]
     rep = hq // hkv
     m = mask.reshape(-1, cap)
     nchunks = (cap + CHUNK - 1) // CHUNK
-    partial, combine = _kernels(struct.unpack("<I", struct.pack("<f", scale))[0])
+    scale_bits = struct.unpack("<I", struct.pack("<f", scale))[0]
     tmpl: list[tuple[str, Any]] = [
         ("T", q.dtype),
         ("D", d),
@@ -176,12 +242,27 @@ def cuda_attention(q: mx.array, k: mx.array, v: mx.array, mask: mx.array, scale:
         ("NT", THREADS),
     ]
     rows = b * hq * lq
+    partials = [(rows * nchunks * d,), (rows * nchunks,), (rows * nchunks,)]
+    if _how_many(kernels) == 1:
+        # a fresh counter per traced call: one per compiled kernel (module docstring); one
+        # entry more than the groups, so that it is never a scalar MLX's compile might merge
+        count = mx.array(np.zeros(b * hkv + 1, dtype=np.uint32))
+        out, *_ = _one_kernel(scale_bits)(
+            inputs=[q, k, v, m, count],
+            template=tmpl,
+            grid=(b * hkv * nchunks * THREADS, 1, 1),
+            threadgroup=(THREADS, 1, 1),
+            output_shapes=[(b, hq, lq, d), *partials],
+            output_dtypes=[q.dtype, mx.float32, mx.float32, mx.float32],
+        )
+        return out
+    partial, combine = _kernels(scale_bits)
     po, pm, pl = partial(
         inputs=[q, k, v, m],
         template=tmpl,
         grid=(b * hkv * nchunks * THREADS, 1, 1),
         threadgroup=(THREADS, 1, 1),
-        output_shapes=[(rows * nchunks * d,), (rows * nchunks,), (rows * nchunks,)],
+        output_shapes=partials,
         output_dtypes=[mx.float32, mx.float32, mx.float32],
     )
     (out,) = combine(
