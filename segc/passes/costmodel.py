@@ -149,9 +149,14 @@ class MachineModel:
 # MLX's CPU build: ~1 us of host work per kernel before the device may start a segment, and
 # the host throttled to ~50 outstanding kernels (module docstring, docs/experiments.md)
 CPU = MachineModel(host_op_s=1e-6, queue_kernels=50)
-# MLX's CUDA build: ~20 us per compiled segment without a commit, ~100-170 us per commit
-# (the size term is left to calibration: docs/experiments.md, "The third run")
-H200 = MachineModel("h200", 790e12, 4.8e12, 4e-6, 20e-6, 1e-6, "default", 4e-6, 130e-6, "gpu", fused_products=True)
+# MLX's CUDA build: about 10 us of host work a kernel before its CUDA graph is launched, and
+# little a segment or a commit beyond it: one segment of a decode step and seventeen, each
+# committed, took the same host time on the H200 (1.78 and 1.80 ms for 181 kernels,
+# docs/performance.md, "the device's own time"), so 2 us a segment and 2 a commit.
+# (Until the fourteenth session: 20 us a segment, 1 + 4 us a kernel, 130 us a commit, which
+# made one segment the fastest plan under a commit per segment, the reverse of the
+# measurements. The size term is left to calibration: docs/experiments.md, "The third run".)
+H200 = MachineModel("h200", 790e12, 4.8e12, 4e-6, 2e-6, 10e-6, "default", 0.0, 2e-6, "gpu", fused_products=True)
 
 
 def default_model() -> MachineModel:
