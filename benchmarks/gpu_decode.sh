@@ -17,7 +17,7 @@
 # step with each of its differences from eager undone; commits: the commit policies on a
 # segment per layer, each variant a process of its own, 2 rounds; census: kernel_census.py
 # (the kernels of one decode step, by name, from MLX's CUDA graphs); kv: the rotation-and-write
-# kernel on and off, two rounds; attn: the decode attention as one kernel or two, two rounds; prefill: 512 tokens, segc's defaults against concatenated. Logs go
+# kernel on and off, two rounds; attn: the decode attention as one kernel or two, two rounds; prefill: 512 tokens, segc's defaults against concatenated (MODEL_ARGS="--bits 4" or "--arch mixtral" for another model). Logs go
 # to $OUT. isolated: decode of the three models: segc's defaults, and concatenated and
 # frozen with one segment (wholefrozen) and a segment per layer (frozen), every variant a process of its own, 2 rounds (the "variants isolated"); about
 # 4 minutes a model on the H200, so MODELS=llama: (or llama_4bit:--bits,4 or
@@ -136,8 +136,10 @@ for p in $parts; do
     done
     ;;
   prefill)  # prefill of 512 tokens: segc's defaults, concatenated, concatenated and frozen
+    # MODEL_ARGS (e.g. "--bits 4" or "--arch mixtral") picks another model; its log is prefill_<words>
+    # shellcheck disable=SC2086  # the extra arguments are meant to split
     VARIANTS=${VARIANTS:-eager,compile,segc,concat,frozen} REPEATS=20 BENCH_LIMIT=${BENCH_LIMIT:-200} \
-      bench prefill --prefill 512 --no-decode --first-call-layers 0 --no-dispatch
+      bench "prefill$(echo ${MODEL_ARGS:-} | tr -c 'a-z0-9\n' '_')" --prefill 512 --no-decode --first-call-layers 0 --no-dispatch ${MODEL_ARGS:-}
     ;;
   runtime)
     timeout 300 $PY benchmarks/bench_runtime.py --layers 16 --hidden 2048 --intermediate 8192 --heads 32 \
