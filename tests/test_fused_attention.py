@@ -275,6 +275,21 @@ def test_auto_is_the_kernel_on_cuda_and_the_environment_turns_it_off(monkeypatch
     assert attention_kernel("auto") is None
 
 
+@pytest.mark.parametrize(("value", "want"), [(None, 1), ("1", 1), ("2", 2), ("", 1), ("3", None), ("two", None)])
+def test_the_number_of_attention_kernels_is_read_and_checked(monkeypatch: pytest.MonkeyPatch, value, want) -> None:
+    from segc.lower.cuda_attention import attention_kernels  # importable without CUDA
+
+    if value is None:
+        monkeypatch.delenv("SEGC_ATTENTION_KERNELS", raising=False)
+    else:
+        monkeypatch.setenv("SEGC_ATTENTION_KERNELS", value)
+    if want is None:
+        with pytest.raises(UsageError, match="SEGC_ATTENTION_KERNELS must be 1 or 2"):
+            attention_kernels()
+    else:
+        assert attention_kernels() == want
+
+
 def test_attention_settings_are_checked():
     with pytest.raises(UsageError, match="attention must be one of"):
         attention_kernel("fast")

@@ -278,13 +278,15 @@ def attention_kernel(setting: str | Kernel = "auto") -> Kernel | None:
     if setting == "auto":
         if not cuda or os.environ.get("SEGC_FUSED_ATTENTION", "1") == "0":
             return None
-        from .cuda_attention import cuda_attention
+        from .cuda_attention import attention_kernels, cuda_attention
 
+        attention_kernels()  # a bad SEGC_ATTENTION_KERNELS is refused when segments are built
         return only_where_eager_fuses(cuda_attention)
     if setting == "off":
         return None
     if not cuda:
         raise UsageError("attention='on' needs MLX's CUDA backend and a GPU default device")
-    from .cuda_attention import cuda_attention
+    from .cuda_attention import attention_kernels, cuda_attention
 
+    attention_kernels()
     return cuda_attention

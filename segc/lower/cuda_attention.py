@@ -22,7 +22,8 @@ the next call. ``SEGC_ATTENTION_KERNELS=2`` (or ``kernels=2``) keeps the two ker
 
 Everything is float32 until the one rounding to the output dtype. A row whose mask hides
 every key gets the mean of the values (what the fallback's softmax over equal scores
-gives). Only imported on a machine whose MLX has CUDA.
+gives). segc imports it only on a machine whose MLX has CUDA (importing it needs
+no GPU; calling its kernels does).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
+
+from ..errors import UsageError
 
 CHUNK = 32  # keys per block of the first kernel: a warp's width (a lane per key in the softmax)
 THREADS = 128  # four warps
@@ -211,11 +214,21 @@ def _one_kernel(scale_bits: int) -> Any:
     )
 
 
+def attention_kernels() -> int:
+    """How many kernels the decode attention runs as: 1 (the default) or 2, from the
+    environment's ``SEGC_ATTENTION_KERNELS`` (module docstring)."""
+    text = os.environ.get("SEGC_ATTENTION_KERNELS", "1").strip() or "1"
+    if text not in ("1", "2"):
+        raise UsageError(f"SEGC_ATTENTION_KERNELS must be 1 or 2, not {text!r}")
+    return int(text)
+
+
 def _how_many(kernels: int | None) -> int:
-    n = kernels if kernels is not None else int(os.environ.get("SEGC_ATTENTION_KERNELS", "1") or "1")
-    if n not in (1, 2):
-        raise ValueError(f"the decode attention runs as 1 or 2 kernels, not {n}")
-    return n
+    if kernels is None:
+        return attention_kernels()
+    if kernels not in (1, 2):
+        raise UsageError(f"the decode attention runs as 1 or 2 kernels, not {kernels!r}")
+    return kernels
 
 
 def cuda_attention(
