@@ -37,6 +37,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import UsageError
+from .cuda_kernel import cuda_kernel
 
 CHUNK = 32  # keys per block of the first kernel: a warp's width (a lane per key in the softmax)
 THREADS = 128  # four warps
@@ -185,14 +186,14 @@ _COMBINE = (
 def _kernels(scale_bits: int) -> tuple[Any, Any]:
     """The two kernels, the scale written into the first as its float32 bits (one kernel
     per model's scale; no scale array to make and read per call)."""
-    partial = mx.fast.cuda_kernel(
+    partial = cuda_kernel(
         name=f"segc_attention_partial_{scale_bits:08x}",
         input_names=["q", "k", "v", "mask"],
         output_names=["po", "pm", "pl"],
         source=_PARTIAL,
         header=_HEADER + f"#define SCALE (__int_as_float(0x{scale_bits:08x}))\n",
     )
-    combine = mx.fast.cuda_kernel(
+    combine = cuda_kernel(
         name="segc_attention_combine",
         input_names=["po", "pm", "pl", "v"],
         output_names=["out"],
@@ -205,7 +206,7 @@ def _kernels(scale_bits: int) -> tuple[Any, Any]:
 @functools.cache
 def _one_kernel(scale_bits: int) -> Any:
     """``partial`` and ``combine`` as one kernel (module docstring)."""
-    return mx.fast.cuda_kernel(
+    return cuda_kernel(
         name=f"segc_attention_one_{scale_bits:08x}",
         input_names=["q", "k", "v", "mask", "count"],
         output_names=["out", "po", "pm", "pl"],

@@ -18,6 +18,8 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from .cuda_kernel import cuda_kernel
+
 THREADS = 256
 
 _HEADER = r"""
@@ -123,7 +125,7 @@ def _kernel(queries: bool, freqs: bool, log2_base_bits: int, scale_bits: int) ->
         f"#define SEGC_SCALE (__int_as_float(0x{scale_bits:08x}))\n" + _HEADER
     )
     name = f"segc_kv_write{'_q' if queries else ''}{'_f' if freqs else ''}_{log2_base_bits:08x}_{scale_bits:08x}"
-    return mx.fast.cuda_kernel(name=name, input_names=ins, output_names=outs, source=source, header=header)
+    return cuda_kernel(name=name, input_names=ins, output_names=outs, source=source, header=header)
 
 
 def kv_write(

@@ -25,6 +25,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from .cuda_kernel import cuda_kernel
 from .cuda_qmv import GLU_WARPS, QBODY, QHEADER, QINPUTS
 
 ROWS_PER_BLOCK = 8  # MLX's gemv: a block of 8 warps, a warp per row
@@ -217,10 +218,10 @@ def _kernel(kind: str, eps_bits: int | None, quant: bool = False) -> Any:
     header = _HEADER + (QHEADER if quant else "")
     name = f"segc_{'qmv' if quant else 'gemv'}_{kind}"
     if eps_bits is None:
-        return mx.fast.cuda_kernel(
+        return cuda_kernel(
             name=name, input_names=inputs[kind], output_names=["out"], source=_ROW + body[kind], header=header
         )
-    return mx.fast.cuda_kernel(
+    return cuda_kernel(
         name=f"segc_rms_{name[5:]}_{eps_bits:08x}",
         input_names=[*inputs[kind], "nw"],
         output_names=["out"],
