@@ -258,9 +258,9 @@ def cuda_attention(
     rows = b * hq * lq
     partials = [(rows * nchunks * d,), (rows * nchunks,), (rows * nchunks,)]
     if _how_many(kernels) == 1:
-        # a fresh counter per traced call: one per compiled kernel (module docstring); one
-        # entry more than the groups, so that it is never a scalar MLX's compile might merge
-        count = mx.array(np.zeros(b * hkv + 1, dtype=np.uint32))
+        # a fresh counter per traced call, one entry a group: one per compiled kernel (module
+        # docstring); 1-d, so never one of the scalars MLX's compile merges when equal
+        count = mx.array(np.zeros(b * hkv, dtype=np.uint32))
         out, *_ = _one_kernel(scale_bits)(
             inputs=[q, k, v, m, count],
             template=tmpl,
