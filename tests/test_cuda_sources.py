@@ -1,0 +1,181 @@
+"""segc's self-contained CUDA kernels (the decode attention, the rotated KV write) are
+compiled here as C++ by the host's ``g++``, as MLX 0.32 would generate them
+(``mlx/backend/cuda/custom_kernel.cpp``'s ``build_kernel``: its signature, its template
+constants, then segc's header and source), against a header that declares CUDA's
+built-ins: a syntax and type check of every variant before a GPU runs it (a GPU is
+scarce; a typo in a kernel would otherwise cost a device call). The Python side is
+exercised too: each kernel is called through segc's own wrapper on CPU arrays, with
+``mx.fast.cuda_kernel`` replaced by a recorder that keeps the call and returns zeros.
+What this cannot see: anything about the kernels' results (the CUDA tests,
+``tests/test_attention_cuda.py`` and ``tests/test_kvwrite_cuda.py``, compare bytes on a
+GPU). The product kernels include MLX's CUDA device headers, which MLX's CPU build does
+not ship, so they are left to the CUDA tests."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from typing import Any
+
+import mlx.core as mx
+import pytest
+
+from segc.lower import cuda_attention, cuda_kernel, cuda_kvwrite
+
+GXX = shutil.which("g++")
+pytestmark = [
+    pytest.mark.skipif(GXX is None, reason="needs a C++ compiler (g++) to check the kernels' sources"),
+    pytest.mark.timeout(120),
+]
+
+CTYPES = {
+    mx.bfloat16: "__nv_bfloat16",
+    mx.float16: "__half",
+    mx.float32: "float",
+    mx.bool_: "bool",
+    mx.int32: "int32_t",
+    mx.uint32: "uint32_t",
+}
+
+# CUDA's built-ins as the kernels use them, declared for a syntax and type check
+MOCK = r"""
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+using std::max;
+using std::min;
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+#define __grid_constant__
+#define __align__(n) alignas(n)
+struct segc_dim3 { unsigned x, y, z; };
+extern segc_dim3 threadIdx, blockIdx, blockDim, gridDim;
+void __syncthreads();
+void __threadfence();
+float __shfl_xor_sync(unsigned mask, float v, int lane);
+unsigned atomicAdd(unsigned* p, unsigned v);
+float __ldcg(const float* p);
+float __int_as_float(int x);
+struct __nv_bfloat16 { __nv_bfloat16() = default; __nv_bfloat16(float); operator float() const; };
+struct __half { __half() = default; __half(float); operator float() const; };
+struct uint4 { unsigned x, y, z, w; };
+struct Shape { int32_t v[8]; int32_t operator[](int i) const { return v[i]; } };
+using Strides = Shape;
+"""
+
+
+def _generated(made: dict[str, Any], call: dict[str, Any]) -> str:
+    """The kernel's source as MLX's ``build_kernel`` writes it, for one call."""
+    src = made["source"]
+    params = []
+    for name, x in zip(made["input_names"], call["inputs"], strict=True):
+        params.append(f"const {CTYPES[x.dtype]}* {name}")
+        if x.ndim > 0 and f"{name}_shape" in src:
+            params.append(f"const __grid_constant__ Shape {name}_shape")
+        if x.ndim > 0 and f"{name}_strides" in src:
+            params.append(f"const __grid_constant__ Strides {name}_strides")
+    params += [f"{CTYPES[t]}* {n}" for n, t in zip(made["output_names"], call["output_dtypes"], strict=True)]
+    consts = []
+    for name, arg in call["template"]:
+        if isinstance(arg, bool):
+            consts.append(f"  constexpr bool {name} = {'true' if arg else 'false'};")
+        elif isinstance(arg, int):
+            consts.append(f"  constexpr int {name} = {arg};")
+        else:
+            consts.append(f"  using {name} = {CTYPES[arg]};")
+    return (
+        MOCK
+        + made["header"]
+        + "namespace mlx::core::cu {\n__global__ void "
+        + made["name"]
+        + "(\n    "
+        + ",\n    ".join(params)
+        + ") {\n"
+        + "\n".join(consts)
+        + "\n"
+        + src
+        + "\n}\n}  // namespace mlx::core::cu\n"
+    )
+
+
+@pytest.fixture
+def recorded(monkeypatch: pytest.MonkeyPatch) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Every kernel made and called while the test runs: (how it was made, how called)."""
+    calls: list[tuple[dict[str, Any], dict[str, Any]]] = []
+
+    def make(**made: Any) -> Any:
+        def run(**call: Any) -> list[mx.array]:
+            calls.append((made, call))
+            return [mx.zeros(s, dtype=t) for s, t in zip(call["output_shapes"], call["output_dtypes"], strict=True)]
+
+        return run
+
+    monkeypatch.setattr(cuda_kernel.mx.fast, "cuda_kernel", make)
+    cached = (cuda_attention._kernels, cuda_attention._one_kernel, cuda_kvwrite._kernel)
+    for f in cached:
+        f.cache_clear()
+    yield calls
+    for f in cached:
+        f.cache_clear()  # no recorder left in the caches
+
+
+def _compile(text: str) -> None:
+    assert GXX is not None
+    res = subprocess.run(
+        [GXX, "-std=c++17", "-fsyntax-only", "-Wall", "-Wno-unknown-pragmas", "-Wno-unused", "-x", "c++", "-"],
+        input=text,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+
+
+@pytest.mark.parametrize("kernels", [1, 2])
+@pytest.mark.parametrize("dt", [mx.bfloat16, mx.float16, mx.float32])
+@pytest.mark.parametrize(("hq", "hkv", "lq", "rows"), [(32, 8, 1, 1), (8, 8, 3, 3), (6, 3, 2, 1)])
+def test_the_attention_kernels_compile(recorded, kernels, dt, hq, hkv, lq, rows) -> None:
+    q = mx.zeros((1, hq, lq, 64), dtype=dt)
+    k = v = mx.zeros((1, hkv, 300, 64), dtype=dt)
+    mask = mx.zeros((rows, 300), dtype=mx.bool_)
+    out = cuda_attention.cuda_attention(q, k, v, mask, 0.125, kernels=kernels)
+    assert out.shape == q.shape and out.dtype == dt
+    assert len(recorded) == kernels
+    for made, call in recorded:
+        _compile(_generated(made, call))
+
+
+@pytest.mark.parametrize("queries", [True, False])
+@pytest.mark.parametrize("freqs", [True, False])
+@pytest.mark.parametrize(
+    ("dt", "d", "trad"), [(mx.bfloat16, 64, False), (mx.float16, 80, True), (mx.float32, 12, False)]
+)
+def test_the_rotated_write_kernel_compiles(recorded, queries, freqs, dt, d, trad) -> None:
+    kb, vb = mx.zeros((1, 2, 16, d), dtype=dt), mx.zeros((1, 2, 16, d), dtype=dt)
+    k, v = mx.zeros((1, 2, 1, d), dtype=dt), mx.zeros((1, 2, 1, d), dtype=dt)
+    ins = [kb, k, vb, v, mx.array(3, dtype=mx.int32)]
+    if queries:
+        ins.append(mx.zeros((1, 8, 1, d), dtype=dt))
+    if freqs:
+        ins.append(mx.ones((d // 2,), dtype=mx.float32))
+    outs = cuda_kvwrite.kv_write(ins, d, trad, None if freqs else 10000.0, 1.0, queries, freqs)
+    assert [o.shape for o in outs] == [kb.shape, vb.shape, *([(1, 8, 1, d)] if queries else [])]
+    (made, call), *more = recorded
+    assert not more
+    _compile(_generated(made, call))
+
+
+def test_a_broken_kernel_does_not_compile(recorded) -> None:
+    """The check can fail: a kernel with an undeclared name is refused."""
+    cuda_attention.cuda_attention(
+        mx.zeros((1, 8, 1, 64)), mx.zeros((1, 2, 30, 64)), mx.zeros((1, 2, 30, 64)), mx.zeros((1, 30), mx.bool_), 0.1
+    )
+    made, call = recorded[0]
+    broken = dict(made, source=made["source"].replace("__threadfence();", "__threadfence_typo();", 1))
+    assert broken["source"] != made["source"]
+    with pytest.raises(AssertionError, match="threadfence_typo"):
+        _compile(_generated(broken, call))
