@@ -13,114 +13,21 @@ not ship, so they are left to the CUDA tests."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-from typing import Any
 
 import mlx.core as mx
 import pytest
+from cuda_emu import GXX, generated, recording
 
-from segc.lower import cuda_attention, cuda_kernel, cuda_kvwrite
+from segc.lower import cuda_attention, cuda_kvwrite
 
-GXX = shutil.which("g++")
 pytestmark = [
     pytest.mark.skipif(GXX is None, reason="needs a C++ compiler (g++) to check the kernels' sources"),
     pytest.mark.timeout(120),
 ]
 
-CTYPES = {
-    mx.bfloat16: "__nv_bfloat16",
-    mx.float16: "__half",
-    mx.float32: "float",
-    mx.bool_: "bool",
-    mx.int32: "int32_t",
-    mx.uint32: "uint32_t",
-}
 
-# CUDA's built-ins as the kernels use them, declared for a syntax and type check
-MOCK = r"""
-#include <algorithm>
-#include <cmath>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-using std::max;
-using std::min;
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __shared__ static
-#define __grid_constant__
-#define __align__(n) alignas(n)
-struct segc_dim3 { unsigned x, y, z; };
-extern segc_dim3 threadIdx, blockIdx, blockDim, gridDim;
-void __syncthreads();
-void __threadfence();
-float __shfl_xor_sync(unsigned mask, float v, int lane);
-unsigned atomicAdd(unsigned* p, unsigned v);
-float __ldcg(const float* p);
-float __int_as_float(int x);
-struct __nv_bfloat16 { __nv_bfloat16() = default; __nv_bfloat16(float); operator float() const; };
-struct __half { __half() = default; __half(float); operator float() const; };
-struct uint4 { unsigned x, y, z, w; };
-struct Shape { int32_t v[8]; int32_t operator[](int i) const { return v[i]; } };
-using Strides = Shape;
-"""
-
-
-def _generated(made: dict[str, Any], call: dict[str, Any]) -> str:
-    """The kernel's source as MLX's ``build_kernel`` writes it, for one call."""
-    src = made["source"]
-    params = []
-    for name, x in zip(made["input_names"], call["inputs"], strict=True):
-        params.append(f"const {CTYPES[x.dtype]}* {name}")
-        if x.ndim > 0 and f"{name}_shape" in src:
-            params.append(f"const __grid_constant__ Shape {name}_shape")
-        if x.ndim > 0 and f"{name}_strides" in src:
-            params.append(f"const __grid_constant__ Strides {name}_strides")
-    params += [f"{CTYPES[t]}* {n}" for n, t in zip(made["output_names"], call["output_dtypes"], strict=True)]
-    consts = []
-    for name, arg in call["template"]:
-        if isinstance(arg, bool):
-            consts.append(f"  constexpr bool {name} = {'true' if arg else 'false'};")
-        elif isinstance(arg, int):
-            consts.append(f"  constexpr int {name} = {arg};")
-        else:
-            consts.append(f"  using {name} = {CTYPES[arg]};")
-    return (
-        MOCK
-        + made["header"]
-        + "namespace mlx::core::cu {\n__global__ void "
-        + made["name"]
-        + "(\n    "
-        + ",\n    ".join(params)
-        + ") {\n"
-        + "\n".join(consts)
-        + "\n"
-        + src
-        + "\n}\n}  // namespace mlx::core::cu\n"
-    )
-
-
-@pytest.fixture
-def recorded(monkeypatch: pytest.MonkeyPatch) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """Every kernel made and called while the test runs: (how it was made, how called)."""
-    calls: list[tuple[dict[str, Any], dict[str, Any]]] = []
-
-    def make(**made: Any) -> Any:
-        def run(**call: Any) -> list[mx.array]:
-            calls.append((made, call))
-            return [mx.zeros(s, dtype=t) for s, t in zip(call["output_shapes"], call["output_dtypes"], strict=True)]
-
-        return run
-
-    monkeypatch.setattr(cuda_kernel.mx.fast, "cuda_kernel", make)
-    cached = (cuda_attention._kernels, cuda_attention._one_kernel, cuda_kvwrite._kernel)
-    for f in cached:
-        f.cache_clear()
-    yield calls
-    for f in cached:
-        f.cache_clear()  # no recorder left in the caches
+recorded = pytest.fixture(name="recorded")(recording)
 
 
 def _compile(text: str) -> None:
@@ -146,7 +53,7 @@ def test_the_attention_kernels_compile(recorded, kernels, dt, hq, hkv, lq, rows)
     assert out.shape == q.shape and out.dtype == dt
     assert len(recorded) == kernels
     for made, call in recorded:
-        _compile(_generated(made, call))
+        _compile(generated(made, call))
 
 
 @pytest.mark.parametrize("queries", [True, False])
@@ -166,7 +73,7 @@ def test_the_rotated_write_kernel_compiles(recorded, queries, freqs, dt, d, trad
     assert [o.shape for o in outs] == [kb.shape, vb.shape, *([(1, 8, 1, d)] if queries else [])]
     (made, call), *more = recorded
     assert not more
-    _compile(_generated(made, call))
+    _compile(generated(made, call))
 
 
 def test_a_broken_kernel_does_not_compile(recorded) -> None:
@@ -178,4 +85,4 @@ def test_a_broken_kernel_does_not_compile(recorded) -> None:
     broken = dict(made, source=made["source"].replace("__threadfence();", "__threadfence_typo();", 1))
     assert broken["source"] != made["source"]
     with pytest.raises(AssertionError, match="threadfence_typo"):
-        _compile(_generated(broken, call))
+        _compile(generated(broken, call))

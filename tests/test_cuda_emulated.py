@@ -1,0 +1,111 @@
+"""segc's attention and rotated-write CUDA kernels run on the CPU (``tests/cuda_emu.py``:
+a host thread per CUDA thread, the host's arithmetic), called through segc's own
+wrappers with ``mx.fast.cuda_kernel`` recorded. What the GPU tests check byte for byte
+is checked here for the logic, before a device call: the one attention kernel against
+the two (the same host arithmetic: the same bytes), call after call of one kernel (its
+counter set back to zero), both against MLX's attention on the CPU within float32's
+rounding; the rotated write's copies byte for byte and its rotations against
+``mx.fast.rope`` within rounding."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from cuda_emu import GXX, recording, run
+
+from segc.lower import cuda_attention, cuda_kvwrite
+from segc.lower.attention import reference_attention
+
+pytestmark = [
+    pytest.mark.skipif(GXX is None, reason="needs a C++ compiler (g++) to run the kernels on the CPU"),
+    pytest.mark.timeout(300),
+]
+
+
+recorded = pytest.fixture(name="recorded")(recording)
+
+
+def _as_mx(x: np.ndarray, dt: mx.Dtype) -> mx.array:
+    return mx.array(x).view(mx.bfloat16) if dt == mx.bfloat16 else mx.array(x)
+
+
+def _inputs(hq: int, hkv: int, lq: int, cap: int, dt: mx.Dtype, rows: int, live: int, seed: int):
+    mx.random.seed(seed)
+    q = mx.random.normal((1, hq, lq, 64)).astype(dt)
+    k = mx.random.normal((1, hkv, cap, 64)).astype(dt)
+    v = mx.random.normal((1, hkv, cap, 64)).astype(dt)
+    lim = np.minimum(live + np.arange(rows), cap) if live else np.zeros(rows, dtype=np.int64)
+    return q, k, v, mx.array(np.arange(cap)[None, :] < lim[:, None])
+
+
+def _bits(x: mx.array) -> bytes:
+    return np.array(x.view(mx.uint16) if x.dtype == mx.bfloat16 else x).tobytes()
+
+
+@pytest.mark.parametrize(
+    ("hq", "hkv", "lq", "rows", "cap", "live", "dt"),
+    [
+        (8, 2, 1, 1, 70, 40, mx.float32),
+        (4, 4, 3, 3, 33, 0, mx.float32),  # a row hiding every key (live 0 for the first)
+        (6, 3, 2, 1, 64, 64, mx.bfloat16),
+        (4, 1, 1, 1, 1, 1, mx.float16),
+    ],
+)
+def test_one_kernel_matches_two_and_mlx_call_after_call(recorded, hq, hkv, lq, rows, cap, live, dt) -> None:
+    q, k, v, mask = _inputs(hq, hkv, lq, cap, dt, rows, live, seed=cap)
+    cuda_attention.cuda_attention(q, k, v, mask, 0.125, kernels=1)
+    ((made1, call1),) = recorded
+    one = run(made1, call1, launches=2)  # the same kernel twice: the counter must be back at zero
+    recorded.clear()
+    cuda_attention.cuda_attention(q, k, v, mask, 0.125, kernels=2)
+    (made_p, call_p), (made_c, call_c) = recorded
+    (partials,) = run(made_p, call_p)
+    pmx = [mx.array(x) for x in partials]
+    (two,) = run(made_c, dict(call_c, inputs=[*pmx, call_c["inputs"][3]]))
+    want = reference_attention(q, k, v, mask, 0.125)
+    tol = {mx.float32: 1e-5, mx.float16: 2e-3, mx.bfloat16: 2e-2}[dt]
+    for launch in one:
+        out = _as_mx(launch[0], dt)
+        assert _bits(out) == _bits(_as_mx(two[0], dt)), "one kernel differs from two"
+        for got, ref in zip(launch[1:], partials, strict=True):  # the partial results too
+            assert got.tobytes() == ref.tobytes()
+        np.testing.assert_allclose(
+            np.array(out.astype(mx.float32)), np.array(want.astype(mx.float32)), rtol=tol, atol=tol
+        )
+
+
+def test_a_counter_left_at_its_count_is_seen(recorded) -> None:
+    """The check can fail: started from a counter that was not set back, no block of a
+    group is the last, and the output is never written."""
+    q, k, v, mask = _inputs(8, 2, 1, 70, mx.float32, 1, 40, seed=1)
+    cuda_attention.cuda_attention(q, k, v, mask, 0.125, kernels=1)
+    ((made, call),) = recorded
+    (good,) = run(made, call)
+    stuck = mx.array(np.full(2, 99, dtype=np.uint32))
+    (bad,) = run(made, dict(call, inputs=[*call["inputs"][:4], stuck]))
+    assert bad[0].tobytes() != good[0].tobytes()
+
+
+@pytest.mark.parametrize("dt", [mx.float32, mx.bfloat16])
+@pytest.mark.parametrize(("d", "dims", "trad", "pos", "queries"), [(64, 64, False, 5, True), (16, 8, True, 0, False)])
+def test_the_rotated_write_copies_bytes_and_rotates_as_mlx(recorded, dt, d, dims, trad, pos, queries) -> None:
+    mx.random.seed(pos)
+    kb, vb = mx.random.normal((1, 2, 12, d)).astype(dt), mx.random.normal((1, 2, 12, d)).astype(dt)
+    k, v = mx.random.normal((1, 2, 1, d)).astype(dt), mx.random.normal((1, 2, 1, d)).astype(dt)
+    q = mx.random.normal((1, 8, 1, d)).astype(dt)
+    ins = [kb, k, vb, v, mx.array(pos, dtype=mx.int32), *([q] if queries else [])]
+    cuda_kvwrite.kv_write(ins, dims, trad, 10000.0, 1.0, queries, False)
+    ((made, call),) = recorded
+    (outs,) = run(made, call)
+    ko, vo = (_as_mx(o, dt) for o in outs[:2])
+    rows = [i for i in range(12) if i != pos]
+    assert _bits(ko[:, :, rows]) == _bits(kb[:, :, rows]) and _bits(vo[:, :, rows]) == _bits(vb[:, :, rows])
+    assert _bits(vo[:, :, pos : pos + 1]) == _bits(v)
+    tol = 1e-5 if dt == mx.float32 else 1e-2
+    rope = lambda x: mx.fast.rope(x, dims, traditional=trad, base=10000.0, scale=1.0, offset=pos)  # noqa: E731
+    got_k = np.array(ko[:, :, pos : pos + 1].astype(mx.float32))
+    np.testing.assert_allclose(got_k, np.array(rope(k).astype(mx.float32)), rtol=tol, atol=tol)
+    if queries:
+        got_q = np.array(_as_mx(outs[2], dt).astype(mx.float32))
+        np.testing.assert_allclose(got_q, np.array(rope(q).astype(mx.float32)), rtol=tol, atol=tol)
