@@ -12,7 +12,10 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
+from conftest import examples
 from cuda_emu import GXX, recording, run
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 
 from segc.lower import cuda_attention, cuda_kvwrite
 from segc.lower.attention import reference_attention
@@ -73,6 +76,34 @@ def test_one_kernel_matches_two_and_mlx_call_after_call(recorded, hq, hkv, lq, r
         np.testing.assert_allclose(
             np.array(out.astype(mx.float32)), np.array(want.astype(mx.float32)), rtol=tol, atol=tol
         )
+
+
+@settings(max_examples=examples(6), deadline=None)
+@given(
+    heads=hst.sampled_from([(8, 2), (4, 4), (4, 1), (6, 3)]),
+    lq=hst.integers(1, 3),
+    per_row=hst.booleans(),
+    cap=hst.integers(1, 100),
+    data=hst.data(),
+)
+def test_one_kernel_is_two_over_shapes(heads, lq, per_row, cap, data) -> None:
+    """Hypothesis over head layouts, query rows, masks and buffer sizes (chunks of 32 and
+    a partial last one): the one kernel gives the two kernels' bytes, launch after launch."""
+    hq, hkv = heads
+    rows = lq if per_row else 1
+    q, k, v, mask = _inputs(hq, hkv, lq, cap, mx.float32, rows, data.draw(hst.integers(0, cap)), seed=cap)
+    with pytest.MonkeyPatch.context() as patch:
+        rec = recording(patch)
+        calls = next(rec)
+        cuda_attention.cuda_attention(q, k, v, mask, 0.125, kernels=1)
+        cuda_attention.cuda_attention(q, k, v, mask, 0.125, kernels=2)
+        next(rec, None)  # the kernel makers' caches emptied again
+    (m1, c1), (mp, cp), (mc, cc) = calls
+    one = run(m1, c1, launches=2)
+    (partials,) = run(mp, cp)
+    (two,) = run(mc, dict(cc, inputs=[*(mx.array(x) for x in partials), cc["inputs"][3]]))
+    for launch in one:
+        assert launch[0].tobytes() == two[0].tobytes()
 
 
 def test_a_counter_left_at_its_count_is_seen(recorded) -> None:
