@@ -6,7 +6,7 @@
 #
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_decode.sh [PARTS]
 #
-# PARTS: any of  dense quant moe concat isolated runtime kernels select products check generate device ablate commits census kv attn prefill
+# PARTS: any of  dense quant moe concat isolated runtime kernels select products check generate device ablate commits census kv attn kvattn prefill
 # (default: dense runtime). kernels: fewer_kernels.py (what each kernel and each of the
 # dynamic cache's differences costs); select: segc's one-position KV write as a select
 # against MLX's, three models; products: segc's product kernels (segc.lower.products)
@@ -17,7 +17,7 @@
 # step with each of its differences from eager undone; commits: the commit policies on a
 # segment per layer, each variant a process of its own, 2 rounds; census: kernel_census.py
 # (the kernels of one decode step, by name, from MLX's CUDA graphs); kv: the rotation-and-write
-# kernel on and off, two rounds; attn: the decode attention as one kernel or two, two rounds; prefill: 512 tokens, segc's defaults against concatenated (MODEL_ARGS="--bits 4" or "--arch mixtral" for another model). Logs go
+# kernel on and off, two rounds; attn: the decode attention as one kernel or two, two rounds; kvattn: the rotated write with its attention as one kernel or apart, two rounds; prefill: 512 tokens, segc's defaults against concatenated (MODEL_ARGS="--bits 4" or "--arch mixtral" for another model). Logs go
 # to $OUT. isolated: decode of the three models: segc's defaults, and concatenated and
 # frozen with one segment (wholefrozen) and a segment per layer (frozen), every variant a process of its own, 2 rounds (the "variants isolated"); about
 # 4 minutes a model on the H200, so MODELS=llama: (or llama_4bit:--bits,4 or
@@ -36,6 +36,15 @@ bench() {  # name, extra arguments
   timeout "${BENCH_LIMIT:-400}" $PY benchmarks/bench_llama.py --preset reference --repeats "${REPEATS:-40}" --warmup 5 \
     --variants "${VARIANTS:-eager,compile,segc,each,whole,drain}" --isolate --rounds "${ROUNDS:-1}" --json "$OUT/$name.json" "$@" >"$OUT/$name.txt" 2>&1
   echo "$name: rc=$?"
+}
+onoff() {  # name, variable, its value on, off: decode with each, every variant a process, two rounds alternating
+  local name=$1 var=$2 on=$3 off=$4 r
+  for r in 1 2; do
+    (export "$var=$on" && VARIANTS=eager,segc,frozen REPEATS=30 BENCH_LIMIT=150 \
+      bench "${name}1_$r" --prefill 0 --first-call-layers 0 --no-dispatch)
+    (export "$var=$off" && VARIANTS=segc,frozen REPEATS=30 BENCH_LIMIT=100 \
+      bench "${name}0_$r" --prefill 0 --first-call-layers 0 --no-dispatch)
+  done
 }
 for p in $parts; do
   case "$p" in
@@ -119,21 +128,14 @@ for p in $parts; do
     VARIANTS=eager,compile,wholefrozen,frozen,frozeneach,frozengeo ROUNDS=2 REPEATS=30 BENCH_LIMIT=420 \
       bench commits --prefill 0 --first-call-layers 0 --no-dispatch
     ;;
-  kv)  # segc's rotation-and-write kernel on and off (SEGC_FUSED_KV_WRITE), each variant a process, rounds alternating
-    for r in 1 2; do
-      SEGC_FUSED_KV_WRITE=1 VARIANTS=eager,compile,segc,frozen REPEATS=30 BENCH_LIMIT=150 \
-        bench "kv1_$r" --prefill 0 --first-call-layers 0 --no-dispatch
-      SEGC_FUSED_KV_WRITE=0 VARIANTS=segc,frozen REPEATS=30 BENCH_LIMIT=100 \
-        bench "kv0_$r" --prefill 0 --first-call-layers 0 --no-dispatch
-    done
+  kv)  # segc's rotation-and-write kernel on and off (SEGC_FUSED_KV_WRITE)
+    onoff kv SEGC_FUSED_KV_WRITE 1 0
     ;;
-  attn)  # segc's decode attention as one kernel or two (SEGC_ATTENTION_KERNELS), each variant a process, rounds alternating
-    for r in 1 2; do
-      SEGC_ATTENTION_KERNELS=1 VARIANTS=eager,segc,frozen REPEATS=30 BENCH_LIMIT=150 \
-        bench "attn1_$r" --prefill 0 --first-call-layers 0 --no-dispatch
-      SEGC_ATTENTION_KERNELS=2 VARIANTS=segc,frozen REPEATS=30 BENCH_LIMIT=100 \
-        bench "attn2_$r" --prefill 0 --first-call-layers 0 --no-dispatch
-    done
+  attn)  # segc's decode attention as one kernel or two (SEGC_ATTENTION_KERNELS)
+    onoff attn SEGC_ATTENTION_KERNELS 1 2
+    ;;
+  kvattn)  # the rotated write with its attention as one kernel (SEGC_FUSED_KV_ATTENTION=1) or apart
+    onoff kvattn SEGC_FUSED_KV_ATTENTION 1 0
     ;;
   prefill)  # prefill of 512 tokens: segc's defaults, concatenated, concatenated and frozen
     # MODEL_ARGS (e.g. "--bits 4" or "--arch mixtral") picks another model; its log is prefill_<words>

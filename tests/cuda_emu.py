@@ -264,11 +264,11 @@ def recorder() -> tuple[Any, list[tuple[dict[str, Any], dict[str, Any]]]]:
 def recording(monkeypatch: Any) -> Iterator[list[tuple[dict[str, Any], dict[str, Any]]]]:
     """A fixture's body: segc's CUDA kernels made and called through :func:`recorder`
     while a test runs (the kernel makers' caches emptied before and after)."""
-    from segc.lower import cuda_attention, cuda_kernel, cuda_kvwrite
+    from segc.lower import cuda_attention, cuda_kernel, cuda_kvattention, cuda_kvwrite
 
     make, calls = recorder()
     monkeypatch.setattr(cuda_kernel.mx.fast, "cuda_kernel", make)
-    cached = (cuda_attention._kernels, cuda_attention._one_kernel, cuda_kvwrite._kernel)
+    cached = (cuda_attention._kernels, cuda_attention._one_kernel, cuda_kvwrite._kernel, cuda_kvattention._kernel)
     for f in cached:
         f.cache_clear()
     yield calls

@@ -17,7 +17,7 @@ from cuda_emu import GXX, recording, run
 from hypothesis import given, settings
 from hypothesis import strategies as hst
 
-from segc.lower import cuda_attention, cuda_kvwrite
+from segc.lower import cuda_attention, cuda_kvattention, cuda_kvwrite
 from segc.lower.attention import reference_attention
 
 pytestmark = [
@@ -140,3 +140,48 @@ def test_the_rotated_write_copies_bytes_and_rotates_as_mlx(recorded, dt, d, dims
     if queries:
         got_q = np.array(_as_mx(outs[2], dt).astype(mx.float32))
         np.testing.assert_allclose(got_q, np.array(rope(q).astype(mx.float32)), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize(
+    ("dt", "hq", "hkv", "cap", "pos", "dims", "trad", "freqs"),
+    [
+        (mx.float32, 8, 2, 70, 37, 64, False, False),
+        (mx.bfloat16, 4, 4, 32, 0, 32, True, False),
+        (mx.float16, 6, 3, 40, 39, 64, False, True),
+    ],
+)
+def test_the_write_with_the_attention_is_the_write_then_the_attention(
+    recorded, dt, hq, hkv, cap, pos, dims, trad, freqs
+):
+    """One kernel against the rotated write's kernel followed by the attention's, on the
+    same inputs: the same bytes for the new buffers and the output."""
+    mx.random.seed(pos)
+    kb, vb = (mx.random.normal((1, hkv, cap, 64)).astype(dt) for _ in range(2))
+    k, v = (mx.random.normal((1, hkv, 1, 64)).astype(dt) for _ in range(2))
+    q = mx.random.normal((1, hq, 1, 64)).astype(dt)
+    ins = [
+        kb,
+        k,
+        vb,
+        v,
+        mx.array(pos, dtype=mx.int32),
+        q,
+        *([mx.random.uniform(1.0, 9.0, (dims // 2,))] if freqs else []),
+    ]
+    mask = mx.array(np.arange(cap)[None, :] <= pos)
+    base = None if freqs else 10000.0
+    cuda_kvattention.kv_attention(ins, mask, dims, trad, base, 1.0, freqs, 0.125)
+    ((made, call),) = recorded
+    ((out, ko, vo, *_),) = run(made, call)
+    recorded.clear()
+    cuda_kvwrite.kv_write(ins, dims, trad, base, 1.0, True, freqs)
+    ((mw, cw),) = recorded
+    ((kw, vw, qw),) = run(mw, cw)
+    kw, vw, qw = (_as_mx(x, dt) for x in (kw, vw, qw))
+    recorded.clear()
+    cuda_attention.cuda_attention(qw, kw, vw, mask, 0.125, kernels=1)
+    ((ma, ca),) = recorded
+    ((want, *_),) = run(ma, ca)
+    assert ko.tobytes() == np.array(kw.view(mx.uint16) if dt == mx.bfloat16 else kw).tobytes()
+    assert vo.tobytes() == np.array(vw.view(mx.uint16) if dt == mx.bfloat16 else vw).tobytes()
+    assert out.tobytes() == want.tobytes()

@@ -76,3 +76,26 @@ def test_a_decode_keeps_its_bits_with_the_kernel(arch, monkeypatch) -> None:
     fused_call = with_setting(monkeypatch, kvwrite, "FUSED_KV_WRITE", counted, fused)
     assert_decodes_agree(model, fused_call, with_setting(monkeypatch, kvwrite, "FUSED_KV_WRITE", "never", plain))
     assert len(seen.matches) >= 2 and all(m.queries for m in seen.matches), seen.matches
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_a_decode_keeps_its_bits_with_the_write_and_the_attention_as_one_kernel(arch, monkeypatch) -> None:
+    """``SEGC_FUSED_KV_ATTENTION=1``'s kernel (``cuda_kvattention.py``) against the rotated
+    write's kernel followed by the attention's: logits and caches byte for byte, and
+    every layer's write paired with its attention."""
+    model = build(arch, num_hidden_layers=2, hidden_size=256, intermediate_size=512, head_dim=64, dtype=mx.bfloat16)
+    paired = segc.jit(model, validate=False, concat_projections=True)
+    apart = segc.jit(model, validate=False, concat_projections=True)
+    pairs = []
+
+    def write(m, ins):
+        return kvwrite.cuda_kv_write(m, ins)
+
+    def with_attention(m, scale, ins):
+        pairs.append(m)
+        return kvwrite.cuda_kv_write_with_attention.with_attention(m, scale, ins)  # type: ignore[attr-defined]
+
+    write.with_attention = with_attention  # type: ignore[attr-defined]
+    one = with_setting(monkeypatch, kvwrite, "FUSED_KV_WRITE", write, paired)
+    assert_decodes_agree(model, one, with_setting(monkeypatch, kvwrite, "FUSED_KV_WRITE", kvwrite.cuda_kv_write, apart))
+    assert len(pairs) >= 2, pairs

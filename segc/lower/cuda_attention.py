@@ -43,6 +43,14 @@ CHUNK = 32  # keys per block of the first kernel: a warp's width (a lane per key
 THREADS = 128  # four warps
 
 _HEADER = "#define NEG_INF (-__int_as_float(0x7f800000))\n"
+# what the kernels read: a query element, a key element, the values (plainly, here; the
+# rotated write with the attention, ``cuda_kvattention.py``, rotates and writes them)
+PLAIN = (
+    "#define SEGC_Q(row, d) q[(size_t)(row) * D + (d)]\n"
+    "#define SEGC_KEY(kr, krow, d) (kr)[d]\n"
+    "#define SEGC_VALUES\n"
+    "#define SEGC_VBUF v\n"
+)
 
 _PARTIAL = r"""
     const int C = k_shape[2];            // the buffer's capacity: no kernel per capacity
@@ -64,8 +72,9 @@ _PARTIAL = r"""
         int r = i / D, d = i % D;
         int h = r / L, l = r % L;
         int hq = hk * REP + h;
-        qs[r][d] = static_cast<float>(q[((size_t)(b * HQ + hq) * L + l) * D + d]) * SCALE;
+        qs[r][d] = static_cast<float>(SEGC_Q((b * HQ + hq) * L + l, d)) * SCALE;
     }
+    SEGC_VALUES
     __syncthreads();
     // a warp per key: its lanes read the key's row together (coalesced), one product per
     // query row of the group, summed across the warp
@@ -74,9 +83,10 @@ _PARTIAL = r"""
         #pragma unroll
         for (int r = 0; r < R; ++r) acc[r] = 0.f;
         if (j < n) {
-            const T* kr = k + ((size_t)bh * C + start + j) * D;
+            const size_t krow = (size_t)bh * C + start + j;
+            const T* kr = k + krow * D;
             for (int d = lane; d < D; d += 32) {
-                float kv = static_cast<float>(kr[d]);
+                float kv = static_cast<float>(SEGC_KEY(kr, krow, d));
                 #pragma unroll
                 for (int r = 0; r < R; ++r) acc[r] += qs[r][d] * kv;
             }
@@ -114,7 +124,7 @@ _PARTIAL = r"""
     for (int i = t; i < R * D; i += NT) {
         int r = i / D, d = i % D;
         float acc = 0.f;
-        const T* vc = v + ((size_t)bh * C + start) * D + d;
+        const T* vc = SEGC_VBUF + ((size_t)bh * C + start) * D + d;
         for (int j = 0; j < n; ++j) acc += sc[r][j] * static_cast<float>(vc[(size_t)j * D]);
         int h = r / L, l = r % L;
         size_t row = ((size_t)(b * HQ + hk * REP + h) * L + l);
@@ -130,7 +140,7 @@ _MERGE = r"""
         for (int c = 0; c < S; ++c) mx_ = fmaxf(mx_, SEGC_LD(pm + row * S + c));
         float res;
         if (mx_ == NEG_INF) {
-            const T* vc = v + ((size_t)grp * C) * D + d;
+            const T* vc = SEGC_VBUF + ((size_t)grp * C) * D + d;
             float acc = 0.f;
             for (int j = 0; j < C; ++j) acc += static_cast<float>(vc[(size_t)j * D]);
             res = acc / C;
@@ -191,14 +201,14 @@ def _kernels(scale_bits: int) -> tuple[Any, Any]:
         input_names=["q", "k", "v", "mask"],
         output_names=["po", "pm", "pl"],
         source=_PARTIAL,
-        header=_HEADER + f"#define SCALE (__int_as_float(0x{scale_bits:08x}))\n",
+        header=_HEADER + PLAIN + f"#define SCALE (__int_as_float(0x{scale_bits:08x}))\n",
     )
     combine = cuda_kernel(
         name="segc_attention_combine",
         input_names=["po", "pm", "pl", "v"],
         output_names=["out"],
         source=_COMBINE,
-        header=_HEADER + "#define SEGC_LD(p) (*(p))\n",
+        header=_HEADER + PLAIN + "#define SEGC_LD(p) (*(p))\n",
     )
     return partial, combine
 
@@ -211,7 +221,10 @@ def _one_kernel(scale_bits: int) -> Any:
         input_names=["q", "k", "v", "mask", "count"],
         output_names=["out", "po", "pm", "pl"],
         source=_PARTIAL + _ONE_TAIL,
-        header=_HEADER + "#define SEGC_LD(p) __ldcg(p)\n" + f"#define SCALE (__int_as_float(0x{scale_bits:08x}))\n",
+        header=_HEADER
+        + PLAIN
+        + "#define SEGC_LD(p) __ldcg(p)\n"
+        + f"#define SCALE (__int_as_float(0x{scale_bits:08x}))\n",
     )
 
 

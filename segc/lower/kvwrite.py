@@ -24,6 +24,7 @@ rotation and the writes, and intermediate values nothing else reads.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -242,7 +243,9 @@ def kv_write_kernel(setting: str | Kernel | None = None) -> Kernel | None:
     from .products import cuda_wanted
 
     wanted = cuda_wanted(setting, "FUSED_KV_WRITE")
-    return cuda_kv_write if wanted and shapes.SELECT_WRITE != "never" else None
+    if not wanted or shapes.SELECT_WRITE == "never":
+        return None
+    return cuda_kv_write_with_attention if os.environ.get("SEGC_FUSED_KV_ATTENTION") == "1" else cuda_kv_write
 
 
 def cuda_kv_write(m: KVWriteMatch, ins: Sequence[mx.array]) -> list[mx.array]:
@@ -250,3 +253,22 @@ def cuda_kv_write(m: KVWriteMatch, ins: Sequence[mx.array]) -> list[mx.array]:
     from .cuda_kvwrite import kv_write
 
     return kv_write(ins, m.dims, m.traditional, m.base, m.scale, m.queries, m.freqs)
+
+
+def cuda_kv_write_with_attention(m: KVWriteMatch, ins: Sequence[mx.array]) -> list[mx.array]:
+    """:func:`cuda_kv_write`, whose ``with_attention`` the replay also uses for a write
+    whose buffers and rotated queries an attention reads (and nothing else reads the
+    queries): the write and the attention as one kernel (``cuda_kvattention.py``;
+    ``SEGC_FUSED_KV_ATTENTION=1``, off by default until it has run on a GPU)."""
+    return cuda_kv_write(m, ins)
+
+
+def _with_attention(m: KVWriteMatch, scale: float, ins: Sequence[mx.array]) -> list[mx.array]:
+    """``m``'s inputs then the attention's mask: the new buffers and the attention's output."""
+    from .cuda_kvattention import kv_attention
+
+    return kv_attention(ins[:-1], ins[-1], m.dims, m.traditional, m.base, m.scale, m.freqs, scale)
+
+
+cuda_kv_write_with_attention.with_attention = _with_attention  # type: ignore[attr-defined]
+WithAttention = Callable[[KVWriteMatch, float, Sequence[mx.array]], list[mx.array]]

@@ -18,7 +18,7 @@ from ..ir import Const, Eqn, Graph, Segment
 from .attention import AttentionMatch, eager_fuses, find_attention
 from .attention import Kernel as Attention
 from .kvwrite import Kernel as KVWrite
-from .kvwrite import KVWriteMatch, find_kv_writes
+from .kvwrite import KVWriteMatch, WithAttention, find_kv_writes
 from .prim import Rule, lookup
 from .products import Kernel as Products
 from .products import find_products, fused_rule
@@ -110,6 +110,44 @@ def _kv_rule(m: KVWriteMatch, kernel: KVWrite) -> Rule:
     return run
 
 
+def _pairs(
+    writes: Sequence[KVWriteMatch],
+    matches: Sequence[AttentionMatch],
+    eqns: Sequence[Eqn],
+    out_names: Sequence[str],
+    avals: Mapping[str, tuple],
+) -> list[tuple[KVWriteMatch, AttentionMatch]]:
+    """Each rotated write whose new buffers and rotated queries an attention reads as its
+    keys, values and queries, the queries read by nothing else, keys and values of one
+    head size (``kvwrite.cuda_kv_write_with_attention``)."""
+    by_qkv = {(m.q, m.k, m.v): m for m in matches}
+    readers: dict[str, set[int]] = {}
+    for e in eqns:
+        for v in e.ins:
+            readers.setdefault(v, set()).add(e.id)
+    found = []
+    for w in writes:
+        if not w.queries:
+            continue
+        ko, vo, qr = w.outs
+        m = by_qkv.get((qr, ko, vo))
+        kshape, vshape = avals.get(w.ins[0], ((),))[0], avals.get(w.ins[2], ((),))[0]
+        if m is None or qr in out_names or not readers.get(qr, set()) <= m.skip or kshape != vshape:
+            continue
+        found.append((w, m))
+    return found
+
+
+def _pair_rule(w: KVWriteMatch, m: AttentionMatch, kernel: WithAttention) -> Rule:
+    def run(ins: list[mx.array], args: tuple, e: Eqn) -> list[mx.array]:
+        *rest, mask = ins
+        if mask.ndim > 2:  # a broadcast of one (rows, keys) mask: its first copy
+            mask = mask.reshape(-1, *mask.shape[-2:])[0]
+        return kernel(w, m.scale, [*rest, mask])
+
+    return run
+
+
 Step = tuple[Rule, Eqn, Sequence[str], tuple[str, ...]]
 
 
@@ -161,10 +199,18 @@ def replay_fn(
     prod_at = {p.last: p for p in fused}
     writes = find_kv_writes(eqns, out_names, avals or {}, context, frozenset(skip)) if kv_write is not None else []
     skip |= {i for w in writes for i in w.skip}
-    write_at = {w.eqns[-1].id: w for w in writes}
+    with_attention: WithAttention | None = getattr(kv_write, "with_attention", None)
+    pairs = _pairs(writes, matches, eqns, out_names, avals or {}) if with_attention is not None else []
+    paired = {id(w) for w, _ in pairs}
+    write_at = {w.eqns[-1].id: w for w in writes if id(w) not in paired}
+    pair_at = {m.last: (w, m) for w, m in pairs}
     plan: list[Step] = []
     for e in eqns:
-        if e.id in write_at:
+        if e.id in pair_at:
+            w, m = pair_at[e.id]
+            assert with_attention is not None
+            plan.append((_pair_rule(w, m, with_attention), e, (*w.ins, m.mask), (w.outs[0], w.outs[1], m.out)))
+        elif e.id in write_at:
             w = write_at[e.id]
             assert kv_write is not None
             plan.append((_kv_rule(w, kv_write), e, w.ins, w.outs))

@@ -1,0 +1,124 @@
+"""A decode layer's rotated KV write and its attention as one ``mx.fast.cuda_kernel``
+(``kvwrite.KVWriteMatch`` with its queries, then ``attention.AttentionMatch`` over what
+it wrote; off unless ``SEGC_FUSED_KV_ATTENTION=1``: not yet run on a GPU).
+
+The attention kernel (``cuda_attention.py``, one kernel) reads each key once, a block per
+KV head and chunk of 32 positions; here the same block also writes that chunk of the new
+key and value buffers: each key it reads from the old buffer (the row at the offset
+rotated from the new keys, as ``cuda_kvwrite.py`` rotates it) it writes to the new one,
+and it copies the chunk's values (the row at the offset from the new values) before it
+weighs them. The queries are rotated as they are loaded. The attention's text is
+``cuda_attention``'s with these reads in place of its plain ones (its ``SEGC_*``
+macros), and the rotations are ``cuda_kvwrite``'s function: the same bytes as the
+rotated write's kernel followed by the attention's, in one kernel instead of two, and
+one pass over the buffers instead of two (``tests/test_cuda_emulated.py`` checks the
+logic on the CPU). Only for one batch row, and head sizes equal for keys and values.
+"""
+
+from __future__ import annotations
+
+import functools
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from .cuda_attention import _HEADER, _ONE_TAIL, _PARTIAL, CHUNK, THREADS
+from .cuda_kernel import cuda_kernel
+from .cuda_kvwrite import _HEADER as _ROTATE
+
+_READS = r"""
+template <typename T, bool TRAD, int DIMS, int DK, bool FREQS>
+__device__ T segc_key(const T* kr, const T* knew, T* ko, size_t krow, int d, int bh, int C, int32_t pos, const float* freqs) {
+  // a key's element: the old buffer's, or at the offset the new key rotated; written to the new buffer
+  T x = (krow - static_cast<size_t>(bh) * C) == static_cast<size_t>(pos)
+      ? segc_rotated<T, TRAD, DIMS, DK, FREQS>(knew, bh, d, pos, freqs) : kr[d];
+  ko[krow * DK + d] = x;
+  return x;
+}
+#define SEGC_Q(row, d) segc_rotated<T, TRAD, DIMS, D, FREQS>(q, (row), (d), off[0], FREQ_PTR)
+#define SEGC_KEY(kr, krow, d) segc_key<T, TRAD, DIMS, D, FREQS>((kr), knew, ko, (krow), (d), bh, C, off[0], FREQ_PTR)
+#define SEGC_VALUES \
+    for (int i = t; i < n * D; i += NT) { \
+        const int jj = i / D, dd = i % D; \
+        const size_t e = ((size_t)bh * C + start + jj) * D + dd; \
+        vo[e] = (start + jj == off[0]) ? vnew[(size_t)bh * D + dd] : v[e]; \
+    }
+#define SEGC_VBUF vo
+#define SEGC_LD(p) __ldcg(p)
+"""
+
+
+def _bits(x: float) -> int:
+    return int(struct.unpack("<I", struct.pack("<f", x))[0])
+
+
+@functools.cache
+def _kernel(freqs: bool, log2_base_bits: int, rope_scale_bits: int, scale_bits: int) -> Any:
+    ins = ["q", "knew", "k", "vnew", "v", "off", "mask", "count", *(["freqs"] if freqs else [])]
+    header = (
+        _HEADER
+        + f"#define SEGC_LOG2_BASE (__int_as_float(0x{log2_base_bits:08x}))\n"
+        + f"#define SEGC_SCALE (__int_as_float(0x{rope_scale_bits:08x}))\n"
+        + f"#define SCALE (__int_as_float(0x{scale_bits:08x}))\n"
+        + f"#define FREQ_PTR {'freqs' if freqs else 'nullptr'}\n"
+        + _ROTATE
+        + _READS
+    )
+    name = f"segc_kv_attention{'_f' if freqs else ''}_{log2_base_bits:08x}_{rope_scale_bits:08x}_{scale_bits:08x}"
+    return cuda_kernel(name, ins, ["out", "ko", "vo", "po", "pm", "pl"], _PARTIAL + _ONE_TAIL, header)
+
+
+def kv_attention(
+    ins: Sequence[mx.array],
+    mask: mx.array,
+    dims: int,
+    traditional: bool,
+    base: float | None,
+    rope_scale: float,
+    freqs: bool,
+    scale: float,
+) -> list[mx.array]:
+    """The key buffer, new keys, value buffer, new values, offset and queries in ``ins``
+    (``KVWriteMatch.ins`` with its queries; then the frequencies with ``freqs``), rotated
+    with ``dims``, ``traditional``, ``base`` and ``rope_scale`` and written, and the
+    attention of the rotated queries over the written buffers with ``mask`` and
+    ``scale``: ``[new key buffer, new value buffer, attention output]``."""
+    kb, k, vb, v, off, q = ins[:6]
+    b, hkv, cap, d = kb.shape
+    hq, lq = q.shape[1], q.shape[2]
+    if b != 1 or vb.shape != kb.shape or q.shape[3] != d:
+        raise ValueError(
+            f"one batch row and equal head sizes only: keys {kb.shape}, values {vb.shape}, queries {q.shape}"
+        )
+    m = mask.reshape(-1, cap)
+    nchunks = (cap + CHUNK - 1) // CHUNK
+    log2_base = float(np.log2(np.float32(base))) if base is not None else 0.0
+    tmpl: list[tuple[str, Any]] = [
+        ("T", q.dtype),
+        ("D", d),
+        ("L", lq),
+        ("M", m.shape[0]),
+        ("REP", hq // hkv),
+        ("HQ", hq),
+        ("HKV", hkv),
+        ("CHUNK", CHUNK),
+        ("NT", THREADS),
+        ("DIMS", dims),
+        ("TRAD", traditional),
+        ("FREQS", freqs),
+    ]
+    rows = hq * lq
+    count = mx.array(np.zeros(hkv, dtype=np.uint32))  # as cuda_attention's: one per traced call
+    kernel = _kernel(freqs, _bits(log2_base), _bits(rope_scale), _bits(scale))
+    out, ko, vo, *_ = kernel(
+        inputs=[q, k, kb, v, vb, off.reshape(()) if off.ndim else off, m, count, *ins[6:7]],
+        template=tmpl,
+        grid=(hkv * nchunks * THREADS, 1, 1),
+        threadgroup=(THREADS, 1, 1),
+        output_shapes=[q.shape, kb.shape, vb.shape, (rows * nchunks * d,), (rows * nchunks,), (rows * nchunks,)],
+        output_dtypes=[q.dtype, kb.dtype, vb.dtype, mx.float32, mx.float32, mx.float32],
+    )
+    return [ko, vo, out]

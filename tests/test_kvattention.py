@@ -1,0 +1,124 @@
+"""A layer's rotated KV write and its attention as one kernel
+(``segc.lower.cuda_kvattention``, behind ``SEGC_FUSED_KV_ATTENTION=1``): where the replay
+pairs them. On the CPU the kernel is stood in for by the references of its two parts
+(``kvwrite.reference_kv_write``, ``attention.reference_attention``); the pair must be
+found where the attention reads the write's buffers and rotated queries and nothing else
+reads those queries, must give what the two steps give apart, byte for byte, and
+eager MLX's bytes for the buffers. The CUDA kernel itself: ``tests/test_cuda_emulated.py``
+(on the CPU, against the write's kernel followed by the attention's)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from conftest import same_bits
+from test_kvwrite import _eager, _layer, _values
+
+import segc
+from segc.ir import Eqn, Var
+from segc.lower.attention import reference_attention
+from segc.lower.kvwrite import reference_kv_write
+from segc.lower.replay import replay_fn
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _attention_eqns(q: str, k: str, v: str, mask: str, avals: dict[str, Any]):
+    """MLX's masked attention as the trace records it (its fallback), reading ``q``,
+    ``k``, ``v`` and ``mask``: its equations (ids from 100), constants and output."""
+    d = avals[q][0][3]
+    c = avals[k][0][2]
+    f = lambda a, b, e, m: mx.fast.scaled_dot_product_attention(a, b, e, scale=d**-0.5, mask=m)  # noqa: E731
+    args = [mx.zeros(avals[x][0], dtype={"bf16": mx.bfloat16, "f32": mx.float32}[avals[x][1]]) for x in (q, k, v)]
+    g = segc.jit(f).trace(*args, mx.zeros((1, c), dtype=mx.bool_)).graph
+    names = dict(zip([i.var.name for i in g.inputs], (q, k, v, mask), strict=True))
+    rename = lambda n: names.get(n, f"att_{n}")  # noqa: E731
+    eqns = [
+        Eqn(
+            100 + e.id,
+            e.prim,
+            tuple(rename(x) for x in e.ins),
+            tuple(Var(rename(o.name), o.shape, o.dtype) for o in e.outs),
+            e.args,
+        )
+        for e in g.eqns
+    ]
+    consts = {rename(cv.var.name): cv.value for cv in g.consts}
+    return eqns, consts, rename(g.outputs[0])
+
+
+class Reference:
+    """A rotated write's kernel (the reference) with ``with_attention`` (the references
+    of both parts), counting the calls of each."""
+
+    def __init__(self) -> None:
+        self.writes: list[Any] = []
+        self.pairs: list[Any] = []
+
+    def __call__(self, m, ins):
+        self.writes.append(m)
+        return reference_kv_write(m, ins)
+
+    def with_attention(self, m, scale, ins):
+        self.pairs.append(m)
+        ko, vo, qr = reference_kv_write(m, ins[:-1])
+        return [ko, vo, reference_attention(qr, ko, vo, ins[-1], scale)]
+
+
+def _graph(reader: bool, dt: str = "bf16"):
+    eqns, avals, ins, _ = _layer(h=2, hq=4, c=16, d=8, dims=8, dt=dt)
+    if not reader:
+        eqns = [e for e in eqns if e.prim != "Multiply"]  # the rotated queries' other reader
+    att, consts, out = _attention_eqns("qr", "ko", "vo", "mask", avals)
+    avals = {**avals, "mask": ((1, 16), "bool")}
+    avals.update({o.name: (o.shape, o.dtype) for e in att for o in e.outs})
+    avals.update(
+        {n: (tuple(v.shape), {mx.bfloat16: "bf16", mx.float32: "f32"}.get(v.dtype, "?")) for n, v in consts.items()}
+    )
+    return [*eqns, *att], avals, [*ins, "mask"], [out, "ko", "vo", *(["qq"] if reader else [])], consts
+
+
+def _run(eqns, avals, ins, outs, consts, vals, kernel):
+    shapes = {n: a[0] for n, a in avals.items()}
+    fn = replay_fn(eqns, ins, outs, consts, reference_attention, shapes, eqns, None, avals, kernel)
+    return fn(*vals)
+
+
+@pytest.mark.parametrize("dt", ["bf16", "f32"])
+@pytest.mark.parametrize("offset", [0, 5, 15])
+def test_the_write_and_its_attention_are_one_step_with_the_same_bytes(offset: int, dt: str) -> None:
+    eqns, avals, ins, outs, consts = _graph(reader=False, dt=dt)
+    vals = [*_values(avals, ins[:-1], offset), mx.array(np.arange(16)[None, :] <= offset)]
+    paired = Reference()
+    got = _run(eqns, avals, ins, outs, consts, vals, paired)
+    assert len(paired.pairs) == 1 and not paired.writes  # one kernel for both
+
+    class Apart(Reference):
+        with_attention = None  # type: ignore[assignment]
+
+    apart = Apart()
+    want = _run(eqns, avals, ins, outs, consts, vals, apart)
+    assert len(apart.writes) == 1
+    assert all(same_bits(a, b) for a, b in zip(got, want, strict=True))
+    # and the buffers are eager MLX's bytes (the rotation and the writes as MLX runs them)
+    env = dict(zip(ins, vals))
+    _, ko, vo = _eager(env, 8, False, False)
+    assert same_bits(got[1], ko) and same_bits(got[2], vo)
+    qr = mx.fast.rope(env["q"], 8, traditional=False, base=10000.0, scale=1.0, offset=env["off"])
+    att = mx.fast.scaled_dot_product_attention(qr, ko, vo, scale=8**-0.5, mask=env["mask"])
+    if dt == "f32":  # (in bfloat16 MLX's attention rounds its scores, the reference does not)
+        np.testing.assert_allclose(np.array(got[0]), np.array(att), atol=1e-4, rtol=1e-4)
+
+
+def test_no_pair_where_the_rotated_queries_have_another_reader() -> None:
+    eqns, avals, ins, outs, consts = _graph(reader=True)
+    vals = [*_values(avals, ins[:-1], 3), mx.array(np.arange(16)[None, :] <= 3)]
+    k = Reference()
+    got = _run(eqns, avals, ins, outs, consts, vals, k)
+    assert not k.pairs and len(k.writes) == 1
+    env = dict(zip(ins, vals))
+    qq, ko, vo = _eager(env, 8, False, False)
+    assert same_bits(got[1], ko) and same_bits(got[2], vo) and same_bits(got[3], qq)
