@@ -1,10 +1,13 @@
-"""Run one of segc's self-contained CUDA kernels on the CPU: its source as MLX 0.32's
+"""Run one of segc's CUDA kernels on the CPU: its source as MLX 0.32's
 ``build_kernel`` writes it, compiled by ``g++`` with each CUDA thread a host thread (a
 block at a time; ``__syncthreads`` and a warp's shuffles are barriers; ``__shared__``
 variables are a block's statics; ``atomicAdd`` is atomic). The arithmetic is the host's
 (glibc's ``expf``, ``cos``, ...), not the GPU's, so results are compared within
 float32's rounding, never for the GPU's bytes; what this checks is the kernels' logic:
 indexing, synchronisation, the counters that carry over from one launch to the next.
+What the product kernels take from MLX's device headers (its vector loads, ``Add``,
+``Multiply``, ``Sigmoid``) and from cooperative groups is declared here as plain C++;
+the quantized products (cutlass's types) are not run.
 Used by ``tests/test_cuda_emulated.py``; ``tests/test_cuda_sources.py`` makes the
 source the same way."""
 
@@ -50,7 +53,7 @@ using std::min;
 #define __forceinline__ inline
 #define __shared__ static
 #define __grid_constant__
-#define __align__(n) alignas(n)
+#define __align__(n) __attribute__((aligned(n)))
 struct segc_dim3 { unsigned x, y, z; };
 extern segc_dim3 threadIdx, blockIdx, blockDim, gridDim;
 void __syncthreads();
@@ -85,9 +88,10 @@ using std::min;
 #define __forceinline__ inline
 #define __shared__ static
 #define __grid_constant__
-#define __align__(n) alignas(n)
+#define __align__(n) __attribute__((aligned(n)))
 struct segc_dim3 { unsigned x, y, z; };
 thread_local segc_dim3 threadIdx, blockIdx;
+thread_local unsigned segc_lin;  // the thread's linear index in its block
 segc_dim3 blockDim, gridDim;
 std::barrier<>* segc_block;
 std::vector<std::unique_ptr<std::barrier<>>> segc_warps;
@@ -95,7 +99,7 @@ float segc_slots[1024];
 inline void __syncthreads() { segc_block->arrive_and_wait(); }
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline float __shfl_xor_sync(unsigned, float v, int o) {
-  unsigned t = threadIdx.x, lane = t % 32, base = t - lane;
+  unsigned t = segc_lin, lane = t % 32, base = t - lane;
   segc_slots[t] = v;
   segc_warps[t / 32]->arrive_and_wait();
   float r = segc_slots[base + (lane ^ o)];
@@ -121,9 +125,42 @@ struct __half {
   __half(float f) : h(static_cast<_Float16>(f)) {}
   operator float() const { return static_cast<float>(h); }
 };
+inline __nv_bfloat16 operator*(__nv_bfloat16 a, __nv_bfloat16 b) { return __nv_bfloat16(float(a) * float(b)); }
+inline __half operator*(__half a, __half b) { return __half(float(a) * float(b)); }
 struct alignas(16) uint4 { unsigned x, y, z, w; };
 struct Shape { int32_t v[8]; int32_t operator[](int i) const { return v[i]; } };
 using Strides = Shape;
+inline float rsqrt(float x) { return 1.f / std::sqrt(x); }
+// what the product kernels take from MLX's device headers and cooperative groups
+namespace cooperative_groups {
+struct thread_block {
+  unsigned thread_rank() const { return segc_lin; }
+  void sync() const { __syncthreads(); }
+};
+inline thread_block this_thread_block() { return {}; }
+template <int N> struct tile {
+  unsigned thread_rank() const { return segc_lin % N; }
+  unsigned meta_group_rank() const { return segc_lin / N; }
+};
+template <int N> tile<N> tiled_partition(thread_block) { return {}; }
+template <typename U> struct plus { U operator()(U a, U b) const { return a + b; } };
+template <int N, typename U, typename Op> U reduce(tile<N>, U v, Op op) {
+  for (int o = N / 2; o > 0; o /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+}  // namespace cooperative_groups
+namespace mlx::core::cu {
+template <int N, typename T> struct segc_vec { T v[N]; T operator[](int i) const { return v[i]; } };
+template <int N, typename T> segc_vec<N, T> unsafe_load_vector(const T* p, uint32_t off) {
+  segc_vec<N, T> r;
+  for (int i = 0; i < N; ++i) r.v[i] = p[off * N + i];
+  return r;
+}
+template <int N, typename T> bool is_aligned(const T* p) { return reinterpret_cast<uintptr_t>(p) % (N * sizeof(T)) == 0; }
+struct Add { template <typename T> T operator()(T a, T b) const { return T(float(a) + float(b)); } };
+struct Multiply { template <typename T> T operator()(T a, T b) const { return T(float(a) * float(b)); } };
+struct Sigmoid { template <typename T> T operator()(T x) const { return T(1.f / (1.f + std::exp(-float(x)))); } };
+}  // namespace mlx::core::cu
 """
 
 
@@ -188,22 +225,23 @@ def _main(made: dict[str, Any], call: dict[str, Any], launches: int) -> str:
             f"  std::vector<unsigned char> out{j}({max(size, 1)}, 0xA5);  // not zero: an unwritten output shows"
         )
         args.append(f"reinterpret_cast<{CTYPES[dt]}*>(out{j}.data())")
-    gx, tx = call["grid"][0], call["threadgroup"][0]
-    assert call["grid"][1:] == (1, 1) and call["threadgroup"][1:] == (1, 1)
+    (gx, gy, gz), (tx, ty, tz) = call["grid"], call["threadgroup"]
+    assert gy == ty and gz == tz == 1, "one block along y and z"
     nblocks = -(-gx // tx)
+    nt = tx * ty
     lines += [
-        f"  blockDim = {{{tx}u, 1u, 1u}}; gridDim = {{{nblocks}u, 1u, 1u}};",
+        f"  blockDim = {{{tx}u, {ty}u, 1u}}; gridDim = {{{nblocks}u, 1u, 1u}};",
         f"  for (int launch = 0; launch < {launches}; ++launch) {{",
         *(f"    std::fill(out{j}.begin(), out{j}.end(), 0xA5);  // a fresh buffer a launch" for j in range(len(outs))),
         f"    for (unsigned i = 0; i < {nblocks}u; ++i) {{",
         f"      unsigned blk = launch % 2 ? {nblocks}u - 1u - i : i;  // blocks in either order",
-        f"      std::barrier<> block({tx});",
+        f"      std::barrier<> block({nt});",
         "      segc_block = &block;",
         "      segc_warps.clear();",
-        f"      for (unsigned w = 0; w < {-(-tx // 32)}u; ++w) segc_warps.emplace_back(new std::barrier<>(std::min(32u, {tx}u - 32u * w)));",
+        f"      for (unsigned w = 0; w < {-(-nt // 32)}u; ++w) segc_warps.emplace_back(new std::barrier<>(std::min(32u, {nt}u - 32u * w)));",
         "      std::vector<std::thread> threads;",
-        f"      for (unsigned t = 0; t < {tx}u; ++t) threads.emplace_back([&, t] {{",
-        "        threadIdx = {t, 0u, 0u}; blockIdx = {blk, 0u, 0u};",
+        f"      for (unsigned t = 0; t < {nt}u; ++t) threads.emplace_back([&, t] {{",
+        f"        segc_lin = t; threadIdx = {{t % {tx}u, t / {tx}u, 0u}}; blockIdx = {{blk, 0u, 0u}};",
         f"        mlx::core::cu::{made['name']}({', '.join(args)});",
         "        segc_warps[t / 32]->arrive_and_drop();",
         "        block.arrive_and_drop();",
@@ -223,7 +261,10 @@ def _main(made: dict[str, Any], call: dict[str, Any], launches: int) -> str:
 def run(made: dict[str, Any], call: dict[str, Any], launches: int = 1) -> list[list[np.ndarray]]:
     """Each launch's outputs (numpy arrays; bfloat16 as its uint16 bits)."""
     assert GXX is not None
-    text = generated(made, call, EMULATED) + _main(made, call, launches)
+    header = "".join(
+        x for x in made["header"].splitlines(True) if not x.startswith(('#include "mlx/', "#include <cooperative"))
+    )
+    text = generated(dict(made, header=header), call, EMULATED) + _main(made, call, launches)
     CACHE.mkdir(exist_ok=True)
     exe = CACHE / hashlib.sha1(text.encode()).hexdigest()[:16]
     if not exe.exists():  # compiled under another name, then moved: processes may race
@@ -264,11 +305,17 @@ def recorder() -> tuple[Any, list[tuple[dict[str, Any], dict[str, Any]]]]:
 def recording(monkeypatch: Any) -> Iterator[list[tuple[dict[str, Any], dict[str, Any]]]]:
     """A fixture's body: segc's CUDA kernels made and called through :func:`recorder`
     while a test runs (the kernel makers' caches emptied before and after)."""
-    from segc.lower import cuda_attention, cuda_kernel, cuda_kvattention, cuda_kvwrite
+    from segc.lower import cuda_attention, cuda_kernel, cuda_kvattention, cuda_kvwrite, cuda_products
 
     make, calls = recorder()
     monkeypatch.setattr(cuda_kernel.mx.fast, "cuda_kernel", make)
-    cached = (cuda_attention._kernels, cuda_attention._one_kernel, cuda_kvwrite._kernel, cuda_kvattention._kernel)
+    cached = (
+        cuda_attention._kernels,
+        cuda_attention._one_kernel,
+        cuda_kvwrite._kernel,
+        cuda_kvattention._kernel,
+        cuda_products._kernel,
+    )
     for f in cached:
         f.cache_clear()
     yield calls

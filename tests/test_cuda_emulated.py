@@ -1,11 +1,12 @@
-"""segc's attention and rotated-write CUDA kernels run on the CPU (``tests/cuda_emu.py``:
-a host thread per CUDA thread, the host's arithmetic), called through segc's own
-wrappers with ``mx.fast.cuda_kernel`` recorded. What the GPU tests check byte for byte
-is checked here for the logic, before a device call: the one attention kernel against
-the two (the same host arithmetic: the same bytes), call after call of one kernel (its
-counter set back to zero), both against MLX's attention on the CPU within float32's
-rounding; the rotated write's copies byte for byte and its rotations against
-``mx.fast.rope`` within rounding."""
+"""segc's CUDA kernels (the attention, the rotated write, both as one, the one-row
+products) run on the CPU (``tests/cuda_emu.py``: a host thread per CUDA thread, the
+host's arithmetic), called through segc's own wrappers with ``mx.fast.cuda_kernel``
+recorded. What the GPU tests check byte for byte is checked here for the logic, before a
+device call: the one attention kernel against the two (the same host arithmetic: the
+same bytes), call after call of one kernel (its counter set back to zero), both against
+MLX's attention on the CPU within float32's rounding; the rotated write's copies byte
+for byte and its rotations against ``mx.fast.rope`` within rounding; the write with its
+attention against the two kernels; the products against MLX's ops."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ from cuda_emu import GXX, recording, run
 from hypothesis import given, settings
 from hypothesis import strategies as hst
 
-from segc.lower import cuda_attention, cuda_kvattention, cuda_kvwrite
+from segc.lower import cuda_attention, cuda_kvattention, cuda_kvwrite, cuda_products
 from segc.lower.attention import reference_attention
+from segc.lower.product_match import norm_blocks
 
 pytestmark = [
     pytest.mark.skipif(GXX is None, reason="needs a C++ compiler (g++) to run the kernels on the CPU"),
@@ -185,3 +187,32 @@ def test_the_write_with_the_attention_is_the_write_then_the_attention(
     assert ko.tobytes() == np.array(kw.view(mx.uint16) if dt == mx.bfloat16 else kw).tobytes()
     assert vo.tobytes() == np.array(vw.view(mx.uint16) if dt == mx.bfloat16 else vw).tobytes()
     assert out.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("kind", ["gemv", "add", "glu"])
+@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize(("dt", "k", "n"), [(mx.float32, 256, 24), (mx.bfloat16, 512, 10), (mx.float16, 64, 9)])
+def test_the_product_kernels_compute_mlx_s_products(recorded, kind, norm, dt, k, n) -> None:
+    """The one-row products (``cuda_products.py``: ``gemv``, with a residual, the gate
+    and up with SwiGLU; each after an RMS norm or not) against MLX's ops on the CPU,
+    within the dtype's rounding (row counts not a multiple of the block's 8 rows)."""
+    mx.random.seed(k + n)
+    x = mx.random.normal((1, k)).astype(dt)
+    w, wu = (mx.random.normal((n, k)).astype(dt) * 0.1 for _ in range(2))
+    r = mx.random.normal((1, n)).astype(dt)
+    nw = mx.random.uniform(0.5, 1.5, (k,)).astype(dt)
+    ins = {"gemv": [x, w], "add": [x, w, r], "glu": [x, w, wu]}[kind] + ([nw] if norm else [])
+    order = {"gemv": (), "add": (True,), "glu": (True, True)}[kind]
+    rows = (0, 0) if kind == "glu" else (0,)
+    blocks = norm_blocks(k, {mx.float32: "f32", mx.bfloat16: "bf16", mx.float16: "f16"}[dt]) if norm else None
+    if norm and blocks is None:
+        pytest.skip("no MLX norm launch for this row size")  # (never for the sizes above)
+    cuda_products.product(kind, ins, rows, n, (1, n), order, (1e-5, blocks) if norm else None)
+    ((made, call),) = recorded
+    ((out,),) = run(made, call)
+    got = np.array(_as_mx(out, dt).astype(mx.float32))
+    xn = mx.fast.rms_norm(x, nw, 1e-5) if norm else x
+    y = xn @ w.T
+    want = {"gemv": y, "add": y + r, "glu": (y * mx.sigmoid(y)) * (xn @ wu.T)}[kind]
+    tol = {mx.float32: 1e-4, mx.float16: 1e-2, mx.bfloat16: 5e-2}[dt]
+    np.testing.assert_allclose(got, np.array(want.astype(mx.float32)), rtol=tol, atol=tol)
