@@ -66,7 +66,8 @@ def segment_fn(
     With ``attention`` (a kernel), each decomposed masked attention the segment holds
     (``attention.py``) is computed by it instead; with ``products``, each one-row product
     and the elementwise work after it (``products.py``); with ``kv_write``, each rotated
-    KV-cache write (``kvwrite.py``)."""
+    KV-cache write (``kvwrite.py``), and where that kernel has a ``with_attention``, the
+    write with the attention reading it as one step (``_pairs``)."""
     consts = {c.var.name: c.value for c in g.consts if c.var.name not in const_args}
     fused = attention is not None or products is not None or kv_write is not None
     vs = g.vars() if fused else {}
