@@ -216,3 +216,51 @@ def test_the_product_kernels_compute_mlx_s_products(recorded, kind, norm, dt, k,
     want = {"gemv": y, "add": y + r, "glu": (y * mx.sigmoid(y)) * (xn @ wu.T)}[kind]
     tol = {mx.float32: 1e-4, mx.float16: 1e-2, mx.bfloat16: 5e-2}[dt]
     np.testing.assert_allclose(got, np.array(want.astype(mx.float32)), rtol=tol, atol=tol)
+
+
+def test_a_decode_through_segc_with_its_kernels_emulated(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lowering's wiring, before a GPU: a tiny llama decoded by ``segc.jit`` with the
+    attention and product kernels as the CUDA build would call them, each run by the
+    emulator (segments not ``mx.compile``d, so that each kernel call sees its inputs'
+    data), against eager mlx-lm within float32's rounding over a prompt and three steps."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    import segc
+    from segc.lower import cuda_kernel, products
+    from segc.models import tiny_llama
+
+    called: list[str] = []
+
+    def make(**made):
+        def call(**kw):
+            mx.eval(kw["inputs"])
+            called.append(made["name"])
+            (outs,) = run(made, kw)
+            return [_as_mx(o, t) for o, t in zip(outs, kw["output_dtypes"], strict=True)]
+
+        return call
+
+    monkeypatch.setattr(cuda_kernel.mx.fast, "cuda_kernel", make)
+    for f in (cuda_attention._one_kernel, cuda_products._kernel):
+        f.cache_clear()
+    monkeypatch.setattr(mx, "compile", lambda f, *a, **k: f)
+    monkeypatch.setattr(products, "FUSED_PRODUCTS", products.cuda_products)
+    model = tiny_llama(
+        hidden_size=128, num_hidden_layers=2, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2
+    )
+    step = segc.jit(model, boundaries="layers.*", attention=cuda_attention.cuda_attention, validate=False)
+    mine, theirs = make_prompt_cache(model), make_prompt_cache(model)
+    tokens = mx.array([[3, 1, 4, 1, 5]])
+    try:
+        for k in range(4):
+            got, want = step(tokens, cache=mine), model(tokens, cache=theirs)
+            np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-4, err_msg=f"call {k}")
+            tokens = mx.argmax(want[:, -1:], axis=-1)
+    finally:
+        for f in (cuda_attention._one_kernel, cuda_products._kernel):
+            f.cache_clear()
+    attn = [n for n in called if n.startswith("segc_attention_one")]
+    # every layer's attention in every call: a callable kernel takes the prompt's too (at
+    # most 16 query rows, docs/lowering.md), "auto" on a GPU only the decode steps'
+    assert len(attn) == 2 * 4, called
+    assert any(n.startswith("segc_gemv") for n in called), called  # and products
