@@ -144,6 +144,25 @@ def test_the_rotated_write_copies_bytes_and_rotates_as_mlx(recorded, dt, d, dims
         np.testing.assert_allclose(got_q, np.array(rope(q).astype(mx.float32)), rtol=tol, atol=tol)
 
 
+@settings(max_examples=examples(4), deadline=None)
+@given(
+    dt=hst.sampled_from([mx.float32, mx.bfloat16, mx.float16]),
+    heads=hst.sampled_from([(8, 2), (4, 4), (6, 3), (4, 1)]),
+    cap=hst.integers(1, 90),
+    data=hst.data(),
+)
+def test_the_write_with_the_attention_over_shapes(dt, heads, cap, data) -> None:
+    """Hypothesis over dtypes, head layouts, buffer sizes, offsets and rotations."""
+    pos = data.draw(hst.integers(0, cap - 1), label="offset")
+    dims = data.draw(hst.sampled_from([64, 32]), label="rotated dims")
+    trad, freqs = data.draw(hst.booleans(), label="traditional"), data.draw(hst.booleans(), label="freqs")
+    with pytest.MonkeyPatch.context() as patch:
+        rec = recording(patch)
+        calls = next(rec)
+        _write_with_attention_against_apart(calls, dt, *heads, cap, pos, dims, trad, freqs)
+        next(rec, None)
+
+
 @pytest.mark.parametrize(
     ("dt", "hq", "hkv", "cap", "pos", "dims", "trad", "freqs"),
     [
@@ -157,6 +176,10 @@ def test_the_write_with_the_attention_is_the_write_then_the_attention(
 ):
     """One kernel against the rotated write's kernel followed by the attention's, on the
     same inputs: the same bytes for the new buffers and the output."""
+    _write_with_attention_against_apart(recorded, dt, hq, hkv, cap, pos, dims, trad, freqs)
+
+
+def _write_with_attention_against_apart(recorded, dt, hq, hkv, cap, pos, dims, trad, freqs) -> None:
     mx.random.seed(pos)
     kb, vb = (mx.random.normal((1, hkv, cap, 64)).astype(dt) for _ in range(2))
     k, v = (mx.random.normal((1, hkv, 1, 64)).astype(dt) for _ in range(2))
