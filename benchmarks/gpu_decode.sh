@@ -121,7 +121,7 @@ for p in $parts; do
     echo "ablate: rc=$?"
     ;;
   census)
-    timeout 240 $PY benchmarks/kernel_census.py --steps eager,compile,segc,segcplain,segcnokv --top 40 --keep "$OUT/graphs" >"$OUT/census.txt" 2>&1
+    timeout 240 $PY benchmarks/kernel_census.py --steps eager,compile,segc,segcplain,segcnokv,segckvattn --top 40 --keep "$OUT/graphs" >"$OUT/census.txt" 2>&1
     echo "census: rc=$?"
     ;;
   commits)
