@@ -39,36 +39,7 @@ CTYPES = {
 NP = {mx.bfloat16: np.uint16, mx.float16: np.float16, mx.float32: np.float32, mx.bool_: np.bool_}
 NP.update({mx.int32: np.int32, mx.uint32: np.uint32})
 
-# CUDA's built-ins, declared (a syntax check) or emulated (a run)
-DECLARED = r"""
-#include <algorithm>
-#include <cmath>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-using std::max;
-using std::min;
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __shared__ static
-#define __grid_constant__
-#define __align__(n) __attribute__((aligned(n)))
-struct segc_dim3 { unsigned x, y, z; };
-extern segc_dim3 threadIdx, blockIdx, blockDim, gridDim;
-void __syncthreads();
-void __threadfence();
-float __shfl_xor_sync(unsigned mask, float v, int lane);
-unsigned atomicAdd(unsigned* p, unsigned v);
-float __ldcg(const float* p);
-float __int_as_float(int x);
-struct __nv_bfloat16 { __nv_bfloat16() = default; __nv_bfloat16(float); operator float() const; };
-struct __half { __half() = default; __half(float); operator float() const; };
-struct uint4 { unsigned x, y, z, w; };
-struct Shape { int32_t v[8]; int32_t operator[](int i) const { return v[i]; } };
-using Strides = Shape;
-"""
-
+# CUDA's built-ins, emulated (a run; compiled alone, a syntax and type check)
 EMULATED = r"""
 #include <algorithm>
 #include <atomic>
@@ -164,9 +135,11 @@ struct Sigmoid { template <typename T> T operator()(T x) const { return T(1.f / 
 """
 
 
-def generated(made: dict[str, Any], call: dict[str, Any], prelude: str = DECLARED) -> str:
+def generated(made: dict[str, Any], call: dict[str, Any], prelude: str = "") -> str:
     """The kernel's source as MLX's ``build_kernel`` writes it for one call (``made``:
-    ``mx.fast.cuda_kernel``'s arguments, ``call``: the kernel call's), after ``prelude``."""
+    ``mx.fast.cuda_kernel``'s arguments, ``call``: the kernel call's), after ``prelude``
+    (default: :data:`EMULATED`)."""
+    prelude = prelude or EMULATED
     src = made["source"]
     params = []
     for name, x in zip(made["input_names"], call["inputs"], strict=True):
@@ -305,19 +278,26 @@ def recorder() -> tuple[Any, list[tuple[dict[str, Any], dict[str, Any]]]]:
 def recording(monkeypatch: Any) -> Iterator[list[tuple[dict[str, Any], dict[str, Any]]]]:
     """A fixture's body: segc's CUDA kernels made and called through :func:`recorder`
     while a test runs (the kernel makers' caches emptied before and after)."""
-    from segc.lower import cuda_attention, cuda_kernel, cuda_kvattention, cuda_kvwrite, cuda_products
+    from segc.lower import cuda_kernel
 
     make, calls = recorder()
     monkeypatch.setattr(cuda_kernel.mx.fast, "cuda_kernel", make)
-    cached = (
+    for f in kernel_makers():
+        f.cache_clear()
+    yield calls
+    for f in kernel_makers():
+        f.cache_clear()  # no recorder left in the caches
+
+
+def kernel_makers() -> tuple[Any, ...]:
+    """segc's functions that make its CUDA kernels (each ``functools.cache``'d: a test
+    that replaces ``mx.fast.cuda_kernel`` empties their caches before and after)."""
+    from segc.lower import cuda_attention, cuda_kvattention, cuda_kvwrite, cuda_products
+
+    return (
         cuda_attention._kernels,
         cuda_attention._one_kernel,
         cuda_kvwrite._kernel,
         cuda_kvattention._kernel,
         cuda_products._kernel,
     )
-    for f in cached:
-        f.cache_clear()
-    yield calls
-    for f in cached:
-        f.cache_clear()  # no recorder left in the caches

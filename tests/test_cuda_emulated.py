@@ -17,7 +17,9 @@ from conftest import examples
 from cuda_emu import GXX, recording, run
 from hypothesis import given, settings
 from hypothesis import strategies as hst
+from test_attention_cuda import _inputs as _attention_inputs
 
+from segc import dtypes
 from segc.lower import cuda_attention, cuda_kvattention, cuda_kvwrite, cuda_products
 from segc.lower.attention import reference_attention
 from segc.lower.product_match import norm_blocks
@@ -35,15 +37,6 @@ def _as_mx(x: np.ndarray, dt: mx.Dtype) -> mx.array:
     return mx.array(x).view(mx.bfloat16) if dt == mx.bfloat16 else mx.array(x)
 
 
-def _inputs(hq: int, hkv: int, lq: int, cap: int, dt: mx.Dtype, rows: int, live: int, seed: int):
-    mx.random.seed(seed)
-    q = mx.random.normal((1, hq, lq, 64)).astype(dt)
-    k = mx.random.normal((1, hkv, cap, 64)).astype(dt)
-    v = mx.random.normal((1, hkv, cap, 64)).astype(dt)
-    lim = np.minimum(live + np.arange(rows), cap) if live else np.zeros(rows, dtype=np.int64)
-    return q, k, v, mx.array(np.arange(cap)[None, :] < lim[:, None])
-
-
 def _bits(x: mx.array) -> bytes:
     return np.array(x.view(mx.uint16) if x.dtype == mx.bfloat16 else x).tobytes()
 
@@ -58,7 +51,7 @@ def _bits(x: mx.array) -> bytes:
     ],
 )
 def test_one_kernel_matches_two_and_mlx_call_after_call(recorded, hq, hkv, lq, rows, cap, live, dt) -> None:
-    q, k, v, mask = _inputs(hq, hkv, lq, cap, dt, rows, live, seed=cap)
+    q, k, v, mask = _attention_inputs(hq, hkv, lq, cap, 64, dt, rows, live, seed=cap)
     cuda_attention.cuda_attention(q, k, v, mask, 0.125, kernels=1)
     ((made1, call1),) = recorded
     one = run(made1, call1, launches=2)  # the same kernel twice: the counter must be back at zero
@@ -93,7 +86,7 @@ def test_one_kernel_is_two_over_shapes(heads, lq, per_row, cap, data) -> None:
     a partial last one): the one kernel gives the two kernels' bytes, launch after launch."""
     hq, hkv = heads
     rows = lq if per_row else 1
-    q, k, v, mask = _inputs(hq, hkv, lq, cap, mx.float32, rows, data.draw(hst.integers(0, cap)), seed=cap)
+    q, k, v, mask = _attention_inputs(hq, hkv, lq, cap, 64, mx.float32, rows, data.draw(hst.integers(0, cap)), seed=cap)
     with pytest.MonkeyPatch.context() as patch:
         rec = recording(patch)
         calls = next(rec)
@@ -111,7 +104,7 @@ def test_one_kernel_is_two_over_shapes(heads, lq, per_row, cap, data) -> None:
 def test_a_counter_left_at_its_count_is_seen(recorded) -> None:
     """The check can fail: started from a counter that was not set back, no block of a
     group is the last, and the output is never written."""
-    q, k, v, mask = _inputs(8, 2, 1, 70, mx.float32, 1, 40, seed=1)
+    q, k, v, mask = _attention_inputs(8, 2, 1, 70, 64, mx.float32, 1, 40, seed=1)
     cuda_attention.cuda_attention(q, k, v, mask, 0.125, kernels=1)
     ((made, call),) = recorded
     (good,) = run(made, call)
@@ -227,9 +220,8 @@ def test_the_product_kernels_compute_mlx_s_products(recorded, kind, norm, dt, k,
     ins = {"gemv": [x, w], "add": [x, w, r], "glu": [x, w, wu]}[kind] + ([nw] if norm else [])
     order = {"gemv": (), "add": (True,), "glu": (True, True)}[kind]
     rows = (0, 0) if kind == "glu" else (0,)
-    blocks = norm_blocks(k, {mx.float32: "f32", mx.bfloat16: "bf16", mx.float16: "f16"}[dt]) if norm else None
-    if norm and blocks is None:
-        pytest.skip("no MLX norm launch for this row size")  # (never for the sizes above)
+    blocks = norm_blocks(k, dtypes.short(dt))
+    assert blocks is not None  # MLX launches its norm kernel for each of these row sizes
     cuda_products.product(kind, ins, rows, n, (1, n), order, (1e-5, blocks) if norm else None)
     ((made, call),) = recorded
     ((out,),) = run(made, call)

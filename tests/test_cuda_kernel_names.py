@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cuda_emu import kernel_makers
 
-from segc.lower import cuda_attention, cuda_kernel, cuda_kvwrite, cuda_products
+from segc.lower import cuda_attention, cuda_kernel, cuda_kvattention, cuda_kvwrite, cuda_products
 from segc.lower.cuda_kernel import kernel_name
 
 pytestmark = pytest.mark.timeout(60)
@@ -50,17 +51,24 @@ def test_every_kernel_maker_names_its_kernel_by_its_text(monkeypatch: pytest.Mon
         lambda: cuda_kvwrite._kernel(True, False, 0x41549A78, 0x3F800000),
         lambda: cuda_products._kernel("glu", 0x3727C5AC),
         lambda: cuda_products._kernel("add", None, quant=True),
+        lambda: cuda_kvattention._kernel(True, 0x41549A78, 0x3F800000, 0x3E000000),
     ]
-    cached = (cuda_attention._kernels, cuda_attention._one_kernel, cuda_kvwrite._kernel, cuda_products._kernel)
-    for f in cached:  # the makers are functools.cache'd: make them again
+    for f in kernel_makers():  # the makers are functools.cache'd: make them again
         f.cache_clear()
     try:
         for make in makers:
             make()
     finally:
-        for f in cached:
+        for f in kernel_makers():
             f.cache_clear()  # no recorder's objects left in the caches
-    assert len(made) == 6  # the attention's two kernels and its one, a write, two products
+    assert len(made) == 7  # the attention's two kernels and its one, a write, two products, both
+    # every module that makes kernels has its maker here (and in the emulator's list)
+    making = {
+        f"segc.lower.{p.stem}"
+        for p in (ROOT / "segc" / "lower").glob("*.py")
+        if "from .cuda_kernel import" in p.read_text()
+    }
+    assert {m.__module__ for m in kernel_makers()} == making
     for kw in made:
         want = kernel_name(
             kw["name"].rsplit("_", 1)[0], kw["source"], kw["header"], kw["input_names"], kw["output_names"]

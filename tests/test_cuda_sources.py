@@ -1,15 +1,15 @@
 """segc's self-contained CUDA kernels (the decode attention, the rotated KV write) are
 compiled here as C++ by the host's ``g++``, as MLX 0.32 would generate them
 (``mlx/backend/cuda/custom_kernel.cpp``'s ``build_kernel``: its signature, its template
-constants, then segc's header and source), against a header that declares CUDA's
-built-ins: a syntax and type check of every variant before a GPU runs it (a GPU is
+constants, then segc's header and source), after ``cuda_emu.py``'s definitions of
+CUDA's built-ins: a syntax and type check of every variant before a GPU runs it (a GPU is
 scarce; a typo in a kernel would otherwise cost a device call). The Python side is
 exercised too: each kernel is called through segc's own wrapper on CPU arrays, with
 ``mx.fast.cuda_kernel`` replaced by a recorder that keeps the call and returns zeros.
 What this cannot see: anything about the kernels' results (the CUDA tests,
 ``tests/test_attention_cuda.py`` and ``tests/test_kvwrite_cuda.py``, compare bytes on a
-GPU). The product kernels include MLX's CUDA device headers, which MLX's CPU build does
-not ship, so they are left to the CUDA tests."""
+GPU; ``tests/test_cuda_emulated.py`` runs the kernels on the CPU, the product kernels
+too, whose headers from MLX's CUDA build it stands in for)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ recorded = pytest.fixture(name="recorded")(recording)
 def _compile(text: str) -> None:
     assert GXX is not None
     res = subprocess.run(
-        [GXX, "-std=c++17", "-fsyntax-only", "-Wall", "-Wno-unknown-pragmas", "-Wno-unused", "-x", "c++", "-"],
+        [GXX, "-std=c++20", "-fsyntax-only", "-Wall", "-Wno-unknown-pragmas", "-Wno-unused", "-x", "c++", "-"],
         input=text,
         capture_output=True,
         text=True,

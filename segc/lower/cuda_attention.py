@@ -228,6 +228,13 @@ def _one_kernel(scale_bits: int) -> Any:
     )
 
 
+def counter(groups: int) -> mx.array:
+    """A fresh counter for the one kernel, an entry a group, made at each traced call: one
+    per compiled kernel (module docstring); 1-d, so never one of the scalars MLX's compile
+    merges when equal."""
+    return mx.array(np.zeros(groups, dtype=np.uint32))
+
+
 def attention_kernels() -> int:
     """How many kernels the decode attention runs as: 1 (the default) or 2, from the
     environment's ``SEGC_ATTENTION_KERNELS`` (module docstring)."""
@@ -271,9 +278,7 @@ def cuda_attention(
     rows = b * hq * lq
     partials = [(rows * nchunks * d,), (rows * nchunks,), (rows * nchunks,)]
     if _how_many(kernels) == 1:
-        # a fresh counter per traced call, one entry a group: one per compiled kernel (module
-        # docstring); 1-d, so never one of the scalars MLX's compile merges when equal
-        count = mx.array(np.zeros(b * hkv, dtype=np.uint32))
+        count = counter(b * hkv)
         out, *_ = _one_kernel(scale_bits)(
             inputs=[q, k, v, m, count],
             template=tmpl,

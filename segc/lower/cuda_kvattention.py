@@ -18,16 +18,15 @@ logic on the CPU). Only for one batch row, and head sizes equal for keys and val
 from __future__ import annotations
 
 import functools
-import struct
 from collections.abc import Sequence
 from typing import Any
 
 import mlx.core as mx
-import numpy as np
 
-from .cuda_attention import _HEADER, _ONE_TAIL, _PARTIAL, CHUNK, THREADS
+from .cuda_attention import _HEADER, _ONE_TAIL, _PARTIAL, CHUNK, THREADS, counter
 from .cuda_kernel import cuda_kernel
 from .cuda_kvwrite import _HEADER as _ROTATE
+from .cuda_kvwrite import _bits, rope_bits
 
 _READS = r"""
 template <typename T, bool TRAD, int DIMS, int DK, bool FREQS>
@@ -49,10 +48,6 @@ __device__ T segc_key(const T* kr, const T* knew, T* ko, size_t krow, int d, int
 #define SEGC_VBUF vo
 #define SEGC_LD(p) __ldcg(p)
 """
-
-
-def _bits(x: float) -> int:
-    return int(struct.unpack("<I", struct.pack("<f", x))[0])
 
 
 @functools.cache
@@ -95,7 +90,6 @@ def kv_attention(
         )
     m = mask.reshape(-1, cap)
     nchunks = (cap + CHUNK - 1) // CHUNK
-    log2_base = float(np.log2(np.float32(base))) if base is not None else 0.0
     tmpl: list[tuple[str, Any]] = [
         ("T", q.dtype),
         ("D", d),
@@ -111,10 +105,9 @@ def kv_attention(
         ("FREQS", freqs),
     ]
     rows = hq * lq
-    count = mx.array(np.zeros(hkv, dtype=np.uint32))  # as cuda_attention's: one per traced call
-    kernel = _kernel(freqs, _bits(log2_base), _bits(rope_scale), _bits(scale))
+    kernel = _kernel(freqs, *rope_bits(base, rope_scale), _bits(scale))
     out, ko, vo, *_ = kernel(
-        inputs=[q, k, kb, v, vb, off.reshape(()) if off.ndim else off, m, count, *ins[6:7]],
+        inputs=[q, k, kb, v, vb, off.reshape(()) if off.ndim else off, m, counter(hkv), *ins[6:7]],
         template=tmpl,
         grid=(hkv * nchunks * THREADS, 1, 1),
         threadgroup=(THREADS, 1, 1),

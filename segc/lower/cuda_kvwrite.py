@@ -109,6 +109,12 @@ _QUERIES = r"""if (i < static_cast<int64_t>(HQ) * D) {
     }"""
 
 
+def rope_bits(base: float | None, scale: float) -> tuple[int, int]:
+    """The rotation's constants as the kernels ``#define`` them (float32 bits): log2 of
+    the base, computed in float as MLX does (``std::log2`` of a float), and the scale."""
+    return _bits(float(np.log2(np.float32(base))) if base is not None else 0.0), _bits(scale)
+
+
 def _bits(x: float) -> int:
     return int(np.array(x, dtype=np.float32).view(np.uint32))
 
@@ -142,8 +148,6 @@ def kv_write(
     vec = vec if d % vec == 0 and dv % vec == 0 else 1
     hq = q.shape[1] if q is not None else 0
     threads = h * c * d // vec + h * c * dv // vec + hq * d
-    # MLX passes log2 of its float base, computed in float (std::log2 of a float)
-    log2_base = float(np.log2(np.float32(base))) if base is not None else 0.0
     tmpl: list[tuple[str, Any]] = [
         ("T", kb.dtype),
         ("H", h),
@@ -156,7 +160,7 @@ def kv_write(
         ("VEC", vec),
     ]
     shapes = [kb.shape, vb.shape, *([q.shape] if q is not None else [])]
-    kernel = _kernel(queries, freqs, _bits(log2_base), _bits(scale))
+    kernel = _kernel(queries, freqs, *rope_bits(base, scale))
     return list(
         kernel(
             inputs=[kb, k, vb, v, off.reshape(()) if off.ndim else off, *ins[5:]],
