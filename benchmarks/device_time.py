@@ -264,8 +264,8 @@ SEGC_STEPS: dict[str, tuple[dict[str, Any], str, str, str]] = {
     "segcmlxattn": ({"attention": "off"}, "auto", "auto", "auto"),  # MLX's masked attention, not segc's kernel
 }
 # segc's step with an environment setting (read when its segments are built): the rotated
-# write with its attention as one kernel (SEGC_FUSED_KV_ATTENTION, off by default)
-ENV_STEPS: dict[str, tuple[str, dict[str, str]]] = {"segckvattn": ("segc", {"SEGC_FUSED_KV_ATTENTION": "1"})}
+# write and its attention as two kernels (SEGC_FUSED_KV_ATTENTION=0; one is the default)
+ENV_STEPS: dict[str, tuple[str, dict[str, str]]] = {"segckvapart": ("segc", {"SEGC_FUSED_KV_ATTENTION": "0"})}
 
 
 def step_body(name: str, layers: int, bits: int | None) -> Callable[[mx.array], list[mx.array]]:

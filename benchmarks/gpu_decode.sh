@@ -6,7 +6,7 @@
 #
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_decode.sh [PARTS]
 #
-# PARTS: any of  dense quant moe concat isolated runtime kernels select products check generate device ablate commits census kv attn kvattn prefill
+# PARTS: any of  dense quant moe concat isolated runtime kernels select products check generate device ablate commits census kv attn kvattn prefill experiment paging
 # (default: dense runtime). kernels: fewer_kernels.py (what each kernel and each of the
 # dynamic cache's differences costs); select: segc's one-position KV write as a select
 # against MLX's, three models; products: segc's product kernels (segc.lower.products)
@@ -17,8 +17,11 @@
 # step with each of its differences from eager undone; commits: the commit policies on a
 # segment per layer, each variant a process of its own, 2 rounds; census: kernel_census.py
 # (the kernels of one decode step, by name, from MLX's CUDA graphs); kv: the rotation-and-write
-# kernel on and off, two rounds; attn: the decode attention as one kernel or two, two rounds; kvattn: the rotated write with its attention as one kernel or apart, two rounds; prefill: 512 tokens, segc's defaults against concatenated (MODEL_ARGS="--bits 4" or "--arch mixtral" for another model). Logs go
-# to $OUT. isolated: decode of the three models: segc's defaults, and concatenated and
+# kernel on and off, two rounds; attn: the decode attention as one kernel or two, two rounds; kvattn: the rotated write with its attention as one kernel (the default) or apart, two rounds; prefill: 512 tokens, segc's defaults against concatenated (MODEL_ARGS="--bits 4" or "--arch mixtral" for another model). Logs go
+# to $OUT. experiment: issue 15's harness on the reference llama, every strategy, decode
+# and prefill 512 (docs/experiments.md, "On the H200"; about 10 minutes: a call of its own);
+# paging: bench_paging.py on the reference llama's sizes, budgets 0.25, 0.5, 0.75
+# (docs/performance.md, paging; the fenced pager's spread eviction). isolated: decode of the three models: segc's defaults, and concatenated and
 # frozen with one segment (wholefrozen) and a segment per layer (frozen), every variant a process of its own, 2 rounds (the issue's "variants isolated"); about
 # 4 minutes a model on the H200, so MODELS=llama: (or llama_4bit:--bits,4 or
 # mixtral:--arch,mixtral) runs one model in a device call.
@@ -121,7 +124,7 @@ for p in $parts; do
     echo "ablate: rc=$?"
     ;;
   census)
-    timeout 240 $PY benchmarks/kernel_census.py --steps eager,compile,segc,segcplain,segcnokv,segckvattn --top 40 --keep "$OUT/graphs" >"$OUT/census.txt" 2>&1
+    timeout 240 $PY benchmarks/kernel_census.py --steps eager,compile,segc,segcplain,segcnokv,segckvapart --top 40 --keep "$OUT/graphs" >"$OUT/census.txt" 2>&1
     echo "census: rc=$?"
     ;;
   commits)
@@ -134,7 +137,7 @@ for p in $parts; do
   attn)  # segc's decode attention as one kernel or two (SEGC_ATTENTION_KERNELS)
     onoff attn SEGC_ATTENTION_KERNELS 1 2
     ;;
-  kvattn)  # the rotated write with its attention as one kernel (SEGC_FUSED_KV_ATTENTION=1) or apart
+  kvattn)  # the rotated write with its attention as one kernel (the default) or apart (SEGC_FUSED_KV_ATTENTION=0)
     onoff kvattn SEGC_FUSED_KV_ATTENTION 1 0
     ;;
   prefill)  # prefill of 512 tokens: segc's defaults, concatenated, concatenated and frozen
@@ -142,6 +145,20 @@ for p in $parts; do
     # shellcheck disable=SC2086  # the extra arguments are meant to split
     VARIANTS=${VARIANTS:-eager,compile,segc,concat,frozen} REPEATS=20 BENCH_LIMIT=${BENCH_LIMIT:-200} \
       bench "prefill$(echo ${MODEL_ARGS:-} | tr -c 'a-z0-9\n' '_')" --prefill 512 --no-decode --first-call-layers 0 --no-dispatch ${MODEL_ARGS:-}
+    ;;
+  experiment)  # issue 15: predicted against measured, every plan (a device call of its own)
+    timeout "${BENCH_LIMIT:-575}" $PY benchmarks/bench_experiment.py --model reference --workloads decode:1024,prefill:512 \
+      --strategies none,markers,every:2,every:4,balanced:2..18:4,memory:1x..2x:1x,optimal,optimal:1x,min_boundary_bytes \
+      --calibration none,markers,every:4,balanced:2 --processes 4 --repeats 10 --warmup 2 \
+      --commit "${COMMIT:-auto}" --plots "" --out /tmp/experiment --json "$OUT/experiment.json" >"$OUT/experiment.txt" 2>&1
+    echo "experiment: rc=$?"
+    ;;
+  paging)  # issue 16: resident, draining and fenced pagers, decode and banded prefill
+    timeout "${BENCH_LIMIT:-500}" $PY benchmarks/bench_paging.py --layers 16 --hidden 2048 --intermediate 8192 \
+      --heads 32 --kv-heads 8 --vocab 32000 --dtype bfloat16 --prompts 2048,8192 --chunk 2048 --tokens 6 \
+      --rounds 2 --weights "${WEIGHTS:-0.25,0.5,0.75}" --kv-context 0 --dir /tmp/segc-paging \
+      --out "$OUT/paging.json" --plot "$OUT/paging.svg" >"$OUT/paging.txt" 2>&1
+    echo "paging: rc=$?"
     ;;
   runtime)
     timeout 300 $PY benchmarks/bench_runtime.py --layers 16 --hidden 2048 --intermediate 8192 --heads 32 \

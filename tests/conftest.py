@@ -326,6 +326,24 @@ def with_setting(
     return call
 
 
+def assert_env_setting(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str | None, read: Callable[[], Any], want: Any
+) -> None:
+    """``read()`` with the environment's ``variable`` set to ``value`` (None: unset) gives
+    ``want``, or, where ``want`` is None, raises a ``UsageError`` naming the variable."""
+    from segc.errors import UsageError
+
+    if value is None:
+        monkeypatch.delenv(variable, raising=False)
+    else:
+        monkeypatch.setenv(variable, value)
+    if want is None:
+        with pytest.raises(UsageError, match=f"{variable} must be"):
+            read()
+    else:
+        assert read() == want and type(read()) is type(want)
+
+
 def assert_decodes_agree(
     model: nn.Module,
     fused: Callable[..., mx.array],

@@ -131,3 +131,29 @@ def test_an_integer_range_is_no_kernel() -> None:
         assert _kernels(long, m, mx.ones((n,), dtype=mx.int32)) == 2
     costs = op_costs(trace_graph(f, x), H200)
     assert costs.device[0] == 0.0 and costs.kernels[0] == 0
+
+
+@pytest.mark.parametrize(("reader", "want"), [(False, 1), (True, 3)])
+def test_a_rotated_write_with_its_decode_attention_is_one_kernel(reader: bool, want: int) -> None:
+    """A decode layer's rotated write and the masked attention reading what it wrote, as a
+    GPU trace records them (heads of 64, one query: where eager's CUDA attention is one
+    kernel, so segc's is used): one kernel on a fusing machine (``segc.lower.fused``'s
+    pair, ``cuda_kvattention.py``); where the rotated queries have another reader (a
+    square here) three: the write's kernel, the square, the attention's kernel. Without
+    segc's kernels: two rotations, two writes, the square if any, and MLX's attention (the
+    mask's broadcast copied, the scaled queries, two products, the select, the softmax)."""
+    from test_kvattention import _graph
+
+    from segc.ir import Const, Graph, Input, Var
+
+    def graph(d: int):
+        eqns, avals, ins, outs, consts = _graph(reader, d=d)
+        inputs = tuple(Input(Var(n, *avals[n]), "arg", n) for n in ins)
+        cs = tuple(Const(Var(n, *avals[n]), v) for n, v in consts.items())
+        return Graph("kv", inputs, cs, tuple(eqns), tuple(outs))
+
+    assert sum(op_costs(graph(64), H200).kernels) == want
+    assert sum(op_costs(graph(64), PLAIN_GPU).kernels) == 4 + reader + 6
+    # heads of 8: eager runs MLX's decomposition, so segc keeps it (and its bits); only the
+    # rotations and writes become one kernel
+    assert sum(op_costs(graph(8), H200).kernels) == 1 + reader + 6

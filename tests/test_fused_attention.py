@@ -13,7 +13,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import examples
+from conftest import assert_env_setting, examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from mlx_lm.models.cache import make_prompt_cache
@@ -279,15 +279,7 @@ def test_auto_is_the_kernel_on_cuda_and_the_environment_turns_it_off(monkeypatch
 def test_the_number_of_attention_kernels_is_read_and_checked(monkeypatch: pytest.MonkeyPatch, value, want) -> None:
     from segc.lower.cuda_attention import attention_kernels  # importable without CUDA
 
-    if value is None:
-        monkeypatch.delenv("SEGC_ATTENTION_KERNELS", raising=False)
-    else:
-        monkeypatch.setenv("SEGC_ATTENTION_KERNELS", value)
-    if want is None:
-        with pytest.raises(UsageError, match="SEGC_ATTENTION_KERNELS must be 1 or 2"):
-            attention_kernels()
-    else:
-        assert attention_kernels() == want
+    assert_env_setting(monkeypatch, "SEGC_ATTENTION_KERNELS", value, attention_kernels, want)
 
 
 def test_attention_settings_are_checked():

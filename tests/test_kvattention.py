@@ -1,5 +1,5 @@
 """A layer's rotated KV write and its attention as one kernel
-(``segc.lower.cuda_kvattention``, behind ``SEGC_FUSED_KV_ATTENTION=1``): where the replay
+(``segc.lower.cuda_kvattention``, on CUDA unless ``SEGC_FUSED_KV_ATTENTION=0``): where the replay
 pairs them. On the CPU the kernel is stood in for by the references of its two parts
 (``kvwrite.reference_kv_write``, ``attention.reference_attention``); the pair must be
 found where the attention reads the write's buffers and rotated queries and nothing else
@@ -14,7 +14,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import same_bits
+from conftest import assert_env_setting, same_bits
 from test_kvwrite import _eager, _layer, _values
 
 import segc
@@ -68,8 +68,8 @@ class Reference:
         return [ko, vo, reference_attention(qr, ko, vo, ins[-1], scale)]
 
 
-def _graph(reader: bool, dt: str = "bf16"):
-    eqns, avals, ins, _ = _layer(h=2, hq=4, c=16, d=8, dims=8, dt=dt)
+def _graph(reader: bool, dt: str = "bf16", d: int = 8):
+    eqns, avals, ins, _ = _layer(h=2, hq=4, c=16, d=d, dv=d, dims=d, dt=dt)
     if not reader:
         eqns = [e for e in eqns if e.prim != "Multiply"]  # the rotated queries' other reader
     att, consts, out = _attention_eqns("qr", "ko", "vo", "mask", avals)
@@ -122,3 +122,14 @@ def test_no_pair_where_the_rotated_queries_have_another_reader() -> None:
     env = dict(zip(ins, vals))
     qq, ko, vo = _eager(env, 8, False, False)
     assert same_bits(got[1], ko) and same_bits(got[2], vo) and same_bits(got[3], qq)
+
+
+@pytest.mark.parametrize(
+    ("value", "want"), [(None, True), ("1", True), ("0", False), ("", True), ("2", None), ("on", None)]
+)
+def test_the_write_with_attention_setting_is_read_and_checked(monkeypatch: pytest.MonkeyPatch, value, want) -> None:
+    """On by default (measured on the H200: docs/performance.md); ``0`` keeps two kernels;
+    anything else is refused by name."""
+    from segc.lower.kvwrite import kv_attention_wanted
+
+    assert_env_setting(monkeypatch, "SEGC_FUSED_KV_ATTENTION", value, kv_attention_wanted, want)

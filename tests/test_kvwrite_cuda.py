@@ -80,7 +80,7 @@ def test_a_decode_keeps_its_bits_with_the_kernel(arch, monkeypatch) -> None:
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_a_decode_keeps_its_bits_with_the_write_and_the_attention_as_one_kernel(arch, monkeypatch) -> None:
-    """``SEGC_FUSED_KV_ATTENTION=1``'s kernel (``cuda_kvattention.py``) against the rotated
+    """The write-with-attention kernel (``cuda_kvattention.py``, the default) against the rotated
     write's kernel followed by the attention's: logits and caches byte for byte, and
     every layer's write paired with its attention."""
     model = build(arch, num_hidden_layers=2, hidden_size=256, intermediate_size=512, head_dim=64, dtype=mx.bfloat16)

@@ -97,3 +97,17 @@ def test_zoo_quantized_bit_identical(arch: str, bits: int) -> None:
     model = build(arch, bits=bits)
     assert "QuantizedLinear" in {type(m).__name__ for m in model.modules()}
     _check(model)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_a_resized_model_gets_mlx_lms_own_head_size(arch: str) -> None:
+    """Set the hidden size or the heads and not the head size, and the head size is what
+    mlx-lm makes of an unset one (hidden size over heads: 256 / 4 = 64), not the tiny
+    configuration's 16; set it, or resize nothing, and it is what was asked."""
+    from segc.models.zoo import tiny_config
+
+    attn = build(arch, hidden_size=256, num_attention_heads=4).model.layers[0].self_attn
+    assert attn.q_proj.weight.shape == (4 * 64, 256)
+    assert tiny_config(arch, hidden_size=256, num_attention_heads=4, head_dim=8)["head_dim"] == 8
+    assert tiny_config(arch)["head_dim"] == 16
+    assert tiny_config(arch, num_hidden_layers=3)["head_dim"] == 16

@@ -50,20 +50,27 @@ def machine_text(m: Any) -> str:
 def segment_rows(g: Any) -> tuple[list[dict[str, Any]], Any]:
     from ..ir import segment_effects, segments
     from ..ir.printer import effect_text
-    from ..lower.kvwrite import find_fused
+    from ..lower.fused import find_all
     from ..passes.analysis import H200, analyze
 
     vs = g.vars()
     avals = {n: (v.shape, v.dtype) for n, v in vs.items()}
+    consts = {c.var.name: c.value for c in g.consts}
+    every = {"attention": True, "where_eager_fuses": True, "products": True, "writes": True, "pairs": True}
     stats = analyze(g, H200)
     rows = []
     for s, ss, eff in zip(segments(g), stats.segments, segment_effects(g)):
         fences = [effect_text(e) for e in g.eqns[s.start : s.stop] if e.is_pseudo and e.prim != "segc.window"]
-        found, writes = find_fused(s.eqns(g), s.outputs, avals, g.eqns)
+        found = find_all(s.eqns(g), s.outputs, consts, avals, g.eqns, **every)
         kinds = Counter(
-            m.kind + ("+norm" if m.eps is not None else "") + (f"/q{m.quant[1]}" if m.quant else "") for m in found
+            m.kind + ("+norm" if m.eps is not None else "") + (f"/q{m.quant[1]}" if m.quant else "")
+            for m in found.products
         )
-        kinds.update("kv_write" + ("+q" if w.queries else "") for w in writes)
+        paired = {id(w) for w, _ in found.pairs}
+        kinds.update("kv_write" + ("+q" if w.queries else "") for w in found.writes if id(w) not in paired)
+        kinds.update(
+            ["kv_write+attention"] * len(found.pairs) + ["attention"] * (len(found.attention) - len(found.pairs))
+        )
         rows.append(
             {
                 "segment": s.index,

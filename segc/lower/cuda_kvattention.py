@@ -1,6 +1,6 @@
 """A decode layer's rotated KV write and its attention as one ``mx.fast.cuda_kernel``
 (``kvwrite.KVWriteMatch`` with its queries, then ``attention.AttentionMatch`` over what
-it wrote; off unless ``SEGC_FUSED_KV_ATTENTION=1``: not yet run on a GPU).
+it wrote; the default on CUDA, ``SEGC_FUSED_KV_ATTENTION=0`` keeps the two kernels).
 
 The attention kernel (``cuda_attention.py``, one kernel) reads each key once, a block per
 KV head and chunk of 32 positions; here the same block also writes that chunk of the new

@@ -30,10 +30,10 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from ..errors import UsageError
 from ..ir import Eqn
 from .pattern import SegmentGraph, only_reader
 from .prim import lookup
-from .product_match import ProductMatch, find_products
 
 DTYPES = ("bf16", "f16", "f32")
 
@@ -201,17 +201,6 @@ def find_kv_writes(
     return found
 
 
-def find_fused(
-    eqns: Sequence[Eqn], keep: Sequence[str], avals: Mapping[str, tuple], context: Sequence[Eqn] = ()
-) -> tuple[list[ProductMatch], list[KVWriteMatch]]:
-    """What segc's CUDA lowering computes with its product kernels and its rotated-write
-    kernel in ``eqns`` (a segment's, or a whole graph's for an estimate): the products,
-    then the rotated KV writes among the rest, as the replay finds them."""
-    products = find_products(eqns, keep, avals, context)
-    taken = frozenset(i for m in products for i in m.skip)
-    return products, find_kv_writes(eqns, keep, avals, context, taken)
-
-
 def reference_kv_write(m: KVWriteMatch, ins: Sequence[mx.array]) -> list[mx.array]:
     """What the kernel computes, by the matched equations' own rules (MLX's ops, the
     primitives eager records): the tests' stand-in for the kernel without CUDA."""
@@ -245,7 +234,17 @@ def kv_write_kernel(setting: str | Kernel | None = None) -> Kernel | None:
     wanted = cuda_wanted(setting, "FUSED_KV_WRITE")
     if not wanted or shapes.SELECT_WRITE == "never":
         return None
-    return cuda_kv_write_with_attention if os.environ.get("SEGC_FUSED_KV_ATTENTION") == "1" else cuda_kv_write
+    return cuda_kv_write_with_attention if kv_attention_wanted() else cuda_kv_write
+
+
+def kv_attention_wanted() -> bool:
+    """Whether a rotated write whose attention reads it becomes one kernel with that
+    attention (``cuda_kvattention.py``): the environment's ``SEGC_FUSED_KV_ATTENTION``,
+    ``1`` (the default: measured on the H200, docs/performance.md) or ``0`` (two kernels)."""
+    text = os.environ.get("SEGC_FUSED_KV_ATTENTION", "1").strip() or "1"
+    if text not in ("0", "1"):
+        raise UsageError(f"SEGC_FUSED_KV_ATTENTION must be 0 or 1, not {text!r}")
+    return text == "1"
 
 
 def cuda_kv_write(m: KVWriteMatch, ins: Sequence[mx.array]) -> list[mx.array]:
@@ -259,7 +258,7 @@ def cuda_kv_write_with_attention(m: KVWriteMatch, ins: Sequence[mx.array]) -> li
     """:func:`cuda_kv_write`, whose ``with_attention`` the replay also uses for a write
     whose buffers and rotated queries an attention reads (and nothing else reads the
     queries): the write and the attention as one kernel (``cuda_kvattention.py``;
-    ``SEGC_FUSED_KV_ATTENTION=1``, off by default until it has run on a GPU)."""
+    :func:`kv_attention_wanted`)."""
     return cuda_kv_write(m, ins)
 
 

@@ -15,13 +15,14 @@ import mlx.core as mx
 
 from ..errors import UnsupportedPrimitive
 from ..ir import Const, Eqn, Graph, Segment
-from .attention import AttentionMatch, eager_fuses, find_attention
+from .attention import AttentionMatch
 from .attention import Kernel as Attention
+from .fused import find_all
 from .kvwrite import Kernel as KVWrite
-from .kvwrite import KVWriteMatch, WithAttention, find_kv_writes
+from .kvwrite import KVWriteMatch, WithAttention
 from .prim import Rule, lookup
 from .products import Kernel as Products
-from .products import find_products, fused_rule
+from .products import fused_rule
 
 
 def check_supported(g: Graph) -> None:
@@ -67,7 +68,7 @@ def segment_fn(
     (``attention.py``) is computed by it instead; with ``products``, each one-row product
     and the elementwise work after it (``products.py``); with ``kv_write``, each rotated
     KV-cache write (``kvwrite.py``), and where that kernel has a ``with_attention``, the
-    write with the attention reading it as one step (``_pairs``)."""
+    write with the attention reading it as one step (``fused.py``)."""
     consts = {c.var.name: c.value for c in g.consts if c.var.name not in const_args}
     fused = attention is not None or products is not None or kv_write is not None
     vs = g.vars() if fused else {}
@@ -109,34 +110,6 @@ def _kv_rule(m: KVWriteMatch, kernel: KVWrite) -> Rule:
         return kernel(m, ins)
 
     return run
-
-
-def _pairs(
-    writes: Sequence[KVWriteMatch],
-    matches: Sequence[AttentionMatch],
-    eqns: Sequence[Eqn],
-    out_names: Sequence[str],
-    avals: Mapping[str, tuple],
-) -> list[tuple[KVWriteMatch, AttentionMatch]]:
-    """Each rotated write whose new buffers and rotated queries an attention reads as its
-    keys, values and queries, the queries read by nothing else, keys and values of one
-    head size (``kvwrite.cuda_kv_write_with_attention``)."""
-    by_qkv = {(m.q, m.k, m.v): m for m in matches}
-    readers: dict[str, set[int]] = {}
-    for e in eqns:
-        for v in e.ins:
-            readers.setdefault(v, set()).add(e.id)
-    found = []
-    for w in writes:
-        if not w.queries:
-            continue
-        ko, vo, qr = w.outs
-        m = by_qkv.get((qr, ko, vo))
-        kshape, vshape = avals.get(w.ins[0], ((),))[0], avals.get(w.ins[2], ((),))[0]
-        if m is None or qr in out_names or not readers.get(qr, set()) <= m.skip or kshape != vshape:
-            continue
-        found.append((w, m))
-    return found
 
 
 def _pair_rule(w: KVWriteMatch, m: AttentionMatch, kernel: WithAttention) -> Rule:
@@ -188,20 +161,26 @@ def replay_fn(
     avals: Mapping[str, tuple] | None = None,
     kv_write: KVWrite | None = None,
 ) -> Callable[..., list[mx.array]]:
-    matches = find_attention(eqns, out_names, consts, shapes or {}, context) if attention is not None else []
-    if getattr(attention, "where_eager_fuses", False):  # "auto": attention.eager_fuses
-        producers = {o.name: e for e in (*context, *eqns) for o in e.outs}
-        matches = [m for m in matches if eager_fuses(m, shapes or {}, producers)]
-    skip = {i for m in matches for i in m.skip}
-    at = {m.last: m for m in matches}
-    fused = find_products(eqns, out_names, avals or {}, context) if products is not None else []
-    fused = [p for p in fused if not p.skip & skip]
-    skip |= {i for p in fused for i in p.skip}
-    prod_at = {p.last: p for p in fused}
-    writes = find_kv_writes(eqns, out_names, avals or {}, context, frozenset(skip)) if kv_write is not None else []
-    skip |= {i for w in writes for i in w.skip}
     with_attention: WithAttention | None = getattr(kv_write, "with_attention", None)
-    pairs = _pairs(writes, matches, eqns, out_names, avals or {}) if with_attention is not None else []
+    av = dict(avals or {})
+    for n, shape in (shapes or {}).items():
+        av.setdefault(n, (shape, None))
+    found = find_all(
+        eqns,
+        out_names,
+        consts,
+        av,
+        context,
+        attention=attention is not None,
+        where_eager_fuses=getattr(attention, "where_eager_fuses", False),  # "auto": attention.eager_fuses
+        products=products is not None,
+        writes=kv_write is not None,
+        pairs=with_attention is not None,
+    )
+    skip = found.skip()
+    at = {m.last: m for m in found.attention}
+    prod_at = {p.last: p for p in found.products}
+    writes, pairs = found.writes, found.pairs
     paired = {id(w) for w, _ in pairs}
     write_at = {w.eqns[-1].id: w for w in writes if id(w) not in paired}
     pair_at = {m.last: (w, m) for w, m in pairs}

@@ -226,6 +226,19 @@ def tiny_config(model_type: str, **extra: Any) -> dict[str, Any]:
             cfg[f.name] = False
     cfg.update(OVERRIDES.get(model_type, {}))
     cfg.update(extra)
+    return _head_dim_follows(cfg, extra)
+
+
+def _head_dim_follows(cfg: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """A caller who sets the hidden size or the number of heads, and not the head size,
+    gets mlx-lm's own default for it (hidden size over heads), not the tiny models' 16:
+    ``build("mixtral", hidden_size=2048, num_attention_heads=32)`` has heads of 64."""
+    hidden, heads = cfg.get("hidden_size"), cfg.get("num_attention_heads")
+    resized = "hidden_size" in extra or "num_attention_heads" in extra
+    if "head_dim" in extra or cfg.get("head_dim") != SMALL["head_dim"] or not resized:
+        return cfg
+    if isinstance(hidden, int) and isinstance(heads, int) and heads > 0 and hidden % heads == 0:
+        cfg["head_dim"] = hidden // heads
     return cfg
 
 

@@ -186,7 +186,7 @@ def op_costs(g: Graph, m: MachineModel) -> OpCosts:
     os_ = ops(g)
     vs = g.vars()
     lv = liveness(g)
-    groups = with_products(g, os_, fusion_groups(g)) if m.fused_products else fusion_groups(g)
+    groups = with_products(g, os_, fusion_groups(g), lv) if m.fused_products else fusion_groups(g)
     group = [-1] * len(os_)
     for gi, grp in enumerate(groups):
         for k in grp:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir import Eqn, Graph, segments
-from ..lower.kvwrite import find_fused
+from ..lower.fused import find_all
 from ..lower.prim import lookup
 from .analysis import ops
 from .costmodel import CPU, op_costs
@@ -102,10 +102,10 @@ def _donates(e: Eqn) -> bool:
 
 def _copied(g: Graph) -> frozenset[int]:
     """The writes segc's CUDA lowering computes with its rotated-write kernel, segment by
-    segment (``kvwrite.find_fused``, as the replay finds them)."""
+    segment (``fused.find_all``, as the replay finds them)."""
     avals = {n: (v.shape, v.dtype) for n, v in g.vars().items()}
     out: set[int] = set()
     for s in segments(g):
-        for w in find_fused(s.eqns(g), s.outputs, avals, g.eqns)[1]:
+        for w in find_all(s.eqns(g), s.outputs, {}, avals, g.eqns, products=True, writes=True).writes:
             out.update(e.id for e in w.eqns if e.prim == "DynamicSliceUpdate")
     return frozenset(out)

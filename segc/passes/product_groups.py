@@ -1,22 +1,24 @@
-"""The cost model's fusion groups on a machine that runs segc's product kernels: each
-one-row product with the norm before it and the residual addition or gated activation
-after it (``segc.lower.product_match``) is one kernel there, so one group; so is each
-rotated KV write with its queries' rotation (``segc.lower.kvwrite``)."""
+"""The cost model's fusion groups on a machine that runs segc's CUDA kernels
+(``segc.lower.fused``, with segc's defaults there): each one-row product with the norm
+before it and the residual addition or gated activation after it is one kernel, so one
+group; so is each decode attention where eager would have fused it, each rotated KV
+write with its queries' rotation, and each such write with the attention that reads it."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from ..ir import Eqn, Graph
-from ..lower.kvwrite import find_fused
-from .analysis import is_view
+from ..lower.fused import find_all
+from .analysis import Liveness, is_view
 
 
-def with_products(g: Graph, os_: Sequence[Eqn], groups: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
-    """``groups`` (lists of ``os_`` positions) with each product pattern and each rotated
-    KV write segc's CUDA lowering makes one kernel (``product_match.find_products``,
-    ``kvwrite.find_kv_writes``, over the whole graph) merged into one group, with the
-    groups it overlaps."""
+def with_products(g: Graph, os_: Sequence[Eqn], groups: Sequence[Sequence[int]], lv: Liveness) -> list[tuple[int, ...]]:
+    """``groups`` (lists of ``os_`` positions) with each pattern segc's CUDA lowering makes
+    one kernel (``fused.find_all`` over the whole graph) merged into one group, with the
+    groups it overlaps. A view that aliases its input launches nothing and joins no group
+    (a weight's transpose read by two products would join them); one that copies (a
+    reshape of a broadcast mask, by ``lv``) is a kernel the pattern's kernel replaces."""
     vs = g.vars()
     avals = {n: (v.shape, v.dtype) for n, v in vs.items()}
     at = {e.id: k for k, e in enumerate(os_)}
@@ -35,9 +37,26 @@ def with_products(g: Graph, os_: Sequence[Eqn], groups: Sequence[Sequence[int]])
     for grp in groups:
         join(list(grp))
     grouped = {k for grp in groups for k in grp}
-    products, writes = find_fused(g.eqns, g.outputs, avals, g.eqns)
-    for skip in [m.skip for m in products] + [w.skip for w in writes]:
-        ks = [at[i] for i in sorted(skip) if i in at and not is_view(os_[at[i]])]  # views launch nothing
+    consts = {c.var.name: c.value for c in g.consts}
+
+    def aliases(e: Eqn) -> bool:
+        return is_view(e) and bool(e.outs) and lv.root[e.outs[0].name] != e.outs[0].name
+
+    found = find_all(
+        g.eqns,
+        g.outputs,
+        consts,
+        avals,
+        g.eqns,
+        attention=True,
+        where_eager_fuses=True,
+        products=True,
+        writes=True,
+        pairs=True,
+    )
+    skips = [m.skip for m in found.attention] + [m.skip for m in found.products] + [m.skip for m in found.writes]
+    for skip in skips + [w.skip | m.skip for w, m in found.pairs]:
+        ks = [at[i] for i in sorted(skip) if i in at and not aliases(os_[at[i]])]
         join(ks)
         grouped.update(ks)
     merged: dict[int, list[int]] = {}

@@ -1,0 +1,89 @@
+"""What segc's CUDA lowering computes with its own kernels in a run of equations, found
+once for the replay (which runs them) and for the cost model (which counts them): the
+decomposed masked attentions, then the one-row products among the rest, then the rotated
+KV writes, then each write paired with the attention that reads what it wrote (one
+kernel, ``cuda_kvattention.py``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..ir import Eqn
+from .attention import AttentionMatch, eager_fuses, find_attention
+from .kvwrite import KVWriteMatch, find_kv_writes
+from .product_match import ProductMatch, find_products
+
+
+@dataclass(frozen=True)
+class Fused:
+    """The matches, each equation in at most one; ``pairs`` are among ``writes`` and
+    ``attention``."""
+
+    attention: list[AttentionMatch] = field(default_factory=list)
+    products: list[ProductMatch] = field(default_factory=list)
+    writes: list[KVWriteMatch] = field(default_factory=list)
+    pairs: list[tuple[KVWriteMatch, AttentionMatch]] = field(default_factory=list)
+
+    def skip(self) -> set[int]:
+        """The equations the kernels replace."""
+        skips = [m.skip for m in self.attention] + [m.skip for m in self.products] + [m.skip for m in self.writes]
+        return {i for skip in skips for i in skip}
+
+
+def find_all(
+    eqns: Sequence[Eqn],
+    keep: Sequence[str],
+    consts: Mapping[str, Any],
+    avals: Mapping[str, tuple],
+    context: Sequence[Eqn] = (),
+    *,
+    attention: bool = False,
+    where_eager_fuses: bool = False,
+    products: bool = False,
+    writes: bool = False,
+    pairs: bool = False,
+) -> Fused:
+    """Every pattern asked for in ``eqns`` (a segment's, or a whole graph's for an
+    estimate); ``keep`` the segment's outputs, ``consts`` the captured constants' values,
+    ``avals`` every var's ``(shape, dtype)``, ``context`` the whole graph's equations.
+    ``where_eager_fuses``: only the attentions eager MLX runs fused (``"auto"``)."""
+    shapes = {n: a[0] for n, a in avals.items()}
+    found = find_attention(eqns, keep, consts, shapes, context) if attention else []
+    if where_eager_fuses:
+        producers = {o.name: e for e in (*context, *eqns) for o in e.outs}
+        found = [m for m in found if eager_fuses(m, shapes, producers)]
+    skip = {i for m in found for i in m.skip}
+    prods = [p for p in find_products(eqns, keep, avals, context) if not p.skip & skip] if products else []
+    skip |= {i for p in prods for i in p.skip}
+    ws = find_kv_writes(eqns, keep, avals, context, frozenset(skip)) if writes else []
+    return Fused(found, prods, ws, _pairs(ws, found, eqns, keep, avals) if pairs else [])
+
+
+def _pairs(
+    writes: Sequence[KVWriteMatch],
+    matches: Sequence[AttentionMatch],
+    eqns: Sequence[Eqn],
+    out_names: Sequence[str],
+    avals: Mapping[str, tuple],
+) -> list[tuple[KVWriteMatch, AttentionMatch]]:
+    """Each rotated write whose new buffers and rotated queries an attention reads as its
+    keys, values and queries, the queries read by nothing else, keys and values of one
+    head size (``kvwrite.cuda_kv_write_with_attention``)."""
+    by_qkv = {(m.q, m.k, m.v): m for m in matches}
+    readers: dict[str, set[int]] = {}
+    for e in eqns:
+        for v in e.ins:
+            readers.setdefault(v, set()).add(e.id)
+    found = []
+    for w in writes:
+        if not w.queries:
+            continue
+        ko, vo, qr = w.outs
+        m = by_qkv.get((qr, ko, vo))
+        kshape, vshape = avals.get(w.ins[0], ((),))[0], avals.get(w.ins[2], ((),))[0]
+        if m is None or qr in out_names or not readers.get(qr, set()) <= m.skip or kshape != vshape:
+            continue
+        found.append((w, m))
+    return found
