@@ -6,7 +6,7 @@
 #
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_decode.sh [PARTS]
 #
-# PARTS: any of  dense quant moe concat isolated runtime kernels select products check generate device ablate commits census kv attn kvattn prefill experiment paging
+# PARTS: any of  dense quant moe concat isolated runtime kernels select products check generate device ablate commits census kv attn kvattn prefill experiment paging hostcost
 # (default: dense runtime). kernels: fewer_kernels.py (what each kernel and each of the
 # dynamic cache's differences costs); select: segc's one-position KV write as a select
 # against MLX's, three models; products: segc's product kernels (segc.lower.products)
@@ -21,7 +21,8 @@
 # to $OUT. experiment: issue 15's harness on the reference llama, every strategy, decode
 # and prefill 512 (docs/experiments.md, "On the H200"; about 10 minutes: a call of its own);
 # paging: bench_paging.py on the reference llama's sizes, budgets 0.25, 0.5, 0.75
-# (docs/performance.md, paging; the fenced pager's spread eviction). isolated: decode of the three models: segc's defaults, and concatenated and
+# (docs/performance.md, paging; the fenced pager's spread eviction); hostcost: host_cost.py
+# (MLX's host time per kernel, builtin and custom, eager, compiled, in 17 commits). isolated: decode of the three models: segc's defaults, and concatenated and
 # frozen with one segment (wholefrozen) and a segment per layer (frozen), every variant a process of its own, 2 rounds (the issue's "variants isolated"); about
 # 4 minutes a model on the H200, so MODELS=llama: (or llama_4bit:--bits,4 or
 # mixtral:--arch,mixtral) runs one model in a device call.
@@ -159,6 +160,10 @@ for p in $parts; do
       --rounds 2 --weights "${WEIGHTS:-0.25,0.5,0.75}" --kv-context 0 --dir /tmp/segc-paging \
       --out "$OUT/paging.json" --plot "$OUT/paging.svg" >"$OUT/paging.txt" 2>&1
     echo "paging: rc=$?"
+    ;;
+  hostcost)  # MLX's host time per kernel: builtin and custom kernels, eager, compiled, 17 commits
+    timeout 120 $PY benchmarks/host_cost.py >"$OUT/host_cost.txt" 2>&1
+    echo "hostcost: rc=$?"
     ;;
   runtime)
     timeout 300 $PY benchmarks/bench_runtime.py --layers 16 --hidden 2048 --intermediate 8192 --heads 32 \

@@ -257,3 +257,14 @@ def test_bench_generate_runs_mlx_lms_loop_with_every_variant() -> None:
         assert all(r[-1] == "True" for r in rows.values()), p.stdout
     bad = subprocess.run([*cmd, "--variants=eager,segc-x"], capture_output=True, text=True, env=env, timeout=280)
     assert bad.returncode != 0 and "segc-x" in bad.stderr, bad.stderr
+
+
+def test_host_cost_runs_and_every_variant_keeps_the_eager_chains_bytes() -> None:
+    """``benchmarks/host_cost.py`` (MLX's host time per kernel; the custom kernel needs
+    CUDA, so the CPU runs the builtin one): it compares each variant's result with the
+    eager chain's bytes and exits non-zero when one differs."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "host_cost.py"), "--kernels", "5", "--segments", "2"]
+    p = subprocess.run([*cmd, "--repeats", "2", "--size", "64"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = [line.split() for line in p.stdout.splitlines() if line.startswith("builtin")]
+    assert [r[1] for r in rows] == ["eager", "compiled", "segments"] and all(r[-1] == "True" for r in rows), p.stdout

@@ -1,0 +1,125 @@
+"""What MLX's host spends per kernel and per commit, with no model and no segc: a chain of
+``--kernels`` kernels run eagerly, as one ``mx.compile``d function, and as ``--segments``
+compiled functions with an ``mx.async_eval`` after each (segc's decode step: 83 kernels in
+17 segments on the H200).
+
+Two kinds of kernel: ``builtin`` (a one-row product, MLX's own ``gemv``: one kernel that
+compilation cannot fuse) and ``custom`` (an ``mx.fast.cuda_kernel`` adding one to a
+vector, as segc's kernels are made; CUDA only). For each: the host time from the call to
+the return of its ``mx.async_eval`` (building, then encoding and launching), and the
+wall time to the end of the work, medians over ``--repeats`` calls. On the H200 a segc
+decode step of 83 kernels spends about 2.3 ms of host time (docs/performance.md, fifteenth
+session), about 25 us a kernel, where eager's kernels cost about 8 us: this separates the
+kernel's kind, compilation and the commits. Every variant's result is compared byte for
+byte with the eager chain's.
+
+    python benchmarks/host_cost.py [--kernels 83] [--segments 17] [--repeats 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import mlx.core as mx
+import numpy as np
+
+ADD_ONE = """
+    uint i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < x_shape[0]) {
+        out[i] = x[i] + static_cast<T>(1);
+    }
+"""
+
+
+def step_of(kind: str, size: int) -> Callable[[mx.array], mx.array]:
+    """One kernel of ``kind``, as a function of the running vector."""
+    if kind == "builtin":  # (scaled so that the chain's values stay finite)
+        w = mx.random.normal((size, size), key=mx.random.key(0)).astype(mx.bfloat16) * (size**-0.5)
+        mx.eval(w)
+        return lambda x: (x[None] @ w)[0]
+    kernel = mx.fast.cuda_kernel(name="host_cost_add_one", input_names=["x"], output_names=["out"], source=ADD_ONE)
+
+    def add_one(x: mx.array) -> mx.array:
+        return kernel(
+            inputs=[x],
+            template=[("T", x.dtype)],
+            grid=(size, 1, 1),
+            threadgroup=(256, 1, 1),
+            output_shapes=[x.shape],
+            output_dtypes=[x.dtype],
+        )[0]
+
+    return add_one
+
+
+def chain(step: Callable[[mx.array], mx.array], n: int) -> Callable[[mx.array], mx.array]:
+    def f(x: mx.array) -> mx.array:
+        for _ in range(n):
+            x = step(x)
+        return x
+
+    return f
+
+
+def variants(kind: str, kernels: int, segments: int, size: int) -> dict[str, list[Callable[[mx.array], mx.array]]]:
+    """Each variant as the functions a call runs in turn, an ``mx.async_eval`` after each."""
+    step = step_of(kind, size)
+    sizes = [kernels // segments + (i < kernels % segments) for i in range(segments)]
+    return {
+        "eager": [chain(step, kernels)],
+        "compiled": [mx.compile(chain(step, kernels))],
+        "segments": [mx.compile(chain(step, k)) for k in sizes],
+    }
+
+
+def timed(parts: list[Callable[[mx.array], mx.array]], x: mx.array, repeats: int) -> tuple[float, float, mx.array]:
+    hosts, walls = [], []
+    y = x
+    for i in range(repeats + 3):
+        mx.synchronize()
+        t0 = time.perf_counter()
+        y = x
+        for f in parts:
+            y = f(y)
+            mx.async_eval(y)
+        t1 = time.perf_counter()
+        mx.eval(y)
+        t2 = time.perf_counter()
+        if i >= 3:  # warm-up: tracing, compiling, the kernels' first launch
+            hosts.append(t1 - t0)
+            walls.append(t2 - t0)
+    return statistics.median(hosts), statistics.median(walls), y
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kernels", type=int, default=83)
+    ap.add_argument("--segments", type=int, default=17)
+    ap.add_argument("--repeats", type=int, default=50)
+    ap.add_argument("--kinds", default="builtin,custom", help="custom needs MLX's CUDA backend")
+    ap.add_argument("--size", type=int, default=2048, help="the vector's length and the product's width")
+    a = ap.parse_args()
+    cuda = mx.default_device() == mx.gpu and mx.cuda.is_available()
+    kinds = [k for k in a.kinds.split(",") if k != "custom" or cuda]
+    print(f"mlx {mx.__version__}, {mx.default_device()}, {a.kernels} kernels, {a.segments} segments")
+    print(f"{'kind':<8} {'variant':<9} {'host':>10} {'wall':>10} {'host/kernel':>12}  same bytes as eager")
+    same_everywhere = True
+    for kind in kinds:
+        x = mx.random.normal((a.size,), key=mx.random.key(1)).astype(mx.bfloat16)
+        want = None
+        for name, parts in variants(kind, a.kernels, a.segments, a.size).items():
+            host, wall, y = timed(parts, x, a.repeats)
+            got = np.array(y.view(mx.uint16)).tobytes()
+            want = got if want is None else want
+            same_everywhere &= got == want
+            per = host / a.kernels * 1e6
+            print(f"{kind:<8} {name:<9} {host * 1e3:>7.3f} ms {wall * 1e3:>7.3f} ms {per:>9.2f} us  {got == want}")
+    print(f"every variant gave the eager chain's bytes: {same_everywhere}")
+    raise SystemExit(0 if same_everywhere else 1)
+
+
+if __name__ == "__main__":
+    main()
