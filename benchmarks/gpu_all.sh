@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything segc measures and checks on the GPU machine, in one call (device time is
 # scarce: a machine start costs minutes). Run from the repository root on the device,
-# after MLX's CUDA build is staged (../shared/gpu/prepare, then .gpu/one/stage and
+# after MLX's CUDA build is staged (`make gpu-prepare`, then .gpu/one/stage and
 # .gpu/two/stage):
 #
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_all.sh [PARTS]
@@ -25,7 +25,7 @@ PY="${PY:-python3}"
 parts="${*:-env bench tests lowering prefill2048 sweep}"
 # (-p no:benchmark: the device image has pytest-benchmark, whose warning under xdist is an
 # error with our filterwarnings)
-# pytest-xdist, where the device has it (../shared/gpu/prepare's stage installs the wheels
+# pytest-xdist, where the device has it (`make gpu-prepare`'s stage installs the wheels
 # found in .gpu/two): each new kernel is an NVRTC compile on the host, so run in parallel
 xdist=()
 if $PY -c "import xdist" 2>/dev/null; then xdist=(-n "${WORKERS:-12}"); fi

@@ -135,8 +135,8 @@ for p in $parts; do
   kv)  # segc's rotation-and-write kernel on and off (SEGC_FUSED_KV_WRITE)
     onoff kv SEGC_FUSED_KV_WRITE 1 0
     ;;
-  attn)  # segc's decode attention as one kernel or two (SEGC_ATTENTION_KERNELS)
-    onoff attn SEGC_ATTENTION_KERNELS 1 2
+  attn)  # segc's decode attention as one kernel or two (SEGC_ATTENTION_KERNELS), unpaired with the writes
+    (export SEGC_FUSED_KV_ATTENTION=0 && onoff attn SEGC_ATTENTION_KERNELS 1 2)
     ;;
   kvattn)  # the rotated write with its attention as one kernel (the default) or apart (SEGC_FUSED_KV_ATTENTION=0)
     onoff kvattn SEGC_FUSED_KV_ATTENTION 1 0
