@@ -106,6 +106,24 @@ def test_segments_count_the_rotated_kv_writes_a_cuda_lowering_fuses(tmp_path: Pa
     assert [r["products"] for r in rows] == ["kv_write+q:1"], rows
 
 
+@pytest.mark.parametrize(("d", "want"), [(64, "kv_write+attention:1"), (8, "kv_write+q:1")])
+def test_segments_count_a_write_with_its_attention_as_one(tmp_path: Path, d: int, want: str) -> None:
+    """The same write with the masked attention that reads what it wrote: one kernel where
+    eager's attention would be fused (heads of 64), the write alone where eager keeps
+    MLX's decomposition (heads of 8)."""
+    from test_kvattention import _graph
+
+    from segc.ir import Const, Graph, Input, Var
+
+    eqns, avals, ins, outs, consts = _graph(False, d=d)
+    inputs = tuple(Input(Var(n, *avals[n]), "arg", n) for n in ins)
+    g = Graph("kv", inputs, tuple(Const(Var(n, *avals[n]), v) for n, v in consts.items()), tuple(eqns), tuple(outs))
+    path = tmp_path / "kv.segc"
+    path.write_text(g.as_text())
+    rows = list(csv.DictReader(io.StringIO(segc("segments", str(path), "--format", "csv").stdout)))
+    assert [r["products"] for r in rows] == [want], rows
+
+
 def test_a_quantized_architecture_target_counts_its_quantized_products() -> None:
     """``bits=4,group=64`` quantizes the built-in llama as mlx-lm does: its decode
     products are quantized ones (``/q4``), found as the plain ones are."""
