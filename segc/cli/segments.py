@@ -50,18 +50,17 @@ def machine_text(m: Any) -> str:
 def segment_rows(g: Any) -> tuple[list[dict[str, Any]], Any]:
     from ..ir import segment_effects, segments
     from ..ir.printer import effect_text
-    from ..lower.fused import find_all
+    from ..lower.fused import CUDA_DEFAULTS, find_all
     from ..passes.analysis import H200, analyze
 
     vs = g.vars()
     avals = {n: (v.shape, v.dtype) for n, v in vs.items()}
     consts = {c.var.name: c.value for c in g.consts}
-    every = {"attention": True, "where_eager_fuses": True, "products": True, "writes": True, "pairs": True}
     stats = analyze(g, H200)
     rows = []
     for s, ss, eff in zip(segments(g), stats.segments, segment_effects(g)):
         fences = [effect_text(e) for e in g.eqns[s.start : s.stop] if e.is_pseudo and e.prim != "segc.window"]
-        found = find_all(s.eqns(g), s.outputs, consts, avals, g.eqns, **every)
+        found = find_all(s.eqns(g), s.outputs, consts, avals, g.eqns, **CUDA_DEFAULTS)
         kinds = Counter(
             m.kind + ("+norm" if m.eps is not None else "") + (f"/q{m.quant[1]}" if m.quant else "")
             for m in found.products

@@ -29,7 +29,6 @@ no GPU; calling its kernels does).
 from __future__ import annotations
 
 import functools
-import os
 import struct
 from typing import Any
 
@@ -38,6 +37,7 @@ import numpy as np
 
 from ..errors import UsageError
 from .cuda_kernel import cuda_kernel
+from .env import env_choice
 
 CHUNK = 32  # keys per block of the first kernel: a warp's width (a lane per key in the softmax)
 THREADS = 128  # four warps
@@ -238,10 +238,7 @@ def counter(groups: int) -> mx.array:
 def attention_kernels() -> int:
     """How many kernels the decode attention runs as: 1 (the default) or 2, from the
     environment's ``SEGC_ATTENTION_KERNELS`` (module docstring)."""
-    text = os.environ.get("SEGC_ATTENTION_KERNELS", "1").strip() or "1"
-    if text not in ("1", "2"):
-        raise UsageError(f"SEGC_ATTENTION_KERNELS must be 1 or 2, not {text!r}")
-    return int(text)
+    return int(env_choice("SEGC_ATTENTION_KERNELS", ("1", "2"), "1"))
 
 
 def _how_many(kernels: int | None) -> int:

@@ -15,6 +15,10 @@ from .attention import AttentionMatch, eager_fuses, find_attention
 from .kvwrite import KVWriteMatch, find_kv_writes
 from .product_match import ProductMatch, find_products
 
+# what segc's lowering takes on a CUDA GPU by default (the cost model and `segc segments`
+# count these): every attention eager would fuse, products, writes, writes with attentions
+CUDA_DEFAULTS = {"attention": True, "where_eager_fuses": True, "products": True, "writes": True, "pairs": True}
+
 
 @dataclass(frozen=True)
 class Fused:

@@ -24,14 +24,13 @@ rotation and the writes, and intermediate values nothing else reads.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
 
-from ..errors import UsageError
 from ..ir import Eqn
+from .env import env_choice
 from .pattern import SegmentGraph, only_reader
 from .prim import lookup
 
@@ -241,10 +240,7 @@ def kv_attention_wanted() -> bool:
     """Whether a rotated write whose attention reads it becomes one kernel with that
     attention (``cuda_kvattention.py``): the environment's ``SEGC_FUSED_KV_ATTENTION``,
     ``1`` (the default: measured on the H200, docs/performance.md) or ``0`` (two kernels)."""
-    text = os.environ.get("SEGC_FUSED_KV_ATTENTION", "1").strip() or "1"
-    if text not in ("0", "1"):
-        raise UsageError(f"SEGC_FUSED_KV_ATTENTION must be 0 or 1, not {text!r}")
-    return text == "1"
+    return env_choice("SEGC_FUSED_KV_ATTENTION", ("0", "1"), "1") == "1"
 
 
 def cuda_kv_write(m: KVWriteMatch, ins: Sequence[mx.array]) -> list[mx.array]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..ir import Eqn, Graph
-from ..lower.fused import find_all
+from ..lower.fused import CUDA_DEFAULTS, find_all
 from .analysis import Liveness, is_view
 
 
@@ -42,18 +42,7 @@ def with_products(g: Graph, os_: Sequence[Eqn], groups: Sequence[Sequence[int]],
     def aliases(e: Eqn) -> bool:
         return is_view(e) and bool(e.outs) and lv.root[e.outs[0].name] != e.outs[0].name
 
-    found = find_all(
-        g.eqns,
-        g.outputs,
-        consts,
-        avals,
-        g.eqns,
-        attention=True,
-        where_eager_fuses=True,
-        products=True,
-        writes=True,
-        pairs=True,
-    )
+    found = find_all(g.eqns, g.outputs, consts, avals, g.eqns, **CUDA_DEFAULTS)
     skips = [m.skip for m in found.attention] + [m.skip for m in found.products] + [m.skip for m in found.writes]
     for skip in skips + [w.skip | m.skip for w, m in found.pairs]:
         ks = [at[i] for i in sorted(skip) if i in at and not aliases(os_[at[i]])]
