@@ -19,7 +19,8 @@
 # (the kernels of one decode step, by name, from MLX's CUDA graphs); kv: the rotation-and-write
 # kernel on and off, two rounds; attn: the decode attention as one kernel or two, two rounds; kvattn: the rotated write with its attention as one kernel (the default) or apart, two rounds; prefill: 512 tokens, segc's defaults against concatenated (MODEL_ARGS="--bits 4" or "--arch mixtral" for another model). Logs go
 # to $OUT. experiment: issue 15's harness on the reference llama, every strategy, decode
-# and prefill 512 (docs/experiments.md, "On the H200"; about 10 minutes: a call of its own);
+# and prefill 512 (docs/experiments.md, "On the H200"; about 4 minutes; its plans and traced graphs
+# come back under $OUT/experiment for benchmarks/repredict.py);
 # paging: bench_paging.py on the reference llama's sizes, budgets 0.25, 0.5, 0.75
 # (docs/performance.md, paging; the fenced pager's spread eviction); hostcost: host_cost.py
 # (MLX's host time per kernel, builtin and custom, eager, compiled, in 17 commits). isolated: decode of the three models: segc's defaults, and concatenated and
@@ -151,7 +152,7 @@ for p in $parts; do
     timeout "${BENCH_LIMIT:-575}" $PY benchmarks/bench_experiment.py --model reference --workloads decode:1024,prefill:512 \
       --strategies none,markers,every:2,every:4,balanced:2..18:4,memory:1x..2x:1x,optimal,optimal:1x,min_boundary_bytes \
       --calibration none,markers,every:4,balanced:2 --processes 4 --repeats 10 --warmup 2 \
-      --commit "${COMMIT:-auto}" --plots "" --out /tmp/experiment --json "$OUT/experiment.json" >"$OUT/experiment.txt" 2>&1
+      --commit "${COMMIT:-auto}" --plots "" --out "$OUT/experiment" --json "$OUT/experiment.json" >"$OUT/experiment.txt" 2>&1
     echo "experiment: rc=$?"
     ;;
   paging)  # issue 16: resident, draining and fenced pagers, decode and banded prefill

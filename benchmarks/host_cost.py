@@ -10,8 +10,9 @@ the return of its ``mx.async_eval`` (building, then encoding and launching), and
 wall time to the end of the work, medians over ``--repeats`` calls. On the H200 a segc
 decode step of 83 kernels spends about 2.3 ms of host time (docs/performance.md, fifteenth
 session), about 25 us a kernel, where eager's kernels cost about 8 us: this separates the
-kernel's kind, compilation and the commits. Every variant's result is compared byte for
-byte with the eager chain's.
+kernel's kind, compilation and the commits (sixteenth session: 6 us a custom kernel, 34
+us a segment of five with its commit; ``segment_host.py`` times segc's own segments).
+Every variant's result is compared byte for byte with the eager chain's.
 
     python benchmarks/host_cost.py [--kernels 83] [--segments 17] [--repeats 50]
 """
@@ -27,7 +28,7 @@ import mlx.core as mx
 import numpy as np
 
 ADD_ONE = """
-    uint i = blockIdx.x * blockDim.x + threadIdx.x;
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < x_shape[0]) {
         out[i] = x[i] + static_cast<T>(1);
     }

@@ -2,7 +2,9 @@
 same measurement (``results.json`` and its ``plans/``), the calibration refitted to its
 calibration plans, every plan predicted again; prints each workload's Spearman over
 every plan and held out, the ceiling and the verdict. Run it under another checkout's
-``PYTHONPATH`` to compare cost models on one measurement.
+``PYTHONPATH`` to compare cost models on one measurement. The plans are applied to the
+graphs the run saved (``graphs/``: a GPU run's trace, predicted again on this machine),
+or to a trace made here (``--retrace``, or a run that saved none).
 
     python benchmarks/repredict.py out/cpu-decode [--no-queue] [--json FILE]
 """
@@ -14,6 +16,7 @@ import json
 from dataclasses import fields, replace
 from pathlib import Path
 
+from segc.ir import parse
 from segc.passes.costmodel import CPU, MachineModel
 from segc.passes.plan import Plan, apply_plan
 from segc.research.calibrated import Prepared, calibrate, predict_row
@@ -28,6 +31,7 @@ def main() -> None:
     ap.add_argument("--machine", help="a machine model JSON (default: the run's, as this checkout reads it)")
     ap.add_argument("--no-queue", action="store_true", help="an unbounded host queue")
     ap.add_argument("--json", help="write the summary here")
+    ap.add_argument("--retrace", action="store_true", help="trace here even where the run saved its graphs")
     args = ap.parse_args()
     out = Path(args.out)
     res = json.loads((out / "results.json").read_text())
@@ -49,8 +53,12 @@ def main() -> None:
         preps = []
         for wspec in dict.fromkeys(r["workload"] for r in rows if r["model"] == mspec):
             wl = make_workload(wspec, model)
-            a, kw = wl.args()
-            g = jit(model, boundaries=res["experiment"].get("boundaries") or None).trace(*a, **kw).graph
+            saved = next((r["graph_file"] for r in rows if r["workload"] == wspec and r.get("graph_file")), None)
+            if saved and not args.retrace:  # the trace as the measuring device made it (a GPU's, say)
+                g = parse((out / saved).read_text())
+            else:
+                a, kw = wl.args()
+                g = jit(model, boundaries=res["experiment"].get("boundaries") or None).trace(*a, **kw).graph
             prep = Prepared(wl, [r for r in rows if r["model"] == mspec and r["workload"] == wspec], [], {}, {})
             for r in prep.rows:
                 if r.get("plan_file") and "measured_median_s" in r:

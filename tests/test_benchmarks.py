@@ -268,3 +268,16 @@ def test_host_cost_runs_and_every_variant_keeps_the_eager_chains_bytes() -> None
     assert p.returncode == 0, p.stdout + p.stderr
     rows = [line.split() for line in p.stdout.splitlines() if line.startswith("builtin")]
     assert [r[1] for r in rows] == ["eager", "compiled", "segments"] and all(r[-1] == "True" for r in rows), p.stdout
+
+
+def test_segment_host_counts_each_segments_primitives_and_keeps_the_executors_bytes() -> None:
+    """``benchmarks/segment_host.py`` (issue 13: a segment's call, commit and primitives,
+    through ``Executor.timed()`` and its ``inspect`` hook): a timed call must give an
+    untimed call's logits (it exits 1 otherwise), every segment of the tiny llama's
+    decode step has primitives, and each step's call is part of the step's time."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "segment_host.py"), "--preset", "tiny", "--context", "32"]
+    p = subprocess.run([*cmd, "--calls", "3"], capture_output=True, text=True, timeout=120, cwd=ROOT / "benchmarks")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "a timed call gave an untimed call's bytes: True" in p.stdout
+    rows = [line.split() for line in p.stdout.splitlines() if line.strip() and line.split()[0].isdigit()]
+    assert len(rows) >= 2 and all(int(r[3]) > 0 and float(r[1]) > 0 and float(r[2]) > 0 for r in rows), p.stdout

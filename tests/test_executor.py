@@ -59,6 +59,25 @@ def test_executor_matches_uncompiled_replay_and_eager() -> None:
             assert_same_bits(out, list(ref), f"compile={compile}, drain={drain}")
 
 
+def test_timed_calls_split_each_step_and_show_its_outputs_before_the_commit() -> None:
+    """``Executor.timed()``: per call and step, the compiled call (``built``) within the
+    step's time; ``inspect`` sees each step's outputs, once per step and call,
+    and the timed call gives eager's bits."""
+    g, ins = _graph()
+    ex = Executor(g)
+    seen: list[tuple[int, bool]] = []
+    with ex.timed() as times:
+        times.inspect = lambda k, outs: seen.append((k, all(isinstance(o, mx.array) for o in outs)))
+        outs = [ex(ins) for _ in range(2)]
+    assert seen == [(k, True) for _ in range(2) for k in range(len(ex.steps))]
+    assert len(times.built) == len(times.steps) == 2
+    for built, steps in zip(times.built, times.steps, strict=True):
+        assert len(built) == len(steps) == len(ex.steps)
+        assert all(0 < b <= s for b, s in zip(built, steps, strict=True))
+    for out in outs:
+        assert_same_bits(out, list(_skip(*ins)), "timed")
+
+
 def test_executor_releases_values_after_their_last_reader() -> None:
     g, _ = _graph()
     ex = Executor(g)

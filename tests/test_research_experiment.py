@@ -240,3 +240,29 @@ def test_models_from_a_file_and_bad_specs(tmp_path: Path) -> None:
         load_model("llama:hidden_size")
     with pytest.raises(SegcError, match="the model takes no mlx-lm KV caches"):
         make_workload("decode:4", model)
+
+
+def test_saved_graphs_are_the_trace_and_predict_the_plans_again(sweep: tuple[Path, object]) -> None:
+    """The run's traced graph, saved beside its plans, is the trace (compared with a trace
+    made here) and gives each plan the prediction the run recorded: what lets a GPU run's
+    plans be predicted again on another machine (``benchmarks/repredict.py``)."""
+    from segc.ir import parse, to_text
+    from segc.passes.costmodel import predict_time
+    from segc.research.experiment import Experiment as _E
+
+    out, res = sweep
+    model = load_model(MODEL)
+    rows = [r for r in res.rows if r.get("plan_file")]  # type: ignore[attr-defined]
+    assert rows and all(r.get("graph_file") for r in rows)
+    for wspec in {r["workload"] for r in rows}:
+        wl = make_workload(wspec, model)
+        a, k = wl.args()
+        here = segc.jit(model, boundaries=_E().boundaries).trace(*a, **k).graph
+        (gfile,) = {r["graph_file"] for r in rows if r["workload"] == wspec}
+        saved = parse((out / gfile).read_text())
+        assert to_text(saved) == to_text(here)
+        machine = res.machine  # type: ignore[attr-defined]
+        for r in rows:
+            if r["workload"] == wspec and "prior_predicted_s" not in r:
+                got = predict_time(apply_plan(saved, Plan.load(out / r["plan_file"])), machine, "segment").total
+                assert got == pytest.approx(r["predicted_s"], rel=1e-12), r["strategy"]

@@ -3,7 +3,9 @@ the cost model and measured on this machine.
 
 For each model and workload the graph is traced once; each strategy makes a plan on it
 (saved as JSON beside the results, so any point can be re-run with
-``segc passes --plan-in`` or ``segc.jit(..., strategy=Plan.load(path))``), which the cost
+``segc passes --plan-in`` or ``segc.jit(..., strategy=Plan.load(path))``; the traced
+graph is saved too, ``graphs/``, so that another machine can predict the plans again
+as this device traced them: ``benchmarks/repredict.py``), which the cost
 model predicts (``segc.passes.costmodel``). Then every plan runs through ``segc.jit``, the
 real asynchronous pipeline: its first call (trace, passes, lowering, MLX's compile and
 the run) is the compile time; its output is compared bit for bit with eager MLX's; its
@@ -41,6 +43,7 @@ import mlx.core as mx
 
 from .. import dtypes
 from ..errors import SegcError
+from ..ir import to_text
 from ..passes import make_plan
 from ..passes.commits import COMMITS
 from ..passes.costmodel import MachineModel, default_model
@@ -182,9 +185,17 @@ def _prepare(
     wl.fresh = None  # nor the eager copy of the caches
     args, kw = wl.args()
     g = jit(model, boundaries=exp.boundaries or None).trace(*args, **kw).graph
+    graph_file = None
+    if out is not None:  # the trace as this device made it: plans can be predicted again elsewhere
+        gpath = out / "graphs" / f"{_slug(mspec)}_{_slug(wspec)}.segc"
+        gpath.parent.mkdir(parents=True, exist_ok=True)
+        gpath.write_text(to_text(g))
+        graph_file = str(gpath.relative_to(out))
     prep = Prepared(wl, [], [], {}, {})
     for spec in specs:
         row: dict[str, Any] = {"model": mspec, "workload": wspec, "strategy": spec}
+        if graph_file:
+            row["graph_file"] = graph_file
         if calib:
             row["calibration"] = spec in calib
         prep.rows.append(row)

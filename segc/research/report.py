@@ -57,6 +57,7 @@ COLUMNS = (
     "repeats",
     "processes",
     "plan_file",
+    "graph_file",
     "error",
 )
 

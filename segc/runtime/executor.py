@@ -67,10 +67,15 @@ class SegmentStep:
 
 @dataclass
 class DispatchTimes:
-    """Host seconds spent in the executor: per call, and per step of each call."""
+    """Host seconds spent in the executor: per call, and per step of each call (the
+    compiled segment call and its commit), of which ``built`` the compiled call alone.
+    ``inspect(k, outputs)``, if set, sees each step's outputs before their commit (their
+    lazy graph, for a benchmark), outside the timed spans."""
 
     calls: list[float] = field(default_factory=list)
     steps: list[list[float]] = field(default_factory=list)
+    built: list[list[float]] = field(default_factory=list)
+    inspect: Callable[[int, Sequence[mx.array]], None] | None = None
 
 
 # MLX's compiled calls are not thread-safe (two threads calling one mx.compile'd function
@@ -284,6 +289,7 @@ class Executor:
         clock = time.perf_counter
         t_call = clock() if times is not None else 0.0
         steps: list[float] = []
+        built: list[float] = []
         k, done, res = 0, -1, None
         if fences is not None or window is not None or timeline is not None:
             with DISPATCH_LOCK:
@@ -294,6 +300,11 @@ class Executor:
                     t0 = clock() if times is not None else 0.0
                     res = fn(*take(env))
                     done = k
+                    if times is not None:
+                        t1 = clock()
+                        if times.inspect is not None:
+                            times.inspect(k, res)
+                        hook = clock() - t1
                     for i in dead:  # before the dispatch, so that MLX may donate those buffers
                         env[i] = None
                     for i, r in zip(outs, res):
@@ -301,7 +312,8 @@ class Executor:
                     if commit:
                         sync(res)
                     if times is not None:
-                        steps.append(clock() - t0)
+                        steps.append(clock() - t0 - hook)
+                        built.append(t1 - t0)
             except BaseException as exc:
                 if not consume:
                     raise
@@ -309,6 +321,7 @@ class Executor:
         if times is not None:
             times.calls.append(clock() - t_call)
             times.steps.append(steps)
+            times.built.append(built)
         return list(self._outs(env))
 
     def _check_memory(self) -> None:
