@@ -6,7 +6,7 @@
 #
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_decode.sh [PARTS]
 #
-# PARTS: any of  dense quant moe concat isolated runtime kernels select products check generate device ablate commits census kv attn kvattn prefill experiment paging hostcost
+# PARTS: any of  dense quant moe concat isolated runtime kernels select products check generate device ablate commits census kv attn kvattn prefill experiment paging hostcost segment
 # (default: dense runtime). kernels: fewer_kernels.py (what each kernel and each of the
 # dynamic cache's differences costs); select: segc's one-position KV write as a select
 # against MLX's, three models; products: segc's product kernels (segc.lower.products)
@@ -23,7 +23,8 @@
 # come back under $OUT/experiment for benchmarks/repredict.py);
 # paging: bench_paging.py on the reference llama's sizes, budgets 0.25, 0.5, 0.75
 # (docs/performance.md, paging; the fenced pager's spread eviction); hostcost: host_cost.py
-# (MLX's host time per kernel, builtin and custom, eager, compiled, in 17 commits). isolated: decode of the three models: segc's defaults, and concatenated and
+# (MLX's host time per kernel, builtin and custom, eager, compiled, in 17 commits); segment:
+# segment_host.py (each segment's compiled call, commit and primitives; bf16, 4-bit, mixtral). isolated: decode of the three models: segc's defaults, and concatenated and
 # frozen with one segment (wholefrozen) and a segment per layer (frozen), every variant a process of its own, 2 rounds (the issue's "variants isolated"); about
 # 4 minutes a model on the H200, so MODELS=llama: (or llama_4bit:--bits,4 or
 # mixtral:--arch,mixtral) runs one model in a device call.
@@ -151,7 +152,7 @@ for p in $parts; do
   experiment)  # issue 15: predicted against measured, every plan (a device call of its own)
     timeout "${BENCH_LIMIT:-575}" $PY benchmarks/bench_experiment.py --model reference --workloads decode:1024,prefill:512 \
       --strategies none,markers,every:2,every:4,balanced:2..18:4,memory:1x..2x:1x,optimal,optimal:1x,min_boundary_bytes \
-      --calibration none,markers,every:4,balanced:2 --processes 4 --repeats 10 --warmup 2 \
+      --calibration none,markers,every:4,balanced:2 --processes "${PROCESSES:-4}" --repeats 10 --warmup 2 \
       --commit "${COMMIT:-auto}" --plots "" --out "$OUT/experiment" --json "$OUT/experiment.json" >"$OUT/experiment.txt" 2>&1
     echo "experiment: rc=$?"
     ;;
@@ -161,6 +162,13 @@ for p in $parts; do
       --rounds 2 --weights "${WEIGHTS:-0.25,0.5,0.75}" --kv-context 0 --dir /tmp/segc-paging \
       --out "$OUT/paging.json" --plot "$OUT/paging.svg" >"$OUT/paging.txt" 2>&1
     echo "paging: rc=$?"
+    ;;
+  segment)  # a segment's compiled call, commit and primitives: segment_host.py, three models
+    for a in "" "--bits 4" "--arch mixtral"; do
+      # shellcheck disable=SC2086  # the extra arguments are meant to split
+      timeout 200 $PY benchmarks/segment_host.py --calls 50 --kinds $a >"$OUT/segment_host${a// /_}.txt" 2>&1
+      echo "segment $a: rc=$?"
+    done
     ;;
   hostcost)  # MLX's host time per kernel: builtin and custom kernels, eager, compiled, 17 commits
     timeout 120 $PY benchmarks/host_cost.py >"$OUT/host_cost.txt" 2>&1
