@@ -37,19 +37,18 @@ import segc
 NODE = re.compile(r'label ="([^"]+)", shape=rectangle')
 
 
-DOTS: list[str] = []  # each segment's lazy graph, as Graphviz text, when --dot asks
-
-
-def graph_nodes(outs: Any) -> collections.Counter[str]:
-    """The primitives of ``outs``' lazy graph (none once they are evaluated)."""
+def graph_dot(outs: Any) -> str:
+    """``outs``' lazy graph as Graphviz text (no primitives once they are evaluated)."""
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "g.dot")
         mx.export_to_dot(path, *outs)
         with open(path) as f:
-            text = f.read()
-    DOTS.append(text)
-    kinds = collections.Counter(NODE.findall(text))
-    return collections.Counter({re.sub(r"_[0-9a-f]{6,}.*$", "", k): n for k, n in kinds.items()})
+            return f.read()
+
+
+def kinds_of(dot: str) -> collections.Counter[str]:
+    """The primitives of a graph's Graphviz text, by kind (a custom kernel's hash dropped)."""
+    return collections.Counter(re.sub(r"_[0-9a-f]{6,}.*$", "", k) for k in NODE.findall(dot))
 
 
 def main() -> None:
@@ -72,11 +71,11 @@ def main() -> None:
         mx.eval(step(x, cache=fc.reset()), fc.arrays())
     (entry,) = step.entries()
     want = _bytes(step(x, cache=fc.reset()))  # logits of a call outside the timer
-    counted: list[collections.Counter[str]] = []
+    dots: list[str] = []
 
     def count(k: int, outs: Any) -> None:
-        if len(counted) == k:  # the first timed call's graphs
-            counted.append(graph_nodes(outs))
+        if len(dots) == k:  # the first timed call's graphs
+            dots.append(graph_dot(outs))
 
     wall, host = [], []
     with entry.executor.timed() as times:
@@ -90,13 +89,14 @@ def main() -> None:
             t2 = time.perf_counter()
             host.append(t1 - t0)
             wall.append(t2 - t0)
-            if len(counted) == len(times.steps[0]):
+            if len(dots) == len(times.steps[0]):
                 times.inspect = None  # counted: the calls after are timed alone
     same = _bytes(y) == want  # the last timed call's logits
     # per call, per step: (the compiled call, its commit); the first five calls apart
     per_call = [[[b, s - b] for b, s in zip(bs, ss)] for bs, ss in zip(times.built, times.steps)]
     runs = per_call[5:]
     n = len(runs[0])
+    counted = [kinds_of(d) for d in dots]
     print(
         f"mlx {mx.__version__}, {mx.default_device()}, {a.arch} {a.preset}"
         f"{f' {a.bits}-bit' if a.bits else ''}, context {a.context}, {len(runs)} calls, {n} segments"
@@ -115,7 +115,7 @@ def main() -> None:
         print(f"{k:>8} {c:8.1f} {m:10.1f} {nodes:6d}  {kinds}")
     print(f"{'total':>8} {tot[0]:8.1f} {tot[1]:10.1f} {tot[2]:6d}")
     if a.dot:
-        for k, text in enumerate(DOTS):
+        for k, text in enumerate(dots):
             with open(f"{a.dot}_{k}.dot", "w") as f:
                 f.write(text)
     every = sum(counted, collections.Counter())

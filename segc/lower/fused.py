@@ -30,10 +30,17 @@ class Fused:
     writes: list[KVWriteMatch] = field(default_factory=list)
     pairs: list[tuple[KVWriteMatch, AttentionMatch]] = field(default_factory=list)
 
+    def kernels(self) -> list[frozenset[int]]:
+        """The equations each kernel replaces: a paired write and its attention are one."""
+        paired = {id(x) for pair in self.pairs for x in pair}
+        alone = [m.skip for m in self.attention if id(m) not in paired]
+        alone += [p.skip for p in self.products]
+        alone += [w.skip for w in self.writes if id(w) not in paired]
+        return alone + [w.skip | m.skip for w, m in self.pairs]
+
     def skip(self) -> set[int]:
         """The equations the kernels replace."""
-        skips = [m.skip for m in self.attention] + [m.skip for m in self.products] + [m.skip for m in self.writes]
-        return {i for skip in skips for i in skip}
+        return {i for kernel in self.kernels() for i in kernel}
 
 
 def find_all(

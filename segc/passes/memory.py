@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir import Eqn, Graph, segments
-from ..lower.fused import find_all
+from ..lower.fused import CUDA_DEFAULTS, find_all
 from ..lower.prim import lookup
 from .analysis import ops
 from .costmodel import CPU, op_costs
@@ -104,8 +104,9 @@ def _copied(g: Graph) -> frozenset[int]:
     """The writes segc's CUDA lowering computes with its rotated-write kernel, segment by
     segment (``fused.find_all``, as the replay finds them)."""
     avals = {n: (v.shape, v.dtype) for n, v in g.vars().items()}
+    consts = {c.var.name: c.value for c in g.consts}
     out: set[int] = set()
     for s in segments(g):
-        for w in find_all(s.eqns(g), s.outputs, {}, avals, g.eqns, products=True, writes=True).writes:
+        for w in find_all(s.eqns(g), s.outputs, consts, avals, g.eqns, **CUDA_DEFAULTS).writes:
             out.update(e.id for e in w.eqns if e.prim == "DynamicSliceUpdate")
     return frozenset(out)

@@ -42,10 +42,8 @@ def with_products(g: Graph, os_: Sequence[Eqn], groups: Sequence[Sequence[int]],
     def aliases(e: Eqn) -> bool:
         return is_view(e) and bool(e.outs) and lv.root[e.outs[0].name] != e.outs[0].name
 
-    found = find_all(g.eqns, g.outputs, consts, avals, g.eqns, **CUDA_DEFAULTS)
-    skips = [m.skip for m in found.attention] + [m.skip for m in found.products] + [m.skip for m in found.writes]
-    for skip in skips + [w.skip | m.skip for w, m in found.pairs]:
-        ks = [at[i] for i in sorted(skip) if i in at and not aliases(os_[at[i]])]
+    for kernel in find_all(g.eqns, g.outputs, consts, avals, g.eqns, **CUDA_DEFAULTS).kernels():
+        ks = [at[i] for i in sorted(kernel) if i in at and not aliases(os_[at[i]])]
         join(ks)
         grouped.update(ks)
     merged: dict[int, list[int]] = {}
