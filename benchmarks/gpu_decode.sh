@@ -20,7 +20,7 @@
 # kernel on and off, two rounds; attn: the decode attention as one kernel or two, two rounds; kvattn: the rotated write with its attention as one kernel (the default) or apart, two rounds; prefill: 512 tokens, segc's defaults against concatenated (MODEL_ARGS="--bits 4" or "--arch mixtral" for another model). Logs go
 # to $OUT. experiment: issue 15's harness on the reference llama, every strategy, decode
 # and prefill 512 (docs/experiments.md, "On the H200"; about 4 minutes; its plans and traced graphs
-# come back under $OUT/experiment for benchmarks/repredict.py);
+# come back as $OUT/experiment.tgz for benchmarks/repredict.py);
 # paging: bench_paging.py on the reference llama's sizes, budgets 0.25, 0.5, 0.75
 # (docs/performance.md, paging; the fenced pager's spread eviction); hostcost: host_cost.py
 # (MLX's host time per kernel, builtin and custom, eager, compiled, in 17 commits); segment:
@@ -155,6 +155,8 @@ for p in $parts; do
       --calibration none,markers,every:4,balanced:2 --processes "${PROCESSES:-4}" --repeats 10 --warmup 2 \
       --commit "${COMMIT:-auto}" --plots "" --out "$OUT/experiment" --json "$OUT/experiment.json" >"$OUT/experiment.txt" 2>&1
     echo "experiment: rc=$?"
+    # one file: the device call brings back only a few files (plans and graphs would be left out)
+    tar czf "$OUT/experiment.tgz" -C "$OUT" experiment && rm -rf "$OUT/experiment"
     ;;
   paging)  # issue 16: resident, draining and fenced pagers, decode and banded prefill
     timeout "${BENCH_LIMIT:-500}" $PY benchmarks/bench_paging.py --layers 16 --hidden 2048 --intermediate 8192 \

@@ -32,6 +32,7 @@ def main() -> None:
     ap.add_argument("--no-queue", action="store_true", help="an unbounded host queue")
     ap.add_argument("--json", help="write the summary here")
     ap.add_argument("--retrace", action="store_true", help="trace here even where the run saved its graphs")
+    ap.add_argument("--host-weight", type=float, default=0.0, help="fit the measured host times too (fit.py)")
     args = ap.parse_args()
     out = Path(args.out)
     res = json.loads((out / "results.json").read_text())
@@ -66,23 +67,31 @@ def main() -> None:
                     prep.cuts[id(r)], prep.plans[id(r)] = apply_plan(g, plan), plan
                     predict_row(r, prep.cuts[id(r)], plan, machine, policy)
             preps.append(prep)
-        fitted[mspec] = calibrate(machine, policy, preps)
+        fitted[mspec] = calibrate(machine, policy, preps, host_weight=args.host_weight)
     summary = Results(machine=machine, rows=rows).summary()
     for s in summary:
         held = (s.get("noise") or {}).get("heldout") or {}
         print(
             f"{s['model']} {s['workload']}: {s['plans']} plans, Spearman {s['spearman_time']:.2f}, held out "
-            f"({s['heldout_plans']}) {s['spearman_heldout']:.2f}; ceiling {s['noise']['ceiling']:.2f} "
+            f"({s['heldout_plans']}) {s['spearman_heldout']:.2f}; fastest calls {s['spearman_min']:.2f}, held out "
+            f"{s['spearman_min_heldout']:.2f}; ceiling {s['noise']['ceiling']:.2f} "
             f"(held out {held.get('ceiling', float('nan')):.2f}) -> {s['verdict']}; fastest measured "
             f"{s['fastest_measured']}, predicted {s['fastest_predicted']}"
         )
     for mspec, f in fitted.items():
-        m = next(iter(f["machines"].values()))
-        print(mspec, "fitted", {k: m[k] for k in ("launch_s", "dispatch_s", "host_op_s") if k in m}, f["scales"])
+        for w, m in f["machines"].items():
+            figs = {
+                k: f"{m[k] * 1e6:.2f} us" for k in ("launch_s", "dispatch_s", "host_op_s", "segment_sq_s") if k in m
+            }
+            print(mspec, w, "fitted", figs, f"scale {f['scales'][w]:.3g}")
     for r in rows:
         if "predicted_s" in r and "measured_median_s" in r:
+            host = ""
+            if r.get("host_median_s") and r.get("predicted_host_s"):
+                host = f"  host predicted {1e3 * r['predicted_host_s']:6.3f} measured {1e3 * r['host_median_s']:6.3f}"
             print(
-                f"  {r['strategy']:22s} {r['segments']:3d} seg  predicted {1e3 * r['predicted_s']:6.3f} ms  measured {1e3 * r['measured_median_s']:6.3f} ms{'  (held out)' if r.get('held_out') else ''}"
+                f"  {r['strategy']:22s} {r['segments']:3d} seg  predicted {1e3 * r['predicted_s']:6.3f} ms  "
+                f"measured {1e3 * r['measured_median_s']:6.3f} ms{host}{'  (held out)' if r.get('held_out') else ''}"
             )
     if args.json:
         Path(args.json).write_text(json.dumps({"summary": summary, "fitted": fitted}, indent=1, default=str))

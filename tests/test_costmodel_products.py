@@ -157,3 +157,25 @@ def test_a_rotated_write_with_its_decode_attention_is_one_kernel(reader: bool, w
     # heads of 8: eager runs MLX's decomposition, so segc keeps it (and its bits); only the
     # rotations and writes become one kernel
     assert sum(op_costs(graph(8), H200).kernels) == 1 + reader + 6
+
+
+def test_a_cut_inside_a_pattern_leaves_each_side_to_mlx() -> None:
+    """The lowering finds segc's kernels segment by segment, so a cut between a gated
+    activation's two products leaves three kernels: the gate's product in the first
+    segment; the up product and MLX's fused elementwise chain (the activation and the
+    gating) in the second. Uncut, all of it is one kernel."""
+    from conftest import with_cuts
+
+    from segc.passes.costmodel import predict_time
+
+    x, wg, wu = mx.ones((1, 8)), mx.ones((6, 8)), mx.ones((6, 8))
+
+    def f(x, wg, wu):
+        g = x @ wg.T
+        return (g * mx.sigmoid(g)) * (x @ wu.T)
+
+    g = trace_graph(f, x, wg, wu)
+    first = next(k for k, e in enumerate(g.eqns) if e.prim == "Matmul")
+    cut = with_cuts(g, [first + 1])
+    assert [s.kernels for s in predict_time(g, H200).segments] == [1]
+    assert [s.kernels for s in predict_time(cut, H200).segments] == [1, 2]

@@ -152,6 +152,16 @@ class Liveness:
     consts: frozenset[str] = frozenset()
 
 
+def _unit_moves(e: Eqn, vs: dict[str, Var]) -> bool:
+    """A transpose that moves only axes of size 1: the elements keep their order, and MLX
+    keeps the value contiguous (a reshape of it is a view)."""
+    if e.prim != "Transpose" or not e.args:
+        return False
+    shape = vs[e.ins[0]].shape
+    big = [a for a in e.args[0] if shape[a] != 1]
+    return big == sorted(big)
+
+
 def liveness(g: Graph) -> Liveness:
     """Liveness, with MLX's layouts: a broadcast view's data is its source's; an
     elementwise equation (``Prim.fusible``) whose one input with more than one element
@@ -189,7 +199,7 @@ def liveness(g: Graph) -> Liveness:
             if alias:
                 assert src is not None
                 root[o.name] = root[src]
-                contiguous[o.name] = contiguous[src] and mem in ("view_keep", "reshape")
+                contiguous[o.name] = contiguous[src] and (mem in ("view_keep", "reshape") or _unit_moves(e, vs))
                 data[o.name] = data[src] if e.prim == "Broadcast" else min(o.size, data[src])
             else:
                 root[o.name], contiguous[o.name] = o.name, True

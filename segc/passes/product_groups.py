@@ -2,20 +2,24 @@
 (``segc.lower.fused``, with segc's defaults there): each one-row product with the norm
 before it and the residual addition or gated activation after it is one kernel, so one
 group; so is each decode attention where eager would have fused it, each rotated KV
-write with its queries' rotation, and each such write with the attention that reads it."""
+write with its queries' rotation, and each such write with the attention that reads it.
+
+The patterns are found segment by segment, as the lowering finds them (``lower.replay``):
+a cut inside one leaves each side to MLX's own kernels, and a value a later segment
+reads keeps the kernel that would have consumed it from matching."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..ir import Eqn, Graph
+from ..ir import Eqn, Graph, segments
 from ..lower.fused import CUDA_DEFAULTS, find_all
 from .analysis import Liveness, is_view
 
 
 def with_products(g: Graph, os_: Sequence[Eqn], groups: Sequence[Sequence[int]], lv: Liveness) -> list[tuple[int, ...]]:
     """``groups`` (lists of ``os_`` positions) with each pattern segc's CUDA lowering makes
-    one kernel (``fused.find_all`` over the whole graph) merged into one group, with the
+    one kernel (``fused.find_all`` over each segment) merged into one group, with the
     groups it overlaps. A view that aliases its input launches nothing and joins no group
     (a weight's transpose read by two products would join them); one that copies (a
     reshape of a broadcast mask, by ``lv``) is a kernel the pattern's kernel replaces."""
@@ -42,10 +46,11 @@ def with_products(g: Graph, os_: Sequence[Eqn], groups: Sequence[Sequence[int]],
     def aliases(e: Eqn) -> bool:
         return is_view(e) and bool(e.outs) and lv.root[e.outs[0].name] != e.outs[0].name
 
-    for kernel in find_all(g.eqns, g.outputs, consts, avals, g.eqns, **CUDA_DEFAULTS).kernels():
-        ks = [at[i] for i in sorted(kernel) if i in at and not aliases(os_[at[i]])]
-        join(ks)
-        grouped.update(ks)
+    for s in segments(g):
+        for kernel in find_all(s.eqns(g), s.outputs, consts, avals, g.eqns, **CUDA_DEFAULTS).kernels():
+            ks = [at[i] for i in sorted(kernel) if i in at and not aliases(os_[at[i]])]
+            join(ks)
+            grouped.update(ks)
     merged: dict[int, list[int]] = {}
     for k in sorted(grouped):
         merged.setdefault(root(k), []).append(k)

@@ -44,18 +44,23 @@ def mark_held_out(prep: Prepared) -> None:
             r["held_out"] = not r.get("calibration") and key(prep.plans[id(r)]) not in seen
 
 
-def calibrate(machine: MachineModel, policy: str, preps: list[Prepared], overheads: str = "group") -> dict[str, Any]:
+def calibrate(
+    machine: MachineModel, policy: str, preps: list[Prepared], overheads: str = "group", host_weight: float = 0.0
+) -> dict[str, Any]:
     """Fit ``machine`` to the calibration rows of every workload, then predict every
     planned row with the fitted model (``prior_predicted_s``: the prediction before).
     ``overheads``: ``"group"``, each workload's overheads fitted to its own calibration
-    rows, or ``"shared"``, one set for every workload (``fit.fit_machine``)."""
+    rows, or ``"shared"``, one set for every workload (``fit.fit_machine``); ``host_weight``
+    > 0 fits the rows' measured host times too (``fit.py``; off by default:
+    docs/experiments.md, "The sixth run")."""
     obs = []
     for prep in preps:
         for r in prep.rows:
             if r.get("calibration") and "measured_median_s" in r and id(r) in prep.cuts:
                 segs = predict_time(prep.cuts[id(r)], machine, policy).segments
-                obs.append(Observation(r["workload"], segs, r["measured_median_s"], r["strategy"]))
-    fit = fit_machine(machine, obs, overheads=overheads)
+                host = r.get("host_median_s")
+                obs.append(Observation(r["workload"], segs, r["measured_median_s"], r["strategy"], host))
+    fit = fit_machine(machine, obs, overheads=overheads, host_weight=host_weight)
     for prep in preps:
         m = fit.machines.get(prep.workload.name)
         for r in prep.rows:
@@ -66,6 +71,7 @@ def calibrate(machine: MachineModel, policy: str, preps: list[Prepared], overhea
         "machines": {w: asdict(m) for w, m in fit.machines.items()},
         "free": list(fit.free),
         "overheads": overheads,
+        "host_weight": host_weight,
         "scales": fit.scales,
         "loss": fit.loss,
         "plans": sorted({o.name for o in obs}),

@@ -32,6 +32,14 @@ ranks its plans (docs/experiments.md, "The third run": the H200's prefill under
 ``auto``). The experiment's calibration fits this way; ``segc calibrate --fit``, whose
 figures go to another model, shares them.
 
+An observation may carry the host's measured time until the call returns
+(``Observation.host``); with ``host_weight > 0`` each one's squared log error, times
+that weight, joins the loss (:func:`predict_host_many`: every segment's dispatch and
+kernels and every commit), which pins the host's figures where whole calls show them
+only through the first commit's delay (a device-bound workload). Off by default: on
+the H200 it gives the host's own figures but ranks decode plans worse
+(docs/experiments.md, "The sixth and seventh runs").
+
 A figure the observations cannot tell apart is left at the base model's value:
 ``commit_s`` when every segment of every observation is committed (it then only adds
 to ``dispatch_s``). The host's queue (``queue_kernels``) is the base model's, not
@@ -52,6 +60,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import SegcError
+from ..passes.commits import commit_count
 from ..passes.costmodel import MachineModel, SegmentTime
 from ..passes.overlap import pipeline_time
 
@@ -73,6 +82,7 @@ class Observation:
     segments: tuple[SegmentTime, ...]  # costed with the base machine model
     seconds: float  # measured, one call
     name: str = ""  # the plan, for reports
+    host: float | None = None  # measured: the host's time until the call returns (None: not measured)
 
 
 @dataclass(frozen=True)
@@ -113,6 +123,34 @@ def predict_many(obs: Sequence[Observation], base: MachineModel, values: dict[st
     return out
 
 
+def predict_host_many(obs: Sequence[Observation], base: MachineModel, values: dict[str, np.ndarray]) -> np.ndarray:
+    """The host's seconds until the call returns (``costmodel.timed``'s ``host``: every
+    segment's dispatch and kernels and every commit the loop makes), as
+    :func:`predict_many` gives the whole call's."""
+    p = len(next(iter(values.values()))) if values else 1
+
+    def fig(name: str) -> np.ndarray:
+        return values[name] if name in values else np.full(p, getattr(base, name))
+
+    dp, ho, cm, en = (fig(n) for n in ("dispatch_s", "host_op_s", "commit_s", "encode_s"))
+    out = np.empty((p, len(obs)))
+    for j, o in enumerate(obs):
+        k = float(sum(s.kernels for s in o.segments))
+        commits = commit_count(tuple(s.commit for s in o.segments))
+        out[:, j] = len(o.segments) * dp + (ho + en) * k + commits * cm
+    return out
+
+
+def host_residuals(pred: np.ndarray, obs: Sequence[Observation], weight: float) -> np.ndarray:
+    """Per row of ``pred`` (host seconds, models by observations): each measured host
+    time's log error times ``sqrt(weight)``; none for observations without one."""
+    have = [j for j, o in enumerate(obs) if o.host is not None and o.host > 0]
+    if not have or weight <= 0:
+        return np.zeros((pred.shape[0], 0))
+    meas = np.log([obs[j].host for j in have])  # type: ignore[arg-type]
+    return math.sqrt(weight) * (np.log(np.maximum(pred[:, have], 1e-300)) - meas[None, :])
+
+
 def residuals(pred: np.ndarray, obs: Sequence[Observation], level_weight: float = 0.1) -> np.ndarray:
     """Per row of ``pred`` (models by observations), the loss's terms: per group, each
     plan's log error less the group's mean, then the mean times ``sqrt(level_weight *
@@ -146,6 +184,7 @@ def fit_machine(
     scales: str = "group",
     level_weight: float = 0.1,
     prior_weight: float = 0.01,
+    host_weight: float = 0.0,
     seed: int = 0,
     samples: int = 4096,
     starts: int = 16,
@@ -177,6 +216,7 @@ def fit_machine(
                 scales=scales,
                 level_weight=level_weight,
                 prior_weight=prior_weight,
+                host_weight=host_weight,
                 seed=seed,
                 samples=samples,
                 starts=starts,
@@ -196,7 +236,8 @@ def fit_machine(
     if "scale" in free_:
         names += [f"scale:{g}" for g in groups] if scales == "group" else ["scale"]
     if not names:
-        f0 = float(loss(predict_many(obs, base, {}), obs, level_weight)[0])
+        r0 = host_residuals(predict_host_many(obs, base, {}), obs, host_weight)
+        f0 = float(loss(predict_many(obs, base, {}), obs, level_weight)[0] + (r0**2).sum())
         return Fit({g: base for g in groups}, dict.fromkeys(groups, 1.0), f0, (), len(obs))
     lo = np.log10([BOUNDS[n.partition(":")[0]][0] for n in names])
     hi = np.log10([BOUNDS[n.partition(":")[0]][1] for n in names])
@@ -208,7 +249,8 @@ def fit_machine(
     def res(x: np.ndarray) -> np.ndarray:
         vals = {n: 10.0 ** x[:, i] for i, n in enumerate(names)}
         r = residuals(predict_many(obs, base, vals), obs, level_weight)
-        r = np.concatenate([r, math.sqrt(prior_weight) * (x[:, prior] - x0)], axis=1)
+        rh = host_residuals(predict_host_many(obs, base, vals), obs, host_weight)
+        r = np.concatenate([r, rh, math.sqrt(prior_weight) * (x[:, prior] - x0)], axis=1)
         return np.where(np.isfinite(r), r, 1e6)
 
     x = lo + (hi - lo) * np.random.default_rng(seed).random((samples, len(names)))

@@ -206,16 +206,25 @@ class Results:
         return "\n".join(lines)
 
 
-def _rho(plans: list[dict[str, Any]]) -> float | None:
-    return spearman([r["predicted_s"] for r in plans], [r["measured_median_s"] for r in plans])
+def _rho(plans: list[dict[str, Any]], measured: str = "measured_median_s") -> float | None:
+    ok = [r for r in plans if r.get(measured) is not None]
+    return spearman([r["predicted_s"] for r in ok], [r[measured] for r in ok]) if len(ok) == len(plans) else None
 
 
 def _held_out(plans: list[dict[str, Any]]) -> dict[str, Any]:
-    """The rank correlation over the plans no calibration used (none without calibration)."""
+    """The rank correlation over the plans no calibration used (none without calibration),
+    and both against each plan's fastest call (``measured_min_s``): the statistic two
+    runs on two machines agreed on best (docs/experiments.md, "The sixth run")."""
+    out = {"spearman_min": _rho(plans, "measured_min_s")}
     if not any("calibration" in r for r in plans):
-        return {"heldout_plans": None, "spearman_heldout": None}
+        return {**out, "heldout_plans": None, "spearman_heldout": None, "spearman_min_heldout": None}
     held = [r for r in plans if r.get("held_out")]
-    return {"heldout_plans": len(held), "spearman_heldout": _rho(held)}
+    return {
+        **out,
+        "heldout_plans": len(held),
+        "spearman_heldout": _rho(held),
+        "spearman_min_heldout": _rho(held, "measured_min_s"),
+    }
 
 
 def _noise(plans: list[dict[str, Any]]) -> dict[str, Any]:

@@ -37,6 +37,28 @@ graph f(%a0: f32[4,8] arg="0") {
     assert lv.root["v1"] == "v1" and lv.nbytes["v1"] == n and lv.root["v2"] == "v1"
 
 
+def test_reshape_of_a_transpose_of_unit_axes_is_a_view() -> None:
+    """Moving only axes of size 1 keeps the elements' order, and MLX keeps such a value
+    contiguous (a decode step's attention output, heads by one position, to one row):
+    the reshape after it is a view. Checked against MLX's memory in
+    ``tests/test_analysis_mlx.py``."""
+    src = """\
+graph f(%a0: f32[1,4,1,8] arg="0") {
+  %v0: f32[1,1,4,8] = Transpose(%a0) [[0, 2, 1, 3]] #0
+  %v1: f32[1,32] = Reshape(%v0) [[1, 32]] #1
+  %v2: f32[1,8,1,4] = Transpose(%a0) [[0, 3, 2, 1]] #2
+  %v3: f32[1,32] = Reshape(%v2) [[1, 32]] #3
+  return (%v1, %v3)
+}
+"""
+    st = stats_by_id(src)
+    assert st[1][1:] == (0, 0)  # only the unit axis moved: a view
+    n = 4 * 8 * F32
+    assert st[3][1:] == (n, n)  # axes of 4 and 8 swapped: the reshape copies
+    lv = liveness(parse(src))
+    assert lv.root["v1"] == "a0" and lv.root["v3"] == "v3"
+
+
 def test_broadcast_inputs_are_charged_at_their_source_size() -> None:
     src = """\
 graph f(%a0: f32[16,64] arg="0", %p0: f32[64] param="w") {
