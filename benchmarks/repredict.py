@@ -73,8 +73,8 @@ def main() -> None:
         held = (s.get("noise") or {}).get("heldout") or {}
         print(
             f"{s['model']} {s['workload']}: {s['plans']} plans, Spearman {s['spearman_time']:.2f}, held out "
-            f"({s['heldout_plans']}) {s['spearman_heldout']:.2f}; fastest calls {s['spearman_min']:.2f}, held out "
-            f"{s['spearman_min_heldout']:.2f}; ceiling {s['noise']['ceiling']:.2f} "
+            f"({s['heldout_plans']}) {s['spearman_heldout']:.2f}; fastest calls {_f(s['spearman_min'])}, held out "
+            f"{_f(s['spearman_min_heldout'])}; ceiling {s['noise']['ceiling']:.2f} "
             f"(held out {held.get('ceiling', float('nan')):.2f}) -> {s['verdict']}; fastest measured "
             f"{s['fastest_measured']}, predicted {s['fastest_predicted']}"
         )
@@ -95,6 +95,10 @@ def main() -> None:
             )
     if args.json:
         Path(args.json).write_text(json.dumps({"summary": summary, "fitted": fitted}, indent=1, default=str))
+
+
+def _f(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
 
 
 if __name__ == "__main__":

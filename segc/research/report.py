@@ -214,7 +214,7 @@ def _rho(plans: list[dict[str, Any]], measured: str = "measured_median_s") -> fl
 def _held_out(plans: list[dict[str, Any]]) -> dict[str, Any]:
     """The rank correlation over the plans no calibration used (none without calibration),
     and both against each plan's fastest call (``measured_min_s``): the statistic two
-    runs on two machines agreed on best (docs/experiments.md, "The sixth run")."""
+    runs on two machines agreed on best (docs/experiments.md, "The sixth and seventh runs")."""
     out = {"spearman_min": _rho(plans, "measured_min_s")}
     if not any("calibration" in r for r in plans):
         return {**out, "heldout_plans": None, "spearman_heldout": None, "spearman_min_heldout": None}

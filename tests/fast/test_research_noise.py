@@ -93,3 +93,19 @@ def test_summary_without_calibration_has_no_held_out_figure() -> None:
     assert s["heldout_plans"] is None and s["spearman_heldout"] is None
     assert s["spearman_time"] == pytest.approx(1.0) and s["verdict"] == "meets 0.8"
     assert s["noise"]["unit"] == "calls" and s["noise"]["separable_pairs"] == 1.0
+
+
+def test_the_fastest_calls_correlation_reads_each_plans_minimum() -> None:
+    """``spearman_min`` ranks the plans by their fastest call: here the reverse of their
+    medians' order (each plan's minimum written in the row, as the experiment records
+    it), so it is -1 where the medians' correlation is +1; a row without a minimum
+    leaves it undefined rather than ranking the others."""
+    rows = [_row("w", f"p{i}", i, 1 + i, False, True) for i in range(4)]
+    for i, r in enumerate(rows):
+        r["measured_min_s"] = 1.0 - 0.1 * i
+    (s,) = Results(machine=CPU, rows=rows, env={}).summary()
+    assert s["spearman_time"] == pytest.approx(1.0) and s["spearman_heldout"] == pytest.approx(1.0)
+    assert s["spearman_min"] == pytest.approx(-1.0) and s["spearman_min_heldout"] == pytest.approx(-1.0)
+    del rows[0]["measured_min_s"]
+    (s,) = Results(machine=CPU, rows=rows, env={}).summary()
+    assert s["spearman_min"] is None
