@@ -6,7 +6,7 @@
 #
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_decode.sh [PARTS]
 #
-# PARTS: any of  dense quant moe concat isolated runtime kernels select products check generate device ablate commits census kv attn kvattn prefill experiment paging hostcost segment
+# PARTS: any of  dense quant moe concat isolated runtime kernels select products check generate device ablate commits census kv attn kvattn prefill experiment paging hostcost segment plandevice
 # (default: dense runtime). kernels: fewer_kernels.py (what each kernel and each of the
 # dynamic cache's differences costs); select: segc's one-position KV write as a select
 # against MLX's, three models; products: segc's product kernels (segc.lower.products)
@@ -24,7 +24,8 @@
 # paging: bench_paging.py on the reference llama's sizes, budgets 0.25, 0.5, 0.75
 # (docs/performance.md, paging; the fenced pager's spread eviction); hostcost: host_cost.py
 # (MLX's host time per kernel, builtin and custom, eager, compiled, in 17 commits); segment:
-# segment_host.py (each segment's compiled call, commit and primitives; bf16, 4-bit, mixtral). isolated: decode of the three models: segc's defaults, and concatenated and
+# segment_host.py (each segment's compiled call, commit and primitives; bf16, 4-bit, mixtral);
+# plandevice: plan_device.py (each prefill-512 plan's device span: its own, and in the pipeline). isolated: decode of the three models: segc's defaults, and concatenated and
 # frozen with one segment (wholefrozen) and a segment per layer (frozen), every variant a process of its own, 2 rounds (the issue's "variants isolated"); about
 # 4 minutes a model on the H200, so MODELS=llama: (or llama_4bit:--bits,4 or
 # mixtral:--arch,mixtral) runs one model in a device call.
@@ -164,6 +165,14 @@ for p in $parts; do
       --rounds 2 --weights "${WEIGHTS:-0.25,0.5,0.75}" --kv-context 0 --dir /tmp/segc-paging \
       --out "$OUT/paging.json" --plot "$OUT/paging.svg" >"$OUT/paging.txt" 2>&1
     echo "paging: rc=$?"
+    ;;
+  plandevice)  # issue 15: each prefill plan's device span, its own (one CUDA graph) and in the pipeline
+    all=none,markers,every:2,every:4,balanced:2,balanced:6,balanced:10,balanced:14,balanced:18,memory:1x,memory:2x,optimal,optimal:1x,min_boundary_bytes
+    MLX_MAX_OPS_PER_BUFFER=100000 MLX_MAX_MB_PER_BUFFER=100000 timeout 200 $PY benchmarks/plan_device.py \
+      --strategies $all --commit fences >"$OUT/plan_device_own.txt" 2>&1
+    echo "plandevice own: rc=$?"
+    timeout 200 $PY benchmarks/plan_device.py --strategies $all --commit segment >"$OUT/plan_device_segment.txt" 2>&1
+    echo "plandevice segment: rc=$?"
     ;;
   segment)  # a segment's compiled call, commit and primitives: segment_host.py, three models
     for a in "" "--bits 4" "--arch mixtral"; do

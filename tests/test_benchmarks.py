@@ -281,3 +281,17 @@ def test_segment_host_counts_each_segments_primitives_and_keeps_the_executors_by
     assert "a timed call gave an untimed call's bytes: True" in p.stdout
     rows = [line.split() for line in p.stdout.splitlines() if line.strip() and line.split()[0].isdigit()]
     assert len(rows) >= 2 and all(int(r[3]) > 0 and float(r[1]) > 0 and float(r[2]) > 0 for r in rows), p.stdout
+
+
+def test_plan_device_times_every_plan_and_keeps_eagers_bytes() -> None:
+    """``benchmarks/plan_device.py`` (issue 15: each plan's device span) on a small llama's
+    prefill: every plan's output is eager's (it exits 1 otherwise), and each plan has a
+    row with a positive span."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "plan_device.py"), "--model", "small", "--workload", "prefill:8"]
+    args = ["--strategies", "none,every:2,balanced:3", "--repeats", "2", "--rounds", "1"]
+    p = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=200, cwd=ROOT)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in p.stdout.splitlines() if line.startswith("| `")]
+    assert [r[0] for r in rows] == ["`none`", "`every:2`", "`balanced:3`"], p.stdout
+    assert all(float(r[2]) > 0 and r[4] == "yes" for r in rows), p.stdout
+    assert rows[0][1] == "1" and int(rows[1][1]) > 1, p.stdout

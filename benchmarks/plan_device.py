@@ -1,0 +1,87 @@
+"""The device's own time for each plan of an experiment (issue 15: why prefill plans that
+cut inside layers measure slower than layer-aligned ones the cost model predicts alike).
+
+Each plan of one workload (made here from ``--strategies`` on this device's trace) runs
+through ``segc.jit`` under a commit policy (``--commit``) between two kernels that read
+the GPU's clock (``device_time.stamped``): the device's span of one call. Under
+``fences`` with ``MLX_MAX_OPS_PER_BUFFER`` and ``MLX_MAX_MB_PER_BUFFER`` set past a call's
+size (in the environment, before MLX starts), MLX
+launches the call as one CUDA graph after the host has encoded all of it, so the span
+is the device's own time for the plan, no wait for the host in it; under ``segment`` it
+is the span of the real pipeline, the host's waits included. Every plan's output is
+compared with eager MLX's, byte for byte (exit 1 if one differs). On a machine without
+CUDA the spans are wall-clock times (host and device together).
+
+    MLX_MAX_OPS_PER_BUFFER=100000 MLX_MAX_MB_PER_BUFFER=100000 \\
+        python benchmarks/plan_device.py --workload prefill:512 --commit fences
+    python benchmarks/plan_device.py --workload prefill:512 --commit segment
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+STRATEGIES = "none,markers,every:2,every:4,balanced:6,balanced:10,memory:1x,memory:2x,optimal,min_boundary_bytes"
+
+
+def main() -> None:
+    from device_time import stamped
+
+    import segc
+    from segc import dtypes
+    from segc.ir import segments
+    from segc.passes import make_plan
+    from segc.passes.plan import apply_plan
+    from segc.research.models import load_model, make_workload
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="reference")
+    ap.add_argument("--workload", default="prefill:512")
+    ap.add_argument("--strategies", default=STRATEGIES)
+    ap.add_argument("--commit", default="fences")
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=3, help="rounds over every plan, each plan's calls in a row")
+    args = ap.parse_args()
+
+    model = load_model(args.model)
+    wl = make_workload(args.workload, model)
+    if wl.caches is not None:
+        raise SystemExit("a workload without caches (prefill:N): a decode call's caches are not reset here")
+    want = dtypes.to_bytes(wl.reference(model))
+    g = segc.jit(model, boundaries="layers.*").trace(wl.tokens).graph
+    fns = {}
+    for spec in args.strategies.split(","):
+        plan = make_plan(g, spec)
+        fn = segc.jit(model, boundaries="layers.*", strategy=plan, validate=False, commit=args.commit)
+        out = fn(wl.tokens)
+        mx.eval(out)
+        fns[spec] = (fn, len(segments(apply_plan(g, plan))), dtypes.to_bytes(out) == want)
+    spans: dict[str, list[float]] = {s: [] for s in fns}
+    for _ in range(args.rounds):
+        for spec, (fn, _, _) in fns.items():
+
+            def body(y: mx.array, fn=fn) -> list[mx.array]:
+                return [fn(y)]
+
+            for _ in range(2):
+                stamped(wl.tokens, body)
+            spans[spec] += [stamped(wl.tokens, body) for _ in range(args.repeats)]
+    print(f"{mx.default_device()}: {args.model} {args.workload}, commit {args.commit}, device span per call (ms)")
+    print("| plan | segments | median | min | eager's bits |")
+    print("| --- | ---: | ---: | ---: | --- |")
+    for spec, (_, n, same) in fns.items():
+        t = spans[spec]
+        print(f"| `{spec}` | {n} | {1e3 * statistics.median(t):.3f} | {1e3 * min(t):.3f} | {'yes' if same else 'NO'} |")
+    if not all(same for _, _, same in fns.values()):
+        sys.exit(1)  # a plan's output is not eager's
+
+
+if __name__ == "__main__":
+    main()
