@@ -295,3 +295,17 @@ def test_plan_device_times_every_plan_and_keeps_eagers_bytes() -> None:
     assert [r[0] for r in rows] == ["`none`", "`every:2`", "`balanced:3`"], p.stdout
     assert all(float(r[2]) > 0 and r[4] == "yes" for r in rows), p.stdout
     assert rows[0][1] == "1" and int(rows[1][1]) > 1, p.stdout
+
+
+def test_arg_cost_keeps_eagers_bytes_for_every_number_of_inputs() -> None:
+    """``benchmarks/arg_cost.py`` (what one more argument costs a compiled segment): it
+    compares each variant with the same functions run eagerly and exits 1 on a
+    difference; a row per number of inputs, and the slope."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "arg_cost.py"), "--inputs", "0,2,4", "--segments", "3"]
+    p = subprocess.run(
+        [*cmd, "--kernels", "1", "--repeats", "2", "--size", "64"], capture_output=True, text=True, timeout=120
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = [line.split() for line in p.stdout.splitlines() if line.strip() and line.split()[0].isdigit()]
+    assert [r[0] for r in rows] == ["0", "2", "4"] and all(r[-1] == "True" for r in rows), p.stdout
+    assert "host time per extra input, per segment:" in p.stdout
