@@ -14,12 +14,16 @@ commit. Each variant's bytes are compared with the same functions run eagerly.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+# host_cost.py's timed loop: each part called, an mx.async_eval after each
+from host_cost import timed
 
 
 def segment(w: mx.array, kernels: int, n: int) -> Callable[..., mx.array]:
@@ -34,25 +38,6 @@ def segment(w: mx.array, kernels: int, n: int) -> Callable[..., mx.array]:
         return x
 
     return f
-
-
-def run(
-    parts: list[Callable[..., mx.array]], x: mx.array, extra: list[mx.array], repeats: int
-) -> tuple[float, mx.array]:
-    hosts = []
-    y = x
-    for i in range(repeats + 3):
-        mx.synchronize()
-        t0 = time.perf_counter()
-        y = x
-        for f in parts:
-            y = f(y, *extra)
-            mx.async_eval(y)
-        t1 = time.perf_counter()
-        mx.eval(y)
-        if i >= 3:  # warm-up: tracing, compiling, the kernels' first launch
-            hosts.append(t1 - t0)
-    return statistics.median(hosts), y
 
 
 def main() -> None:
@@ -77,7 +62,8 @@ def main() -> None:
         for f in fns:
             want = f(want, *extra)
         mx.eval(want)
-        host, got = run([mx.compile(f) for f in fns], x, extra, a.repeats)
+        parts = [lambda y, f=mx.compile(f): f(y, *extra) for f in fns]
+        host, _, got = timed(parts, x, a.repeats)
         ok = np.array(got.view(mx.uint16)).tobytes() == np.array(want.view(mx.uint16)).tobytes()
         same &= ok
         rows.append((n, host))
