@@ -40,6 +40,11 @@ def segment(w: mx.array, kernels: int, n: int) -> Callable[..., mx.array]:
     return f
 
 
+def bound(f: Callable[..., mx.array], extra: list[mx.array]) -> Callable[[mx.array], mx.array]:
+    """``f`` as a function of the running vector alone, its extra inputs bound."""
+    return lambda y: f(y, *extra)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--inputs", default="0,1,2,4,8,16")
@@ -62,7 +67,7 @@ def main() -> None:
         for f in fns:
             want = f(want, *extra)
         mx.eval(want)
-        parts = [lambda y, f=mx.compile(f): f(y, *extra) for f in fns]
+        parts = [bound(mx.compile(f), extra) for f in fns]
         host, _, got = timed(parts, x, a.repeats)
         ok = np.array(got.view(mx.uint16)).tobytes() == np.array(want.view(mx.uint16)).tobytes()
         same &= ok
