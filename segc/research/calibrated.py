@@ -52,7 +52,7 @@ def calibrate(
     ``overheads``: ``"group"``, each workload's overheads fitted to its own calibration
     rows, or ``"shared"``, one set for every workload (``fit.fit_machine``); ``host_weight``
     > 0 fits the rows' measured host times too (``fit.py``; off by default:
-    docs/experiments.md, "The sixth run")."""
+    docs/experiments.md, "The sixth and seventh runs")."""
     obs = []
     for prep in preps:
         for r in prep.rows:

@@ -99,15 +99,23 @@ class Fit:
         return next(iter(self.machines.values()))
 
 
-def predict_many(obs: Sequence[Observation], base: MachineModel, values: dict[str, np.ndarray]) -> np.ndarray:
-    """Seconds predicted for every observation (columns) under every machine model
-    (rows) that ``values`` gives (figure -> array, one per model; figures not given are
-    the base model's; ``scale`` multiplies the work, ``scale:GROUP`` that group's)."""
+def _figures(base: MachineModel, values: dict[str, np.ndarray]) -> Callable[[str], np.ndarray]:
+    """A figure by name, one per machine model: ``values``' array, else the base model's
+    (``scale``: 1) repeated."""
     p = len(next(iter(values.values()))) if values else 1
 
     def fig(name: str) -> np.ndarray:
         return values[name] if name in values else np.full(p, 1.0 if name == "scale" else getattr(base, name))
 
+    return fig
+
+
+def predict_many(obs: Sequence[Observation], base: MachineModel, values: dict[str, np.ndarray]) -> np.ndarray:
+    """Seconds predicted for every observation (columns) under every machine model
+    (rows) that ``values`` gives (figure -> array, one per model; figures not given are
+    the base model's; ``scale`` multiplies the work, ``scale:GROUP`` that group's)."""
+    fig = _figures(base, values)
+    p = len(fig("scale"))
     names = ("launch_s", "dispatch_s", "host_op_s", "commit_s", "encode_s", "segment_sq_s")
     ln, dp, ho, cm, en, sq = (fig(n) for n in names)
     out = np.empty((p, len(obs)))
@@ -127,13 +135,9 @@ def predict_host_many(obs: Sequence[Observation], base: MachineModel, values: di
     """The host's seconds until the call returns (``costmodel.timed``'s ``host``: every
     segment's dispatch and kernels and every commit the loop makes), as
     :func:`predict_many` gives the whole call's."""
-    p = len(next(iter(values.values()))) if values else 1
-
-    def fig(name: str) -> np.ndarray:
-        return values[name] if name in values else np.full(p, getattr(base, name))
-
+    fig = _figures(base, values)
     dp, ho, cm, en = (fig(n) for n in ("dispatch_s", "host_op_s", "commit_s", "encode_s"))
-    out = np.empty((p, len(obs)))
+    out = np.empty((len(dp), len(obs)))
     for j, o in enumerate(obs):
         k = float(sum(s.kernels for s in o.segments))
         commits = commit_count(tuple(s.commit for s in o.segments))

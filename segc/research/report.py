@@ -129,6 +129,7 @@ class Results:
                     "workload": w,
                     "plans": len(plans),
                     "spearman_time": _rho(plans),
+                    "spearman_min": _rho(plans, "measured_min_s"),
                     **_held_out(plans),
                     **_noise(plans),
                     "max_peak_error": max(errs, default=None),
@@ -207,20 +208,20 @@ class Results:
 
 
 def _rho(plans: list[dict[str, Any]], measured: str = "measured_median_s") -> float | None:
-    ok = [r for r in plans if r.get(measured) is not None]
-    return spearman([r["predicted_s"] for r in ok], [r[measured] for r in ok]) if len(ok) == len(plans) else None
+    """Spearman's correlation of predicted and ``measured`` time; None where a plan lacks
+    the measurement. ``measured_min_s``, each plan's fastest call, is the statistic two
+    runs on two machines agreed on best (docs/experiments.md, "The sixth and seventh runs")."""
+    if any(r.get(measured) is None for r in plans):
+        return None
+    return spearman([r["predicted_s"] for r in plans], [r[measured] for r in plans])
 
 
 def _held_out(plans: list[dict[str, Any]]) -> dict[str, Any]:
-    """The rank correlation over the plans no calibration used (none without calibration),
-    and both against each plan's fastest call (``measured_min_s``): the statistic two
-    runs on two machines agreed on best (docs/experiments.md, "The sixth and seventh runs")."""
-    out = {"spearman_min": _rho(plans, "measured_min_s")}
+    """The rank correlations over the plans no calibration used (none without calibration)."""
     if not any("calibration" in r for r in plans):
-        return {**out, "heldout_plans": None, "spearman_heldout": None, "spearman_min_heldout": None}
+        return {"heldout_plans": None, "spearman_heldout": None, "spearman_min_heldout": None}
     held = [r for r in plans if r.get("held_out")]
     return {
-        **out,
         "heldout_plans": len(held),
         "spearman_heldout": _rho(held),
         "spearman_min_heldout": _rho(held, "measured_min_s"),
