@@ -157,6 +157,10 @@ def check(s: dict[str, Any]) -> dict[str, Any]:
         "spearman_heldout_ok": held is not None and held >= 0.8,
         "spearman_min": s.get("spearman_min"),
         "spearman_min_heldout": s.get("spearman_min_heldout"),
+        "spearman_paired": s.get("spearman_paired"),
+        "spearman_paired_heldout": s.get("spearman_paired_heldout"),
+        "ceiling_paired": n.get("ceiling_paired"),
+        "heldout_ceiling_paired": (n.get("heldout") or {}).get("ceiling_paired"),
         "spearman_ci": n.get("spearman_ci"),
         "self_spearman": n.get("self_spearman"),
         "ceiling": n.get("ceiling"),
@@ -189,6 +193,8 @@ def line(c: dict[str, Any]) -> str:
         f"{c['workload']}: {c['plans']} plans, Spearman(predicted, measured) {f(c['spearman_time'])} "
         f"(90% CI {f(ci[0]) if ci else 'n/a'}..{f(ci[1]) if ci else 'n/a'}; >= 0.8: {c['spearman_ok']}){held}; "
         f"against each plan's fastest call {f(c['spearman_min'])} (held out {f(c['spearman_min_heldout'])}); "
+        f"paired {f(c['spearman_paired'])} (held out {f(c['spearman_paired_heldout'])}, ceiling "
+        f"{f(c['ceiling_paired'])}, held out {f(c['heldout_ceiling_paired'])}); "
         f"noise: self-agreement {f(c['self_spearman'])}, ceiling {f(c['ceiling'])}, separable pairs "
         f"{f(c['separable_pairs'], '{:.0%}')}, plans spread {f(c['plan_spread'], '{:.1%}')}, processes spread "
         f"{f(c['process_spread'], '{:.1%}')} -> {c['verdict']}; largest peak-memory error "

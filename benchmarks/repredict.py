@@ -17,7 +17,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 
 from segc.ir import parse
-from segc.passes.costmodel import CPU, MachineModel
+from segc.passes.costmodel import CPU, H200, MachineModel
 from segc.passes.plan import Plan, apply_plan
 from segc.research.calibrated import Prepared, calibrate, predict_row
 from segc.research.models import load_model, make_workload
@@ -39,10 +39,12 @@ def main() -> None:
     if args.machine:
         machine = MachineModel.load(args.machine)
     else:
-        # the run's machine model; a figure it lacks (another checkout's) is the built-in CPU model's
+        # the run's machine model; a figure it lacks (another checkout's) is the built-in
+        # model's of its device (H200 for a GPU, else CPU)
         known = {f.name for f in fields(MachineModel)}
         machine = MachineModel(**{k: v for k, v in res["machine"].items() if k in known})
-        missing = {k: getattr(CPU, k) for k in known - set(res["machine"])}
+        preset = H200 if machine.device == "gpu" else CPU
+        missing = {k: getattr(preset, k) for k in known - set(res["machine"])}
         machine = replace(machine, **missing)
     if args.no_queue:
         machine = replace(machine, **{f: 0 for f in ("queue_s", "queue_kernels") if hasattr(machine, f)})
@@ -74,9 +76,12 @@ def main() -> None:
         print(
             f"{s['model']} {s['workload']}: {s['plans']} plans, Spearman {s['spearman_time']:.2f}, held out "
             f"({s['heldout_plans']}) {s['spearman_heldout']:.2f}; fastest calls {_f(s['spearman_min'])}, held out "
-            f"{_f(s['spearman_min_heldout'])}; ceiling {s['noise']['ceiling']:.2f} "
+            f"{_f(s['spearman_min_heldout'])}; paired {_f(s['spearman_paired'])}, held out "
+            f"{_f(s['spearman_paired_heldout'])} (ceiling {_f(s['noise'].get('ceiling_paired'))}, held out "
+            f"{_f(held.get('ceiling_paired'))}); ceiling {s['noise']['ceiling']:.2f} "
             f"(held out {held.get('ceiling', float('nan')):.2f}) -> {s['verdict']}; fastest measured "
-            f"{s['fastest_measured']}, predicted {s['fastest_predicted']}"
+            f"{s['fastest_measured']}, predicted {s['fastest_predicted']}; largest peak-memory error "
+            f"{_f(s['max_peak_error'], '{:.1%}')}"
         )
     for mspec, f in fitted.items():
         for w, m in f["machines"].items():
@@ -97,8 +102,8 @@ def main() -> None:
         Path(args.json).write_text(json.dumps({"summary": summary, "fitted": fitted}, indent=1, default=str))
 
 
-def _f(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.2f}"
+def _f(x: float | None, fmt: str = "{:.2f}") -> str:
+    return "n/a" if x is None else fmt.format(x)
 
 
 if __name__ == "__main__":

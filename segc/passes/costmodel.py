@@ -102,6 +102,9 @@ class MachineModel:
     queue_kernels: float = 0.0  # host: the kernels it may have outstanding (MLX throttles it); 0: unbounded
     segment_sq_s: float = 0.0  # per kernel squared of a segment: what a large segment costs beyond its kernels
     fused_products: bool = False  # one-row products with their neighbours as one kernel (segc on CUDA)
+    buffer_kernels: int = (
+        0  # memory: a GPU's command buffer holds its kernels' inputs until it ends (memory.py); 0: none
+    )
 
     def roofline(self) -> Machine:
         return Machine(self.name, self.flops_per_s, self.bytes_per_s)
@@ -129,8 +132,10 @@ class MachineModel:
             v = getattr(m, f.name)
             if f.name == "fused_products" and not isinstance(v, bool):
                 raise ScheduleError(f"machine model: fused_products must be true or false, got {v!r}")
-            low = 0 if f.name in ("encode_s", "commit_s", "queue_kernels", "segment_sq_s") else 1e-300
+            low = 0 if f.name in ("encode_s", "commit_s", "queue_kernels", "segment_sq_s", "buffer_kernels") else 1e-300
             numeric = f.name not in ("name", "source", "device", "fused_products")
+            if f.name == "buffer_kernels" and (isinstance(v, bool) or not isinstance(v, int)):
+                raise ScheduleError(f"machine model: buffer_kernels must be a whole number, got {v!r}")
             if numeric and not (isinstance(v, int | float) and v >= low):
                 raise ScheduleError(f"machine model: {f.name} must be a positive number, got {v!r}")
         return m
@@ -156,7 +161,12 @@ CPU = MachineModel(host_op_s=1e-6, queue_kernels=50)
 # (Until the fourteenth session: 20 us a segment, 1 + 4 us a kernel, 130 us a commit, which
 # made one segment the fastest plan under a commit per segment, the reverse of the
 # measurements. The size term is left to calibration: docs/experiments.md, "The third run".)
-H200 = MachineModel("h200", 790e12, 4.8e12, 4e-6, 2e-6, 10e-6, "default", 0.0, 2e-6, "gpu", fused_products=True)
+# MLX's CUDA build commits a command buffer past 100 kernels on an H100/H200
+# (``get_graph_limits`` in mlx/backend/cuda/device.cpp) and keeps every kernel's inputs
+# until its buffer completes: the memory prediction's ``buffer_kernels``.
+H200 = MachineModel(
+    "h200", 790e12, 4.8e12, 4e-6, 2e-6, 10e-6, "default", 0.0, 2e-6, "gpu", fused_products=True, buffer_kernels=100
+)
 
 
 def default_model() -> MachineModel:
@@ -247,11 +257,12 @@ class SegmentTime:
     queue: float = 0.0  # device seconds of the queue before it (queue_lead): work plus launches
     queue_work: float = 0.0  # of queue: all but the launches
     queue_n: float = 0.0  # of queue: the kernels in it
+    part: int = 0  # a segment past a GPU's command-buffer size comes in parts (``_buffers``): which one
 
     def retimed(self, m: MachineModel) -> SegmentTime:
         """The same segment with ``m``'s per-kernel and per-segment figures (its
         bandwidth and FLOP rate kept): what calibration fits."""
-        pre = m.dispatch_s + m.host_op_s * self.kernels
+        pre = (m.dispatch_s if self.part == 0 else 0.0) + m.host_op_s * self.kernels
         host = pre + m.encode_s * self.kernels
         dev = self.work + m.launch_s * self.kernels + m.segment_sq_s * self.kernels**2
         return replace(self, host=host, device=dev, pre=pre, queue=self.queue_work + m.launch_s * self.queue_n)
@@ -300,8 +311,45 @@ def predict_time(g: Graph, m: MachineModel | None = None, commit: str = "segment
         seg = SegmentTime(
             s.name, n, 0.0, 0.0, in_b / m.bytes_per_s, loss, kern, work, commit=flag, queue_work=qw[a], queue_n=qn[a]
         )
-        segs.append(seg.retimed(m))
+        segs += _buffers(seg, oc, a, b, m)
     return timed(segs, m)
+
+
+def _buffers(seg: SegmentTime, oc: OpCosts, a: int, b: int, m: MachineModel) -> list[SegmentTime]:
+    """The segment as the command buffers MLX's CUDA build commits it in: one past
+    every ``m.buffer_kernels`` kernels (``memory.py``), each a committed part of the
+    pipeline; the segment's own extra work (boundary reads, a split chain) goes with
+    the first part."""
+    most = m.buffer_kernels
+    if most <= 0 or seg.kernels <= most + 1:
+        return [seg.retimed(m)]
+    parts, start, nodes = [], a, 0
+    for k in range(a, b):
+        nodes += oc.kernels[k]
+        if nodes > most and k + 1 < b:
+            parts.append((start, k + 1))
+            start, nodes = k + 1, 0
+    parts.append((start, b))
+    out = []
+    for j, (x, y) in enumerate(parts):
+        kern = sum(oc.kernels[x:y])
+        work = sum(oc.device[x:y])
+        if j == 0:
+            kern += seg.kernels - sum(oc.kernels[a:b])
+            work += seg.work - sum(oc.device[a:b])
+        last = j == len(parts) - 1
+        out.append(
+            replace(
+                seg,
+                name=seg.name if j == 0 else f"{seg.name}/{j}",
+                ops=y - x,
+                kernels=kern,
+                work=work,
+                commit=seg.commit if last else True,
+                part=j,
+            ).retimed(m)
+        )
+    return out
 
 
 def timed(segs: Sequence[SegmentTime], m: MachineModel) -> TimePrediction:

@@ -1,29 +1,46 @@
-"""MLX's peak memory for one call of a graph, as MLX allocates it. The weights and other graph inputs stay resident (the
-model holds them) and are reported apart from the activations. Activations are
-simulated in program order: a buffer is allocated when its equation runs and freed
-after its last reader (MLX frees an array when its last reference goes); values inside
-a fused chain are never allocated; an elementwise output takes over an input buffer of
-the same size that dies at that equation (MLX's donation), and a KV-cache update writes
-into the cache buffer it consumes. The cuts change neither, so
-the prediction is the same for every legal plan (the executor releases a boundary
-value after its last reading segment, which is when its last reader has run).
+"""MLX's peak memory for one call of a graph, as MLX allocates it. The weights and other
+graph inputs stay resident (the model holds them) and are reported apart from the
+activations. Activations are simulated in program order: a buffer is allocated when its
+equation runs and freed after its last reader (MLX frees an array when its last
+reference goes); values inside a fused chain are never allocated; an elementwise output
+takes over an input buffer of the same size that dies at that equation (MLX's
+donation), and a KV-cache update writes into the cache buffer it consumes.
 
-On a machine whose lowering computes a decode step's rotated KV writes with segc's CUDA
-kernel (``segc.lower.kvwrite``: ``copied_writes``), those writes allocate their new
-buffers (MLX's custom kernels cannot write into an input), and the consumed cache
-buffers die at the kernel: the same simulation without the in-place case for them.
+On a GPU (``buffer_kernels``) a buffer lives longer: MLX's CUDA build keeps the inputs
+of every kernel it encodes until the command buffer holding the kernel has run
+(``gpu::eval`` adds them to the encoder's temporaries), and a command buffer ends at a
+commit: the runtime's (``commits``: after every segment under the default policy), or
+MLX's own once a buffer holds more than ``buffer_kernels`` kernels (100 on an H200), or
+the call's end. A buffer read earlier in the same command buffer is held there, so MLX
+donates it to no output. So on a GPU the cuts change the peak: a large segment keeps
+more of its values alive (the reference llama's prefill of 512 tokens: 66 MB of
+activations with a segment per layer, 346 MB in one segment, as ``mx.get_peak_memory``
+measures; docs/experiments.md). On the CPU a value dies with its last reader and the
+prediction is the same for every legal plan.
+
+A call that owns its state buffers (``consumed_state``: segc's jit from a signature's
+second call hands them to the executor) frees each after its last reader. On a machine
+whose lowering computes a decode step's rotated KV writes with segc's CUDA kernel
+(``segc.lower.kvwrite``: ``copied_writes``), those writes allocate their new buffers
+(MLX's custom kernels cannot write into an input), and the consumed cache buffers die
+at the kernel: the same simulation without the in-place case for them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
+from ..errors import ScheduleError
 from ..ir import Eqn, Graph, segments
 from ..lower.fused import CUDA_DEFAULTS, find_all
 from ..lower.prim import lookup
 from .analysis import ops
 from .costmodel import CPU, op_costs
 from .legalize import fusion_groups
+
+# kernels counted as a machine running segc's CUDA product kernels counts them
+_PRODUCTS = replace(CPU, fused_products=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,13 +55,24 @@ class MemoryPrediction:
         return self.weights + self.inputs + self.activations + self.constants
 
 
-def predict_memory(g: Graph, copied_writes: bool = False) -> MemoryPrediction:
-    """MLX's peak allocation for one call of ``g`` (module docstring); ``copied_writes``:
+def predict_memory(
+    g: Graph,
+    copied_writes: bool = False,
+    *,
+    buffer_kernels: int = 0,
+    commits: Sequence[bool] | None = None,
+    consumed_state: bool = False,
+) -> MemoryPrediction:
+    """MLX's peak allocation for one call of ``g`` (module docstring). ``copied_writes``:
     the rotated KV writes of ``g``'s segments are segc's CUDA kernel's (a fresh buffer
-    each)."""
+    each). ``buffer_kernels`` > 0: a GPU whose command buffers hold up to that many
+    kernels (MLX's CUDA build commits one past it, and at every commit: ``commits``, per
+    segment, default all), a buffer read by a kernel living until that kernel's command
+    buffer ends. ``consumed_state``: the call owns its state buffers (a jit's call from
+    its second on), which die after their last reader."""
     os_ = ops(g)
     copied = _copied(g) if copied_writes else frozenset()
-    oc = op_costs(g, CPU)
+    oc = op_costs(g, _PRODUCTS if copied_writes else CPU)
     lv = oc.lv
     state = {i.var.name for i in g.inputs if i.kind == "state"}
     end = {}  # a fused chain runs as one kernel at its last equation: its inputs live to there
@@ -56,13 +84,19 @@ def predict_memory(g: Graph, copied_writes: bool = False) -> MemoryPrediction:
         for v in e.ins:
             r = lv.root[v]
             last[r] = max(last.get(r, -1), end.get(k, k))
+    buf, closes = _buffer_ends(g, oc.kernels, buffer_kernels, commits) if buffer_kernels > 0 else ([], [])
+    reads: dict[str, list[int]] = {}  # per buffer: the ops reading it, in order
+    for k, e in enumerate(os_):
+        for r in dict.fromkeys(lv.root[v] for v in e.ins):
+            reads.setdefault(r, []).append(end.get(k, k))
     frees: dict[int, list[str]] = {}
-    for v in lv.defined:
-        u = lv.n if lv.last_use[v] >= lv.n else last.get(v, lv.defined[v])
+    dies = [*lv.defined, *(state if consumed_state else ())]
+    for v in dies:
+        u = lv.n if lv.last_use.get(v, -1) >= lv.n else last.get(v, lv.defined.get(v, lv.n))
         if u < lv.n:
             frees.setdefault(u, []).append(v)
-    live: dict[str, int] = {}
-    cur = peak = 0
+    live: dict[str, int] = {v: lv.nbytes.get(v, 0) for v in state} if consumed_state else {}
+    held = cur = peak = sum(live.values())
     for k, e in enumerate(os_):
         dying = {v for v in frees.get(k, []) if v in live}
         for o in e.outs:
@@ -70,9 +104,13 @@ def predict_memory(g: Graph, copied_writes: bool = False) -> MemoryPrediction:
                 continue
             size = lv.nbytes[o.name]
             in_place = e.prim in _IN_PLACE and e.id not in copied and e.ins
-            if in_place and last.get(lv.root[e.ins[0]]) == k and lv.root[e.ins[0]] in state:
+            root = lv.root[e.ins[0]] if e.ins else ""
+            if in_place and last.get(root) == k and root in state:
+                if root in live:  # the consumed state buffer is now the update's
+                    live[o.name] = live.pop(root)
                 continue  # a KV-cache update into the consumed state buffer: no new memory
-            donor = next((v for v in sorted(dying) if live[v] == size), None) if _donates(e) else None
+            ok = [v for v in sorted(dying) if live[v] == size and not (closes and _kept(reads[v], k, buf))]
+            donor = next(iter(ok), None) if _donates(e) else None
             if donor is not None:  # MLX writes the output into the dying input's buffer
                 dying.discard(donor)
                 cur -= live.pop(donor)
@@ -81,11 +119,14 @@ def predict_memory(g: Graph, copied_writes: bool = False) -> MemoryPrediction:
         peak = max(peak, cur)
         for v in frees.get(k, []):
             if v in live:
-                cur -= live.pop(v)
+                if not closes or closes[k] == k:
+                    cur -= live.pop(v)
+                else:  # kept by the command buffer until it ends
+                    frees.setdefault(closes[k], []).append(v)
     weights = sum(i.var.nbytes for i in g.inputs if i.kind == "param")
     other = sum(i.var.nbytes for i in g.inputs if i.kind != "param")
     consts = sum(c.var.nbytes for c in g.consts)
-    return MemoryPrediction(weights, other, peak, consts)
+    return MemoryPrediction(weights, other, peak - held, consts)
 
 
 # updates MLX makes in place when their first input is donated (segc hands a call's
@@ -110,3 +151,36 @@ def _copied(g: Graph) -> frozenset[int]:
         for w in find_all(s.eqns(g), s.outputs, consts, avals, g.eqns, **CUDA_DEFAULTS).writes:
             out.update(e.id for e in w.eqns if e.prim == "DynamicSliceUpdate")
     return frozenset(out)
+
+
+def _kept(readers: list[int], k: int, buf: list[int]) -> bool:
+    """Whether an earlier reader than op ``k`` in ``k``'s command buffer keeps the buffer
+    (the encoder's reference: MLX then donates it to no output)."""
+    return any(r < k and buf[r] == buf[k] for r in readers)
+
+
+def _buffer_ends(
+    g: Graph, kernels: Sequence[int], most: int, commits: Sequence[bool] | None
+) -> tuple[list[int], list[int]]:
+    """Per op (``analysis.ops`` order): its command buffer (a count) and the op that ends
+    that buffer. MLX's CUDA build commits a buffer after the kernel that takes it past
+    ``most`` kernels (``CommandEncoder::needs_commit``), at every commit the runtime
+    makes (``commits``, per segment) and at the call's end."""
+    segs = segments(g)
+    flags = list(commits) if commits is not None else [True] * len(segs)
+    if len(flags) != len(segs):
+        raise ScheduleError(f"{g.name}: {len(flags)} commit flags for {len(segs)} segments")
+    closing: list[bool] = []
+    for s, flag in zip(segs, flags):
+        n = sum(1 for e in g.eqns[s.start : s.stop] if not e.is_pseudo)
+        closing += [False] * (n - 1) + [flag] if n else []
+    buf: list[int] = []
+    ends: list[int] = []
+    nodes = b = 0
+    for k, n in enumerate(kernels):
+        buf.append(b)
+        nodes += n
+        if nodes > most or k + 1 == len(kernels) or closing[k]:
+            ends += [k] * (len(buf) - len(ends))
+            b, nodes = b + 1, 0
+    return buf, ends

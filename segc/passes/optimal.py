@@ -15,7 +15,9 @@
   the point reached, and grows with ``D_{k-1}``; the queue ``q_k`` depends only on the
   point segment ``k`` starts at (``overlap.queue_lead``); so the DP runs over (segments so far,
   point), with numpy over the previous point. At most
-  ``max_segments`` segments (64 unless told).
+  ``max_segments`` segments (64 unless told). A segment past the machine's command-buffer
+  size (``buffer_kernels``) is costed whole here, where ``predict_time`` costs the parts
+  MLX commits it in: the two agree for every segment within that size.
 """
 
 from __future__ import annotations

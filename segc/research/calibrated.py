@@ -13,6 +13,7 @@ from typing import Any
 from ..ir import Graph
 from ..passes import Plan
 from ..passes.analysis import analyze
+from ..passes.commits import commit_flags
 from ..passes.costmodel import MachineModel, predict_time
 from ..passes.memory import predict_memory
 from .fit import Observation, fit_machine
@@ -81,12 +82,19 @@ def calibrate(
 
 def predict_row(row: dict[str, Any], cut: Graph, plan: Plan, machine: MachineModel, policy: str) -> None:
     tp = predict_time(cut, machine, policy)
-    mp = predict_memory(cut, copied_writes=machine.fused_products)
+    # measured after warm-up: the jit's call owns its state buffers (from its second call)
+    mp = predict_memory(
+        cut,
+        copied_writes=machine.fused_products,
+        buffer_kernels=machine.buffer_kernels,
+        commits=commit_flags(cut, policy, machine.device),
+        consumed_state=True,
+    )
     st = analyze(cut, machine.roofline())
     row.update(
         {
             "plan": plan.strategy,
-            "segments": len(tp.segments),
+            "segments": sum(s.part == 0 for s in tp.segments),  # a GPU's command buffers come as parts
             "commits": tp.commits,
             "moved": len(plan.moved),
             "predicted_s": tp.total,

@@ -122,8 +122,9 @@ def predict_many(obs: Sequence[Observation], base: MachineModel, values: dict[st
     for j, o in enumerate(obs):
         sc = values.get(f"scale:{o.group}", fig("scale"))
         ks = [float(s.kernels) for s in o.segments]
-        pre = [dp + ho * k for k in ks]
-        host = [dp + (ho + en) * k for k in ks]
+        # a segment's later command buffers (SegmentTime.part) pay no dispatch of their own
+        pre = [dp * (s.part == 0) + ho * k for s, k in zip(o.segments, ks)]
+        host = [x + en * k for x, k in zip(pre, ks)]
         dev = [sc * s.work + ln * k + sq * k * k for s, k in zip(o.segments, ks)]
         flags = [s.commit for s in o.segments]
         queue = [sc * s.queue_work + ln * s.queue_n for s in o.segments] if base.queue_kernels > 0 else None
@@ -141,7 +142,8 @@ def predict_host_many(obs: Sequence[Observation], base: MachineModel, values: di
     for j, o in enumerate(obs):
         k = float(sum(s.kernels for s in o.segments))
         commits = commit_count(tuple(s.commit for s in o.segments))
-        out[:, j] = len(o.segments) * dp + (ho + en) * k + commits * cm
+        n = sum(s.part == 0 for s in o.segments)
+        out[:, j] = n * dp + (ho + en) * k + commits * cm
     return out
 
 

@@ -16,6 +16,15 @@ of each process's median call. Three statistics, per set of plans:
 - **confidence interval** of Spearman's correlation of the predictions with the
   measurement over the same draws (5% and 95%).
 
+**Paired**: every process times every plan (round-robin), so a process that runs fast
+or slow (its core, its clock, the machine's other load: process medians spread by
+25-55% on the H200) is fast or slow for all its plans alike. The paired measurement
+(:func:`paired`) divides each process's medians by their geometric mean over the plans
+before taking each plan's median over processes (the overall level put back): the
+plans' order within processes, with the processes' common factor removed, as a
+benchmark compares variants against a baseline run beside them. ``self_spearman_paired``
+and ``ceiling_paired`` are its self-agreement and ceiling, from the same draws.
+
 A correlation below the target with a ceiling below it too is noise; with a ceiling
 above it, the model is wrong (:func:`verdict`). The bootstrap needs timings to resample:
 under :data:`ENOUGH` (processes and calls each) there is no verdict.
@@ -66,15 +75,34 @@ def _array(plans: Sequence[Times]) -> np.ndarray:
     return np.array([[list(x[:c]) for x in t[:p]] for t in plans], dtype=float)
 
 
-def bootstrap(plans: Sequence[Times], draws: int, rng: np.random.Generator) -> np.ndarray:
+def paired(meds: np.ndarray) -> np.ndarray:
+    """``[..., plans, processes]`` per-process medians to ``[..., plans]``: each
+    process's divided by their geometric mean over the plans, the median over processes,
+    times the geometric mean of all (module docstring, "Paired")."""
+    lg = np.log(meds)
+    lg = lg - lg.mean(axis=-2, keepdims=True) + lg.mean(axis=(-2, -1), keepdims=True)
+    return np.exp(np.median(lg, axis=-1))
+
+
+def measured_paired(plans: Sequence[Times]) -> list[float] | None:
+    """Per plan, the paired measurement; None unless every plan was timed in the same
+    two or more processes."""
+    if len({len(t) for t in plans}) != 1 or len(plans[0]) < 2:
+        return None
+    meds = np.array([[statistics.median(p) for p in t] for t in plans], dtype=float)
+    return [float(x) for x in paired(meds)]
+
+
+def bootstrap(plans: Sequence[Times], draws: int, rng: np.random.Generator, pair: bool = False) -> np.ndarray:
     """``draws`` x plans: each plan's median of per-process medians in a resample
-    (module docstring)."""
+    (module docstring), or with ``pair`` the paired measurement of it."""
     a = _array(plans)
     n, p, c = a.shape
     procs = rng.integers(0, p, size=(draws, 1, p, 1))
     calls = rng.integers(0, c, size=(draws, n, p, c))
     sel = a[np.arange(n)[None, :, None, None], procs, calls]
-    return np.median(np.median(sel, axis=3), axis=2)
+    meds = np.median(sel, axis=3)
+    return paired(meds) if pair else np.median(meds, axis=2)
 
 
 def _ranks(x: np.ndarray) -> np.ndarray:
@@ -117,6 +145,13 @@ def noise(
     self_rho = float(np.median(rs)) if rs.size else None
     out["self_spearman"] = self_rho
     out["ceiling"] = math.sqrt(max(self_rho, 0.0)) if self_rho is not None else None
+    if measured_paired(plans) is not None:
+        pa, pb = bootstrap(plans, draws, rng, pair=True), bootstrap(plans, draws, rng, pair=True)
+        ps = spearman_rows(pa, pb)
+        ps = ps[np.isfinite(ps)]
+        self_p = float(np.median(ps)) if ps.size else None
+        out["self_spearman_paired"] = self_p
+        out["ceiling_paired"] = math.sqrt(max(self_p, 0.0)) if self_p is not None else None
     if predicted is not None:
         rho = spearman_rows(np.asarray(predicted, dtype=float)[None, :], a)
         rho = rho[np.isfinite(rho)]
