@@ -6,7 +6,7 @@
 #
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_decode.sh [PARTS]
 #
-# PARTS: any of  dense quant moe concat isolated runtime kernels select products check generate device ablate commits census kv attn kvattn prefill experiment paging hostcost segment plandevice argcost
+# PARTS: any of  dense quant moe concat isolated runtime kernels select products check generate device ablate commits census kv attn kvattn prefill experiment paging hostcost segment plandevice argcost hostkinds
 # (default: dense runtime). kernels: fewer_kernels.py (what each kernel and each of the
 # dynamic cache's differences costs); select: segc's one-position KV write as a select
 # against MLX's, three models; products: segc's product kernels (segc.lower.products)
@@ -26,7 +26,8 @@
 # (MLX's host time per kernel, builtin and custom, eager, compiled, in 17 commits); segment:
 # segment_host.py (each segment's compiled call, commit and primitives; bf16, 4-bit, mixtral);
 # plandevice: plan_device.py (each prefill-512 plan's device span: its own, and in the pipeline);
-# argcost: arg_cost.py (the host's time per extra input of a compiled, committed segment). isolated: decode of the three models: segc's defaults, and concatenated and
+# argcost: arg_cost.py (the host's time per extra input of a compiled, committed segment);
+# hostkinds: host_kinds.py (the host's time per segment, per product and per elementwise kernel). isolated: decode of the three models: segc's defaults, and concatenated and
 # frozen with one segment (wholefrozen) and a segment per layer (frozen), every variant a process of its own, 2 rounds (the "variants isolated"); about
 # 4 minutes a model on the H200, so MODELS=llama: (or llama_4bit:--bits,4 or
 # mixtral:--arch,mixtral) runs one model in a device call.
@@ -174,6 +175,10 @@ for p in $parts; do
     echo "plandevice own: rc=$?"
     timeout 200 $PY benchmarks/plan_device.py --strategies $all --commit segment >"$OUT/plan_device_segment.txt" 2>&1
     echo "plandevice segment: rc=$?"
+    ;;
+  hostkinds)  # the host per segment, per product kernel and per elementwise kernel: host_kinds.py
+    timeout 200 $PY benchmarks/host_kinds.py >"$OUT/host_kinds.txt" 2>&1
+    echo "hostkinds: rc=$?"
     ;;
   argcost)  # what one more argument costs a compiled, committed segment: arg_cost.py
     timeout 120 $PY benchmarks/arg_cost.py >"$OUT/arg_cost.txt" 2>&1

@@ -309,3 +309,24 @@ def test_arg_cost_keeps_eagers_bytes_for_every_number_of_inputs() -> None:
     rows = [line.split() for line in p.stdout.splitlines() if line.strip() and line.split()[0].isdigit()]
     assert [r[0] for r in rows] == ["0", "2", "4"] and all(r[-1] == "True" for r in rows), p.stdout
     assert "host time per extra input, per segment:" in p.stdout
+
+
+def test_host_kinds_keeps_eagers_bytes_for_every_variant() -> None:
+    """``benchmarks/host_kinds.py`` (the host per segment, product and elementwise
+    kernel): every (segments, products, elementwise) variant against the same functions
+    run eagerly, exit 1 on a difference; a row per variant, and the three figures."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "host_kinds.py"), "--segments", "2,3", "--products", "1,2"]
+    p = subprocess.run([*cmd, "--repeats", "2", "--size", "64"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = [line.split() for line in p.stdout.splitlines() if line.strip() and line.split()[0].isdigit()]
+    assert [(r[0], r[1], r[2]) for r in rows] == [
+        ("2", "1", "0"),
+        ("2", "1", "1"),
+        ("2", "2", "0"),
+        ("2", "2", "2"),
+        ("3", "1", "0"),
+        ("3", "1", "1"),
+        ("3", "2", "0"),
+        ("3", "2", "2"),
+    ], p.stdout
+    assert all(r[-1] == "True" for r in rows) and "per elementwise kernel" in p.stdout, p.stdout
