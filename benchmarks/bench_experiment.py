@@ -65,8 +65,8 @@ def main() -> int:
     p.add_argument("--strategies", default=",".join(EVERY), help="comma list (ranges allowed)")
     p.add_argument("--calibration", default=CALIBRATION, help="calibration plans (comma list; '' for none)")
     p.add_argument(
-        "--overheads", default="group", choices=("group", "shared"),
-        help="calibration: each workload's overheads fitted to its own plans, or one set for all"
+        "--overheads", default="group", choices=("group", "shared", "device"),
+        help="calibration: each workload's overheads fitted to its own plans, one set for all, or the device's alone"
     )  # fmt: skip
     p.add_argument("--processes", type=int, default=1, help="fresh timing processes per plan")
     p.add_argument(

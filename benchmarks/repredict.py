@@ -33,6 +33,7 @@ def main() -> None:
     ap.add_argument("--json", help="write the summary here")
     ap.add_argument("--retrace", action="store_true", help="trace here even where the run saved its graphs")
     ap.add_argument("--host-weight", type=float, default=0.0, help="fit the measured host times too (fit.py)")
+    ap.add_argument("--overheads", default="group", choices=("group", "shared", "device"), help="calibrate.py's")
     args = ap.parse_args()
     out = Path(args.out)
     res = json.loads((out / "results.json").read_text())
@@ -69,7 +70,7 @@ def main() -> None:
                     prep.cuts[id(r)], prep.plans[id(r)] = apply_plan(g, plan), plan
                     predict_row(r, prep.cuts[id(r)], plan, machine, policy)
             preps.append(prep)
-        fitted[mspec] = calibrate(machine, policy, preps, host_weight=args.host_weight)
+        fitted[mspec] = calibrate(machine, policy, preps, args.overheads, host_weight=args.host_weight)
     summary = Results(machine=machine, rows=rows).summary()
     for s in summary:
         held = (s.get("noise") or {}).get("heldout") or {}

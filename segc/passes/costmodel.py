@@ -77,6 +77,7 @@ from pathlib import Path
 
 from ..errors import ScheduleError
 from ..ir import Graph, segments
+from ..lower.prim import lookup
 from ..lower.shapes import host_range
 from .analysis import Liveness, Machine, eqn_bytes, eqn_flops, is_view, liveness, ops
 from .commits import DEVICES, commit_count, commit_flags
@@ -102,6 +103,9 @@ class MachineModel:
     queue_kernels: float = 0.0  # host: the kernels it may have outstanding (MLX throttles it); 0: unbounded
     segment_sq_s: float = 0.0  # per kernel squared of a segment: what a large segment costs beyond its kernels
     fused_products: bool = False  # one-row products with their neighbours as one kernel (segc on CUDA)
+    elementwise_host: float = (
+        1.0  # host: an elementwise kernel's share of host_op_s (the rest: products, custom kernels)
+    )
     buffer_kernels: int = (
         0  # memory: a GPU's command buffer holds its kernels' inputs until it ends (memory.py); 0: none
     )
@@ -190,6 +194,7 @@ class OpCosts:
     group: tuple[int, ...]
     lv: Liveness
     internal: dict[str, int]  # value -> group, for values made and read only inside one chain
+    light: tuple[bool, ...] = ()  # per equation: the kernel it starts is elementwise only (a fused chain of them)
 
 
 def op_costs(g: Graph, m: MachineModel) -> OpCosts:
@@ -215,6 +220,11 @@ def op_costs(g: Graph, m: MachineModel) -> OpCosts:
             if rs and o.name not in outs and all(group[r] == group[k] for r in rs):
                 internal[o.name] = group[k]
     device, kernels = [], []
+    plain = [True] * len(groups)  # per group: elementwise equations only
+    for k, e in enumerate(os_):
+        if group[k] >= 0 and not lookup(e.prim).fusible:
+            plain[group[k]] = False
+    light = [plain[group[k]] if group[k] >= 0 else lookup(e.prim).fusible for k, e in enumerate(os_)]
     seen: set[int] = set()
     read_in: dict[int, set[str]] = {}  # per chain: the buffers it has read already
 
@@ -236,7 +246,7 @@ def op_costs(g: Graph, m: MachineModel) -> OpCosts:
         seen.add(group[k])
         aliased = bool(e.outs) and is_view(e) and lv.root[e.outs[0].name] != e.outs[0].name
         kernels.append(0 if aliased or not first or host else 1)
-    return OpCosts(tuple(device), tuple(kernels), tuple(group), lv, internal)
+    return OpCosts(tuple(device), tuple(kernels), tuple(group), lv, internal, tuple(light))
 
 
 # --------------------------------------------------------------------------- time
@@ -257,12 +267,13 @@ class SegmentTime:
     queue: float = 0.0  # device seconds of the queue before it (queue_lead): work plus launches
     queue_work: float = 0.0  # of queue: all but the launches
     queue_n: float = 0.0  # of queue: the kernels in it
+    light: int = 0  # of kernels: those of elementwise equations only (elementwise_host of host_op_s each)
     part: int = 0  # a segment past a GPU's command-buffer size comes in parts (``_buffers``): which one
 
     def retimed(self, m: MachineModel) -> SegmentTime:
         """The same segment with ``m``'s per-kernel and per-segment figures (its
         bandwidth and FLOP rate kept): what calibration fits."""
-        pre = (m.dispatch_s if self.part == 0 else 0.0) + m.host_op_s * self.kernels
+        pre = (m.dispatch_s if self.part == 0 else 0.0) + m.host_op_s * host_kernels(self, m.elementwise_host)
         host = pre + m.encode_s * self.kernels
         dev = self.work + m.launch_s * self.kernels + m.segment_sq_s * self.kernels**2
         return replace(self, host=host, device=dev, pre=pre, queue=self.queue_work + m.launch_s * self.queue_n)
@@ -307,12 +318,30 @@ def predict_time(g: Graph, m: MachineModel | None = None, commit: str = "segment
             )
             loss = 2 * split / m.bytes_per_s + m.launch_s
         kern = sum(oc.kernels[a:b]) + (loss > 0)
+        light = sum(n for n, f in zip(oc.kernels[a:b], oc.light[a:b]) if f)
         work = sum(oc.device[a:b]) + in_b / m.bytes_per_s + (2 * split / m.bytes_per_s if loss else 0.0)
         seg = SegmentTime(
-            s.name, n, 0.0, 0.0, in_b / m.bytes_per_s, loss, kern, work, commit=flag, queue_work=qw[a], queue_n=qn[a]
+            s.name,
+            n,
+            0.0,
+            0.0,
+            in_b / m.bytes_per_s,
+            loss,
+            kern,
+            work,
+            commit=flag,
+            queue_work=qw[a],
+            queue_n=qn[a],
+            light=light,
         )
         segs += _buffers(seg, oc, a, b, m)
     return timed(segs, m)
+
+
+def host_kernels(s: SegmentTime, elementwise: float) -> float:
+    """The segment's kernels as the host pays for them: an elementwise kernel counts
+    ``elementwise`` (``MachineModel.elementwise_host``)."""
+    return s.kernels - (1.0 - elementwise) * s.light
 
 
 def _buffers(seg: SegmentTime, oc: OpCosts, a: int, b: int, m: MachineModel) -> list[SegmentTime]:
@@ -334,6 +363,7 @@ def _buffers(seg: SegmentTime, oc: OpCosts, a: int, b: int, m: MachineModel) -> 
     for j, (x, y) in enumerate(parts):
         kern = sum(oc.kernels[x:y])
         work = sum(oc.device[x:y])
+        light = sum(n for n, f in zip(oc.kernels[x:y], oc.light[x:y]) if f)
         if j == 0:
             kern += seg.kernels - sum(oc.kernels[a:b])
             work += seg.work - sum(oc.device[a:b])
@@ -344,6 +374,7 @@ def _buffers(seg: SegmentTime, oc: OpCosts, a: int, b: int, m: MachineModel) -> 
                 name=seg.name if j == 0 else f"{seg.name}/{j}",
                 ops=y - x,
                 kernels=kern,
+                light=light,
                 work=work,
                 commit=seg.commit if last else True,
                 part=j,

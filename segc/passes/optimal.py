@@ -139,6 +139,9 @@ class Optimal:
                 lo = t
         in_b = np.cumsum(np.cumsum(rect, axis=0), axis=1)[:q, :q]
         kp = np.concatenate([[0.0], np.cumsum(np.array(oc.kernels, dtype=float))])[pts]  # kernels before each point
+        # the same as the host pays for them (an elementwise kernel: m.elementwise_host of one)
+        weight = [n * (m.elementwise_host if f else 1.0) for n, f in zip(oc.kernels, oc.light)]
+        kh = np.concatenate([[0.0], np.cumsum(np.array(weight, dtype=float))])[pts]
         # a segment's device span, with the size term (costmodel: per kernel squared of the segment)
         d = dev[pts][None, :] - dev[pts][:, None] + in_b / m.bytes_per_s
         d = d + m.segment_sq_s * (kp[None, :] - kp[:, None]) ** 2
@@ -150,8 +153,8 @@ class Optimal:
                     feas[i, idx[b]] = True
             ok &= feas
         d = np.where(ok, d, np.inf)
-        pre_at = m.encode_s * kp[:, None] + m.host_op_s * kp[None, :]  # host work before segment (i, j) starts
-        end_at = (m.host_op_s + m.encode_s) * kp
+        pre_at = m.encode_s * kp[:, None] + m.host_op_s * kh[None, :]  # host work before segment (i, j) starts
+        end_at = m.host_op_s * kh + m.encode_s * kp
         inf = np.full(q, np.inf)
         seg_s = m.dispatch_s + m.commit_s  # per segment: a commit after each (the policy "segment")
         D = [np.where(pts == 0, 0.0, np.inf)]
@@ -162,7 +165,7 @@ class Optimal:
         # device is done with the segments before it (overlap.pipeline_time); none for i = 0
         qw, qn = (np.array(x) for x in queue_lead(oc.device, oc.kernels, m.queue_kernels))
         lead = np.where(pts == 0, 1e30, qw[pts] + m.launch_s * qn[pts])  # finite: inf - inf is nan
-        own = seg_s + m.host_op_s * (kp[None, :] - kp[:, None]) - lead[:, None]
+        own = seg_s + m.host_op_s * (kh[None, :] - kh[:, None]) - lead[:, None]
         for s in range(1, max(1, self.max_segments) + 1):
             start = np.maximum(D[-1][:, None], s * seg_s + pre_at)
             if m.queue_kernels > 0:  # 0: unbounded

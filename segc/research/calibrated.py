@@ -19,6 +19,9 @@ from ..passes.memory import predict_memory
 from .fit import Observation, fit_machine
 from .models import Workload
 
+# what overheads="device" fits: the device's throughput, per-kernel launch and size terms
+DEVICE_FIGURES = ("scale", "launch_s", "segment_sq_s")
+
 
 @dataclass
 class Prepared:
@@ -50,7 +53,9 @@ def calibrate(
 ) -> dict[str, Any]:
     """Fit ``machine`` to the calibration rows of every workload, then predict every
     planned row with the fitted model (``prior_predicted_s``: the prediction before).
-    ``overheads``: ``"group"``, each workload's overheads fitted to its own calibration
+    ``overheads``: ``"device"``, each workload's device figures alone (``DEVICE_FIGURES``)
+    fitted to its own calibration rows, the host's kept as ``machine`` gives them;
+    ``"group"``, each workload's overheads fitted to its own calibration
     rows, or ``"shared"``, one set for every workload (``fit.fit_machine``); ``host_weight``
     > 0 fits the rows' measured host times too (``fit.py``; off by default:
     docs/experiments.md, "The sixth and seventh runs")."""
@@ -61,7 +66,10 @@ def calibrate(
                 segs = predict_time(prep.cuts[id(r)], machine, policy).segments
                 host = r.get("host_median_s")
                 obs.append(Observation(r["workload"], segs, r["measured_median_s"], r["strategy"], host))
-    fit = fit_machine(machine, obs, overheads=overheads, host_weight=host_weight)
+    if overheads == "device":  # the host's figures are the machine model's (measured apart): only the device's fitted
+        fit = fit_machine(machine, obs, overheads="group", host_weight=host_weight, free=DEVICE_FIGURES)
+    else:
+        fit = fit_machine(machine, obs, overheads=overheads, host_weight=host_weight)
     for prep in preps:
         m = fit.machines.get(prep.workload.name)
         for r in prep.rows:

@@ -78,7 +78,9 @@ class Experiment:
     commit: str = "auto"  # the runtime's commit policy for every plan (segc.jit(commit=...))
     processes: int = 1  # > 1: time in that many fresh processes, one after another
     calibration: Sequence[str] = ()  # strategies whose measured times the machine model is fitted to
-    overheads: str = "group"  # calibration: each workload's overheads its own ("group") or one set ("shared")
+    overheads: str = (
+        "group"  # calibration: each workload's its own ("group"), one set ("shared"), the device's only ("device")
+    )
     log: Callable[[str], None] | None = field(default=None, repr=False)
 
     def check(self) -> None:
@@ -90,8 +92,8 @@ class Experiment:
             raise SegcError(f"processes must be >= 1, got {self.processes}")
         if self.commit not in COMMITS:
             raise SegcError(f"commit must be one of {COMMITS}, not {self.commit!r}")
-        if self.overheads not in ("group", "shared"):
-            raise SegcError(f"overheads must be 'group' or 'shared', not {self.overheads!r}")
+        if self.overheads not in ("group", "shared", "device"):
+            raise SegcError(f"overheads must be 'group', 'shared' or 'device', not {self.overheads!r}")
 
 
 class Progress:

@@ -61,7 +61,7 @@ import numpy as np
 
 from ..errors import SegcError
 from ..passes.commits import commit_count
-from ..passes.costmodel import MachineModel, SegmentTime
+from ..passes.costmodel import MachineModel, SegmentTime, host_kernels
 from ..passes.overlap import pipeline_time
 
 BOUNDS: dict[str, tuple[float, float]] = {
@@ -118,12 +118,13 @@ def predict_many(obs: Sequence[Observation], base: MachineModel, values: dict[st
     p = len(fig("scale"))
     names = ("launch_s", "dispatch_s", "host_op_s", "commit_s", "encode_s", "segment_sq_s")
     ln, dp, ho, cm, en, sq = (fig(n) for n in names)
+    ew = base.elementwise_host
     out = np.empty((p, len(obs)))
     for j, o in enumerate(obs):
         sc = values.get(f"scale:{o.group}", fig("scale"))
         ks = [float(s.kernels) for s in o.segments]
         # a segment's later command buffers (SegmentTime.part) pay no dispatch of their own
-        pre = [dp * (s.part == 0) + ho * k for s, k in zip(o.segments, ks)]
+        pre = [dp * (s.part == 0) + ho * host_kernels(s, ew) for s in o.segments]
         host = [x + en * k for x, k in zip(pre, ks)]
         dev = [sc * s.work + ln * k + sq * k * k for s, k in zip(o.segments, ks)]
         flags = [s.commit for s in o.segments]
@@ -141,9 +142,10 @@ def predict_host_many(obs: Sequence[Observation], base: MachineModel, values: di
     out = np.empty((len(dp), len(obs)))
     for j, o in enumerate(obs):
         k = float(sum(s.kernels for s in o.segments))
+        hk = float(sum(host_kernels(s, base.elementwise_host) for s in o.segments))
         commits = commit_count(tuple(s.commit for s in o.segments))
         n = sum(s.part == 0 for s in o.segments)
-        out[:, j] = n * dp + (ho + en) * k + commits * cm
+        out[:, j] = n * dp + ho * hk + en * k + commits * cm
     return out
 
 

@@ -118,3 +118,20 @@ def test_a_segment_past_the_buffer_size_runs_as_committed_parts() -> None:
     assert [s.pre for s in parts.segments] == pytest.approx([12e-6, 2e-6])
     assert parts.total == pytest.approx(12e-6 + 2 * 3.024e-6)
     assert parts.host == pytest.approx(whole.host)
+
+
+def test_an_elementwise_kernel_costs_the_host_its_share() -> None:
+    src = """\
+graph f(%a0: f32[4,8] arg="0", %p0: f32[8,8] param="w") {
+  %v0: f32[4,8] = Matmul(%a0, %p0) #0
+  %v1: f32[4,8] = Exp(%v0) #1
+  return (%v1)
+}
+"""
+    g = parse(src)
+    # a product and an elementwise kernel: 10 us of dispatch, then 1 us and 0.25 us
+    (seg,) = predict_time(g, replace(TOY, elementwise_host=0.25)).segments
+    assert (seg.kernels, seg.light) == (2, 1)
+    assert seg.pre == pytest.approx(10e-6 + 1e-6 + 0.25e-6)
+    (whole,) = predict_time(g, TOY).segments
+    assert whole.pre == pytest.approx(12e-6)

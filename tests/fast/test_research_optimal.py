@@ -90,9 +90,11 @@ ENCODING = MachineModel("encoding", 1e9, 1e9, 1e-7, 1e-4, 1e-6, "by hand", 5e-6)
 QUEUED = MachineModel("queued", 1e9, 1e8, 1e-6, 2e-6, 1e-6, "by hand", queue_kernels=2)
 # a size term large enough to prefer more segments than the dispatch cost alone would
 SIZED = MachineModel("sized", 1e9, 1e9, 1e-7, 2e-6, 1e-7, "by hand", segment_sq_s=5e-7)
+# elementwise kernels a tenth of a product's host time, with the host dear
+CHEAP_ELEMENTWISE = MachineModel("cheap-elementwise", 1e9, 1e9, 1e-7, 1e-5, 1e-5, "by hand", elementwise_host=0.1)
 
 
-@pytest.mark.parametrize("model", [CPU, H200, SLOW_HOST, ENCODING, QUEUED, SIZED])
+@pytest.mark.parametrize("model", [CPU, H200, SLOW_HOST, ENCODING, QUEUED, SIZED, CHEAP_ELEMENTWISE])
 @settings(max_examples=examples(25), deadline=None, derandomize=True)
 @given(g=programs(), frac=st.one_of(st.none(), st.floats(0.2, 1.2)))
 def test_optimal_matches_brute_force(model: MachineModel, g: Graph, frac: float | None) -> None:
