@@ -22,8 +22,8 @@ import mlx.core as mx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-# host_cost.py's timed loop: each part called, an mx.async_eval after each
-from host_cost import timed
+# host_cost.py's timed loop (each part called, an mx.async_eval after each), against eager
+from host_cost import compiled_against_eager, operands
 
 
 def segment(w: mx.array, kernels: int, n: int) -> Callable[..., mx.array]:
@@ -40,11 +40,6 @@ def segment(w: mx.array, kernels: int, n: int) -> Callable[..., mx.array]:
     return f
 
 
-def bound(f: Callable[..., mx.array], extra: list[mx.array]) -> Callable[[mx.array], mx.array]:
-    """``f`` as a function of the running vector alone, its extra inputs bound."""
-    return lambda y: f(y, *extra)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--inputs", default="0,1,2,4,8,16")
@@ -53,9 +48,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--size", type=int, default=2048)
     a = ap.parse_args()
-    w = mx.random.normal((a.size, a.size), key=mx.random.key(0)).astype(mx.bfloat16) * (a.size**-0.5)
-    x = mx.random.normal((a.size,), key=mx.random.key(1)).astype(mx.bfloat16)
-    mx.eval(w, x)
+    w, x = operands(a.size)
     print(f"mlx {mx.__version__}, {mx.default_device()}, {a.segments} segments of {a.kernels} products")
     print(f"{'inputs':>6} {'host':>10} {'per segment':>12}  same bytes as eager")
     same, rows = True, []
@@ -63,13 +56,7 @@ def main() -> None:
         extra = [mx.random.normal((a.size,), key=mx.random.key(2 + i)).astype(mx.bfloat16) for i in range(n)]
         mx.eval(extra)
         fns = [segment(w, a.kernels, n) for _ in range(a.segments)]
-        want = x
-        for f in fns:
-            want = f(want, *extra)
-        mx.eval(want)
-        parts = [bound(mx.compile(f), extra) for f in fns]
-        host, _, got = timed(parts, x, a.repeats)
-        ok = np.array(got.view(mx.uint16)).tobytes() == np.array(want.view(mx.uint16)).tobytes()
+        host, ok = compiled_against_eager(fns, x, a.repeats, extra)
         same &= ok
         rows.append((n, host))
         print(f"{n:>6} {host * 1e3:>7.3f} ms {host / a.segments * 1e6:>9.2f} us  {ok}")

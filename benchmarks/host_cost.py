@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import mlx.core as mx
 import numpy as np
@@ -95,6 +95,40 @@ def timed(parts: list[Callable[[mx.array], mx.array]], x: mx.array, repeats: int
     return statistics.median(hosts), statistics.median(walls), y
 
 
+def operands(size: int) -> tuple[mx.array, mx.array]:
+    """A bf16 weight (scaled so that a chain's values stay finite) and a bf16 vector,
+    evaluated: what the chains of this script and its neighbours run on."""
+    w = mx.random.normal((size, size), key=mx.random.key(0)).astype(mx.bfloat16) * (size**-0.5)
+    x = mx.random.normal((size,), key=mx.random.key(1)).astype(mx.bfloat16)
+    mx.eval(w, x)
+    return w, x
+
+
+def raw(y: mx.array) -> bytes:
+    """A bf16 array's bytes (compared raw: bit-identity, not closeness)."""
+    return np.array(y.view(mx.uint16)).tobytes()
+
+
+def bound(f: Callable[..., mx.array], extra: Sequence[mx.array]) -> Callable[[mx.array], mx.array]:
+    """``f`` as a function of the running vector alone, its extra inputs bound."""
+    return lambda y: f(y, *extra)
+
+
+def compiled_against_eager(
+    fns: list[Callable[..., mx.array]], x: mx.array, repeats: int, extra: Sequence[mx.array] = ()
+) -> tuple[float, bool]:
+    """``fns`` run one after another from ``x`` (each also given ``extra``), each
+    ``mx.compile``d and committed (``timed``): the host's seconds, and whether the bytes
+    are those of the same functions run eagerly."""
+    want = x
+    for f in fns:
+        want = f(want, *extra)
+    mx.eval(want)
+    parts = [bound(mx.compile(f), extra) for f in fns]
+    host, _, got = timed(parts, x, repeats)
+    return host, raw(got) == raw(want)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kernels", type=int, default=83)
@@ -113,7 +147,7 @@ def main() -> None:
         want = None
         for name, parts in variants(kind, a.kernels, a.segments, a.size).items():
             host, wall, y = timed(parts, x, a.repeats)
-            got = np.array(y.view(mx.uint16)).tobytes()
+            got = raw(y)
             want = got if want is None else want
             same_everywhere &= got == want
             per = host / a.kernels * 1e6

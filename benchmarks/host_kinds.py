@@ -24,8 +24,8 @@ import mlx.core as mx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-# host_cost.py's timed loop: each part called, an mx.async_eval after each
-from host_cost import timed
+# host_cost.py's timed loop (each part called, an mx.async_eval after each), against eager
+from host_cost import compiled_against_eager, operands
 
 
 def segment(w: mx.array, products: int, elementwise: int) -> Callable[[mx.array], mx.array]:
@@ -46,22 +46,14 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=40)
     ap.add_argument("--size", type=int, default=2048)
     a = ap.parse_args()
-    w = mx.random.normal((a.size, a.size), key=mx.random.key(0)).astype(mx.bfloat16) * (a.size**-0.5)
-    x = mx.random.normal((a.size,), key=mx.random.key(1)).astype(mx.bfloat16)
-    mx.eval(w, x)
+    w, x = operands(a.size)
     print(f"mlx {mx.__version__}, {mx.default_device()}, vectors of {a.size}, {a.repeats} calls a variant")
     print(f"{'S':>3} {'P':>3} {'E':>3} {'host':>10} {'per segment':>12}  same bytes as eager")
     same, rows = True, []
     for s in (int(v) for v in a.segments.split(",")):
         for p in (int(v) for v in a.products.split(",")):
             for e in (0, p):
-                fns = [segment(w, p, e) for _ in range(s)]
-                want = x
-                for f in fns:
-                    want = f(want)
-                mx.eval(want)
-                host, _, got = timed([mx.compile(f) for f in fns], x, a.repeats)
-                ok = np.array(got.view(mx.uint16)).tobytes() == np.array(want.view(mx.uint16)).tobytes()
+                host, ok = compiled_against_eager([segment(w, p, e) for _ in range(s)], x, a.repeats)
                 same &= ok
                 rows.append((s, p, e, host))
                 print(f"{s:>3} {p:>3} {e:>3} {host * 1e3:>7.3f} ms {host / s * 1e6:>9.2f} us  {ok}")

@@ -73,6 +73,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from ..errors import ScheduleError
 from ..ir import Graph, segments
 from ..lower.prim import lookup
 from ..lower.shapes import host_range
@@ -211,6 +212,7 @@ def predict_time(g: Graph, m: MachineModel | None = None, commit: str = "segment
     oc = op_costs(g, m)
     flags = commit_flags(g, commit, m.device)
     qw, qn = queue_lead(oc.device, oc.kernels, m.queue_kernels)
+    ends = command_buffers(g, oc.kernels, m.buffer_kernels, flags)[1] if m.buffer_kernels > 0 else []
     segs: list[SegmentTime] = []
     k = 0
     for s, flag in zip(segments(g), flags):
@@ -225,7 +227,6 @@ def predict_time(g: Graph, m: MachineModel | None = None, commit: str = "segment
             )
             loss = 2 * split / m.bytes_per_s + m.launch_s
         kern = sum(oc.kernels[a:b]) + (loss > 0)
-        light = sum(n for n, f in zip(oc.kernels[a:b], oc.light[a:b]) if f)
         work = sum(oc.device[a:b]) + in_b / m.bytes_per_s + (2 * split / m.bytes_per_s if loss else 0.0)
         seg = SegmentTime(
             s.name,
@@ -239,9 +240,9 @@ def predict_time(g: Graph, m: MachineModel | None = None, commit: str = "segment
             commit=flag,
             queue_work=qw[a],
             queue_n=qn[a],
-            light=light,
+            light=_light(oc, a, b),
         )
-        segs += _buffers(seg, oc, a, b, m)
+        segs += _buffers(seg, oc, a, b, ends, m)
     return timed(segs, m)
 
 
@@ -251,26 +252,53 @@ def host_kernels(s: SegmentTime, elementwise: float) -> float:
     return s.kernels - (1.0 - elementwise) * s.light
 
 
-def _buffers(seg: SegmentTime, oc: OpCosts, a: int, b: int, m: MachineModel) -> list[SegmentTime]:
-    """The segment as the command buffers MLX's CUDA build commits it in: one past
-    every ``m.buffer_kernels`` kernels (``memory.py``), each a committed part of the
-    pipeline; the segment's own extra work (boundary reads, a split chain) goes with
+def _light(oc: OpCosts, a: int, b: int) -> int:
+    """Of ops ``[a, b)``'s kernels, those of elementwise equations only."""
+    return sum(n for n, f in zip(oc.kernels[a:b], oc.light[a:b]) if f)
+
+
+def command_buffers(
+    g: Graph, kernels: Sequence[int], most: int, commits: Sequence[bool] | None = None
+) -> tuple[list[int], list[int]]:
+    """Per op (``analysis.ops`` order; ``kernels``: ``OpCosts.kernels``): its command
+    buffer (a count) and the op that ends that buffer. MLX's CUDA build commits a buffer
+    after the kernel that takes it past ``most`` kernels (``CommandEncoder::needs_commit``),
+    at every commit the runtime makes (``commits``, per segment: ``commit_flags``; default
+    all) and at the call's end. The time model (``_buffers``) and the memory prediction
+    (``memory.py``) both read it."""
+    segs = segments(g)
+    flags = list(commits) if commits is not None else [True] * len(segs)
+    if len(flags) != len(segs):
+        raise ScheduleError(f"{g.name}: {len(flags)} commit flags for {len(segs)} segments")
+    closing: list[bool] = []
+    for s, flag in zip(segs, flags):
+        n = sum(1 for e in g.eqns[s.start : s.stop] if not e.is_pseudo)
+        closing += [False] * (n - 1) + [flag] if n else []
+    buf: list[int] = []
+    ends: list[int] = []
+    nodes = b = 0
+    for k, n in enumerate(kernels):
+        buf.append(b)
+        nodes += n
+        if nodes > most or k + 1 == len(kernels) or closing[k]:
+            ends += [k] * (len(buf) - len(ends))
+            b, nodes = b + 1, 0
+    return buf, ends
+
+
+def _buffers(seg: SegmentTime, oc: OpCosts, a: int, b: int, ends: Sequence[int], m: MachineModel) -> list[SegmentTime]:
+    """The segment (ops ``[a, b)``) as the command buffers MLX's CUDA build commits it
+    in (``ends``: ``command_buffers``' per op; none: one part), each a committed part of
+    the pipeline; the segment's own extra work (boundary reads, a split chain) goes with
     the first part."""
-    most = m.buffer_kernels
-    if most <= 0 or seg.kernels <= most + 1:
+    cuts = [k + 1 for k in range(a, b - 1) if ends and ends[k] == k]
+    if not cuts:
         return [seg.retimed(m)]
-    parts, start, nodes = [], a, 0
-    for k in range(a, b):
-        nodes += oc.kernels[k]
-        if nodes > most and k + 1 < b:
-            parts.append((start, k + 1))
-            start, nodes = k + 1, 0
-    parts.append((start, b))
+    parts = list(zip([a, *cuts], [*cuts, b]))
     out = []
     for j, (x, y) in enumerate(parts):
         kern = sum(oc.kernels[x:y])
         work = sum(oc.device[x:y])
-        light = sum(n for n, f in zip(oc.kernels[x:y], oc.light[x:y]) if f)
         if j == 0:
             kern += seg.kernels - sum(oc.kernels[a:b])
             work += seg.work - sum(oc.device[a:b])
@@ -281,7 +309,7 @@ def _buffers(seg: SegmentTime, oc: OpCosts, a: int, b: int, m: MachineModel) -> 
                 name=seg.name if j == 0 else f"{seg.name}/{j}",
                 ops=y - x,
                 kernels=kern,
-                light=light,
+                light=_light(oc, x, y),
                 work=work,
                 commit=seg.commit if last else True,
                 part=j,

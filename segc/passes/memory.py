@@ -31,12 +31,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from ..errors import ScheduleError
 from ..ir import Eqn, Graph, segments
 from ..lower.fused import CUDA_DEFAULTS, find_all
 from ..lower.prim import lookup
 from .analysis import ops
-from .costmodel import CPU, op_costs
+from .costmodel import CPU, command_buffers, op_costs
 from .legalize import fusion_groups
 
 # kernels counted as a machine running segc's CUDA product kernels counts them
@@ -84,7 +83,7 @@ def predict_memory(
         for v in e.ins:
             r = lv.root[v]
             last[r] = max(last.get(r, -1), end.get(k, k))
-    buf, closes = _buffer_ends(g, oc.kernels, buffer_kernels, commits) if buffer_kernels > 0 else ([], [])
+    buf, closes = command_buffers(g, oc.kernels, buffer_kernels, commits) if buffer_kernels > 0 else ([], [])
     reads: dict[str, list[int]] = {}  # per buffer: the ops reading it, in order
     for k, e in enumerate(os_):
         for r in dict.fromkeys(lv.root[v] for v in e.ins):
@@ -157,30 +156,3 @@ def _kept(readers: list[int], k: int, buf: list[int]) -> bool:
     """Whether an earlier reader than op ``k`` in ``k``'s command buffer keeps the buffer
     (the encoder's reference: MLX then donates it to no output)."""
     return any(r < k and buf[r] == buf[k] for r in readers)
-
-
-def _buffer_ends(
-    g: Graph, kernels: Sequence[int], most: int, commits: Sequence[bool] | None
-) -> tuple[list[int], list[int]]:
-    """Per op (``analysis.ops`` order): its command buffer (a count) and the op that ends
-    that buffer. MLX's CUDA build commits a buffer after the kernel that takes it past
-    ``most`` kernels (``CommandEncoder::needs_commit``), at every commit the runtime
-    makes (``commits``, per segment) and at the call's end."""
-    segs = segments(g)
-    flags = list(commits) if commits is not None else [True] * len(segs)
-    if len(flags) != len(segs):
-        raise ScheduleError(f"{g.name}: {len(flags)} commit flags for {len(segs)} segments")
-    closing: list[bool] = []
-    for s, flag in zip(segs, flags):
-        n = sum(1 for e in g.eqns[s.start : s.stop] if not e.is_pseudo)
-        closing += [False] * (n - 1) + [flag] if n else []
-    buf: list[int] = []
-    ends: list[int] = []
-    nodes = b = 0
-    for k, n in enumerate(kernels):
-        buf.append(b)
-        nodes += n
-        if nodes > most or k + 1 == len(kernels) or closing[k]:
-            ends += [k] * (len(buf) - len(ends))
-            b, nodes = b + 1, 0
-    return buf, ends

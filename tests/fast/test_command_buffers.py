@@ -135,3 +135,16 @@ graph f(%a0: f32[4,8] arg="0", %p0: f32[8,8] param="w") {
     assert seg.pre == pytest.approx(10e-6 + 1e-6 + 0.25e-6)
     (whole,) = predict_time(g, TOY).segments
     assert whole.pre == pytest.approx(12e-6)
+
+
+def test_an_uncommitted_segment_fills_the_buffer_the_next_one_continues() -> None:
+    """Without a commit after the first segment (the policy ``fences``) MLX's buffer
+    runs on into the second: with at most 2 kernels it ends after the 3rd kernel, so
+    the second segment comes in two parts, the first of them committed by MLX; the
+    memory prediction reads the same buffers (v0 and v1 kept until op 2 ends)."""
+    g = parse(CUT)
+    m = replace(TOY, buffer_kernels=2)
+    parts = predict_time(g, m, commit="fences").segments
+    assert [(s.part, s.kernels, s.commit) for s in parts] == [(0, 2, False), (0, 1, True), (1, 1, False)]
+    # v0, v1, v2 alive at op 2 (its buffer's end), then v3 with v2: 384 B
+    assert predict_memory(g, buffer_kernels=2, commits=[False, False]).activations == 384
