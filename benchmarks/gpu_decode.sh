@@ -27,7 +27,10 @@
 # segment_host.py (each segment's compiled call, commit and primitives; bf16, 4-bit, mixtral);
 # plandevice: plan_device.py (each prefill-512 plan's device span: its own, and in the pipeline);
 # argcost: arg_cost.py (the host's time per extra input of a compiled, committed segment);
-# hostkinds: host_kinds.py (the host's time per segment, per product and per elementwise kernel). isolated: decode of the three models: segc's defaults, and concatenated and
+# hostkinds: host_kinds.py (the host's time per segment, per product and per elementwise kernel;
+# the H200 model with them in it: $OUT/host_kinds.json, so that
+# MACHINE=\$OUT/host_kinds.json OVERHEADS=device ... gpu_decode.sh hostkinds experiment predicts with them).
+# isolated: decode of the three models: segc's defaults, and concatenated and
 # frozen with one segment (wholefrozen) and a segment per layer (frozen), every variant a process of its own, 2 rounds (the "variants isolated"); about
 # 4 minutes a model on the H200, so MODELS=llama: (or llama_4bit:--bits,4 or
 # mixtral:--arch,mixtral) runs one model in a device call.
@@ -179,7 +182,7 @@ for p in $parts; do
     echo "plandevice segment: rc=$?"
     ;;
   hostkinds)  # the host per segment, per product kernel and per elementwise kernel: host_kinds.py
-    timeout 200 $PY benchmarks/host_kinds.py >"$OUT/host_kinds.txt" 2>&1
+    timeout 200 $PY benchmarks/host_kinds.py --repeats 60 --machine-out "$OUT/host_kinds.json" >"$OUT/host_kinds.txt" 2>&1
     echo "hostkinds: rc=$?"
     ;;
   argcost)  # what one more argument costs a compiled, committed segment: arg_cost.py

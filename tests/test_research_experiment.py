@@ -196,10 +196,17 @@ def test_cli_experiment_and_calibrate(tmp_path: Path) -> None:
     p = _segc(
         "experiment", "--model", MODEL, "--workload", "prefill:8", "--strategy", "balanced:1..2", "--repeats", "1",
         "--machine", str(tmp_path / "m.json"), "--plots", "", "--quiet", "--out", str(tmp_path / "x"),
+        "--calibration", "balanced:1", "--overheads", "device",
     )  # fmt: skip
     assert p.returncode == 0, p.stderr
     assert "| `balanced:2` | 2 |" in p.stdout and '"bit_identical": true' in p.stdout
     assert (tmp_path / "x" / "results.csv").is_file() and (tmp_path / "x" / "plans").is_dir()
+    # overheads "device": the calibration kept the machine model's host figures
+    fitted = json.loads((tmp_path / "x" / "results.json").read_text())["fitted"]
+    (fit,) = fitted.values()
+    assert fit["overheads"] == "device"
+    for mm in fit["machines"].values():
+        assert mm["dispatch_s"] == m.dispatch_s and mm["host_op_s"] == m.host_op_s
 
 
 @pytest.mark.parametrize(
@@ -211,6 +218,7 @@ def test_cli_experiment_and_calibrate(tmp_path: Path) -> None:
         (["--repeats", "0"], "repeats must be >= 1"),
         (["--processes", "0"], "processes must be >= 1"),
         (["--commit", "every"], "commit must be one of"),
+        (["--overheads", "hostly"], "invalid choice: 'hostly'"),
     ],
 )
 def test_cli_experiment_bad_input(args: list[str], msg: str) -> None:

@@ -11,6 +11,13 @@ Examples::
     segc calibrate --out cpu.json
     segc calibrate --fit none --repeats 3
     segc calibrate --fit llama:num_hidden_layers=2 --workloads decode:32
+    segc calibrate --fit none --out gpu.json   # on a GPU: the host's figures measured apart,
+    segc experiment --machine gpu.json --overheads device --calibration markers ...   # kept
+
+``--host kinds`` (the default on a GPU) measures the host's time per segment, per product
+kernel and per elementwise kernel on a grid of small segments (``host_kinds`` in
+``segc.research.calibrate``); ``--host chain`` times a chain of tiny products (the CPU's
+default).
 """
 
 from __future__ import annotations
@@ -32,6 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workloads", default="decode:64,prefill:32", help="workloads of the fit (comma list)")
     p.add_argument("--size", default="auto", choices=["auto", "small", "large"], help="microbenchmark sizes")
     p.add_argument("--commit", default="auto", help="the runtime's commit policy the fit's plans run under")
+    p.add_argument(
+        "--host", default="auto", choices=["auto", "kinds", "chain"], help="how the host's figures are measured"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         print("segc calibrate: --repeats must be at least 1", file=sys.stderr)
         return 2
     try:
-        m = calibrate(args.name, repeats=args.repeats, size=args.size)
+        m = calibrate(args.name, repeats=args.repeats, size=args.size, host=args.host)
         if args.fit != "none":
             wls = tuple(w.strip() for w in args.workloads.split(",") if w.strip())
             m = fit_overheads(m, args.fit, workloads=wls, repeats=args.repeats, commit=args.commit)

@@ -41,6 +41,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="STRATEGY",
         help="fit the machine model to this plan's measured times, per model (repeatable); the others are held out",
     )
+    p.add_argument(
+        "--overheads",
+        default="group",
+        choices=["group", "shared", "device"],
+        help="calibration fits each workload's overheads to its own plans, one set for all, or the device's "
+        "figures alone (the host's kept as the machine model has them: segc calibrate --fit none on a GPU)",
+    )
     p.add_argument("--processes", type=int, default=1, help="time in this many fresh processes, one after another")
     p.add_argument("--commit", default="auto", help="the runtime's commit policy: auto, segment, fences, geometric")
     p.add_argument("--out", metavar="DIR", help="results.csv, results.json, plans/ and plots here")
@@ -77,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
             commit=args.commit,
             processes=args.processes,
             calibration=args.calibration or (),
+            overheads=args.overheads,
         )
         res = run_experiment(exp)
     except SegcError as exc:

@@ -86,18 +86,32 @@ class MachineModel:
 # MLX's CPU build: ~1 us of host work per kernel before the device may start a segment, and
 # the host throttled to ~50 outstanding kernels (module docstring, docs/experiments.md)
 CPU = MachineModel(host_op_s=1e-6, queue_kernels=50)
-# MLX's CUDA build: about 10 us of host work a kernel before its CUDA graph is launched, and
-# little a segment or a commit beyond it: one segment of a decode step and seventeen, each
-# committed, took the same host time on the H200 (1.78 and 1.80 ms for 181 kernels,
-# docs/performance.md, "the device's own time"), so 2 us a segment and 2 a commit.
-# (Until the fourteenth session: 20 us a segment, 1 + 4 us a kernel, 130 us a commit, which
-# made one segment the fastest plan under a commit per segment, the reverse of the
-# measurements. The size term is left to calibration: docs/experiments.md, "The third run".)
+# MLX's CUDA build: 25 us a committed segment, 17 us a kernel, an elementwise kernel 0.15
+# of one. The shape is measured apart from any plan (``segc calibrate``'s ``host_kinds``
+# on fresh H200s, 2026-12-03: 19-25 us a segment, 17-31 us a one-row product of MLX's,
+# 2.3-2.8 us an elementwise kernel); the per-kernel figure is what segc's decode steps
+# cost all in (one-segment plans: 15-22 us a kernel on five machines). Five experiment
+# runs rank better with it than with the figures before (2 us a segment, 10 us any
+# kernel: prefill's plans ranked at 0.3-0.6): docs/experiments.md, "The tenth and
+# eleventh runs". A machine's host differs from another's by up to 1.5x: measure it
+# (``segc calibrate --fit none``) where the ranking matters.
 # MLX's CUDA build commits a command buffer past 100 kernels on an H100/H200
 # (``get_graph_limits`` in mlx/backend/cuda/device.cpp) and keeps every kernel's inputs
 # until its buffer completes: the memory prediction's ``buffer_kernels``.
 H200 = MachineModel(
-    "h200", 790e12, 4.8e12, 4e-6, 2e-6, 10e-6, "default", 0.0, 2e-6, "gpu", fused_products=True, buffer_kernels=100
+    "h200",
+    790e12,
+    4.8e12,
+    4e-6,
+    25e-6,
+    17e-6,
+    "default",
+    0.0,
+    2e-6,
+    "gpu",
+    fused_products=True,
+    elementwise_host=0.15,
+    buffer_kernels=100,
 )
 
 

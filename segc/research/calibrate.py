@@ -11,6 +11,16 @@ measurement (a few seconds), on MLX's default device:
 - ``dispatch_s``: 32 trivial compiled segments each committed with ``mx.async_eval``
   against 1: the host's time per segment.
 
+On a GPU (``host="kinds"``, the default there) the host's three figures come instead
+from :func:`host_kinds`: segments of one-row products, some followed by an elementwise
+kernel, over a grid of segment, product and elementwise counts, fitted as ``S *
+(segment + P * product + E * elementwise)``; ``dispatch_s`` is the segment's figure,
+``host_op_s`` the product's and ``elementwise_host`` the elementwise kernel's share of
+it. Measured apart from any plan, these let an experiment fit the device's figures
+alone (``overheads="device"``; docs/experiments.md, "The tenth run"). On the CPU the
+chain above stays the default: MLX's CPU build throttles the host to the device
+(``queue_kernels``), so a grid of host times there measures the device.
+
 Each figure is the median of ``repeats`` runs after a warm-up. ``encode_s`` (host time
 per kernel that overlaps the device's work) and ``commit_s`` are 0 here;
 :func:`fit_overheads` fits the overheads to whole calls of a real model (``fit.py``).
@@ -20,14 +30,16 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 
+from ..errors import ScheduleError
 from ..lower import product_kernel
-from ..passes.costmodel import MachineModel
+from ..passes.costmodel import H200, MachineModel
 
 
 def _median(fn: Callable[[], Any], repeats: int) -> float:
@@ -40,11 +52,92 @@ def _median(fn: Callable[[], Any], repeats: int) -> float:
     return statistics.median(ts)
 
 
+@dataclass(frozen=True)
+class HostKinds:
+    """The host's seconds per committed segment, per product kernel and per elementwise
+    kernel (:func:`host_kinds`), and the grid they were fitted to: ``(S, P, E, seconds)``."""
+
+    segment: float
+    product: float
+    elementwise: float
+    rows: tuple[tuple[int, int, int, float], ...]
+
+
+def host_segment(w: mx.array, products: int, elementwise: int) -> Callable[[mx.array], mx.array]:
+    """A segment of ``products`` one-row products by ``w``, the first ``elementwise`` of
+    them followed by an elementwise kernel (MLX fuses ``x * sigmoid(x) * 1.5`` into one
+    kernel, and into no product)."""
+
+    def f(x: mx.array) -> mx.array:
+        for i in range(products):
+            x = (x[None] @ w)[0]
+            if i < elementwise:
+                x = x * mx.sigmoid(x) * 1.5
+        return x
+
+    return f
+
+
+def fit_host_kinds(rows: Sequence[tuple[int, int, int, float]]) -> tuple[float, float, float]:
+    """Least squares, no constant: ``seconds = S * (segment + P * product + E *
+    elementwise)`` over rows ``(S, P, E, seconds)``."""
+    design = np.array([[s, s * p, s * e] for s, p, e, _ in rows], float)
+    coef, *_ = np.linalg.lstsq(design, np.array([r[3] for r in rows], float), rcond=None)
+    return float(coef[0]), float(coef[1]), float(coef[2])
+
+
+def host_kinds(
+    *,
+    dtype: mx.Dtype = mx.bfloat16,
+    size: int = 2048,
+    segments: Sequence[int] = (5, 9, 17),
+    products: Sequence[int] = (2, 4),
+    repeats: int = 40,
+) -> HostKinds:
+    """Time the host until the last commit of ``S`` compiled segments, each committed
+    with ``mx.async_eval`` as segc's executor does, for every ``(S, P, E)`` of the grid
+    (``E`` 0 or ``P``; the median of ``repeats`` calls after a warm-up), and fit the three
+    figures (:func:`fit_host_kinds`)."""
+    w = (mx.random.normal((size, size)) / size**0.5).astype(dtype)
+    x = mx.random.normal((size,)).astype(dtype)
+    mx.eval(w, x)
+    rows = []
+    for s in segments:
+        for p in products:
+            for e in (0, p):
+                fns = [mx.compile(host_segment(w, p, e)) for _ in range(s)]
+
+                def call(fns: list = fns) -> None:
+                    y = x
+                    for f in fns:
+                        y = f(y)
+                        mx.async_eval(y)
+
+                hs = []
+                call()
+                mx.synchronize()
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    call()
+                    hs.append(time.perf_counter() - t0)
+                    mx.synchronize()
+                rows.append((s, p, e, statistics.median(hs)))
+    return HostKinds(*fit_host_kinds(rows), tuple(rows))
+
+
 def calibrate(
-    name: str | None = None, *, dtype: mx.Dtype | None = None, repeats: int = 7, size: str = "auto"
+    name: str | None = None,
+    *,
+    dtype: mx.Dtype | None = None,
+    repeats: int = 7,
+    size: str = "auto",
+    host: str = "auto",
 ) -> MachineModel:
     """A machine model measured here (module docstring). ``size``: ``auto`` (small on the
-    CPU, large on a GPU), ``small`` or ``large``."""
+    CPU, large on a GPU), ``small`` or ``large``; ``host``: ``auto`` (``kinds`` on a GPU,
+    ``chain`` on the CPU), ``kinds`` or ``chain``."""
+    if host not in ("auto", "kinds", "chain"):
+        raise ScheduleError(f"calibrate: host must be 'auto', 'kinds' or 'chain', not {host!r}")
     gpu = mx.default_device() == mx.gpu
     big = size == "large" or (size == "auto" and gpu)
     dtype = dtype or (mx.bfloat16 if gpu else mx.float32)
@@ -111,6 +204,15 @@ def calibrate(
         return statistics.median(hs)
 
     dispatch_s = max((segments(32) - segments(1)) / 31, 1e-9)
+    elementwise_host = 1.0
+    if host == "kinds" or (host == "auto" and gpu):
+        hk = host_kinds(dtype=dtype, size=2048 if big else 256, repeats=max(repeats, 5))
+        if min(hk.segment, hk.product, hk.elementwise) <= 0:
+            raise ScheduleError(
+                f"calibrate: the host's figures came out as {hk.segment:.3g} s a segment, {hk.product:.3g} s a "
+                f"product, {hk.elementwise:.3g} s an elementwise kernel (a noisy host? try more repeats)"
+            )
+        dispatch_s, host_op_s, elementwise_host = hk.segment, hk.product, min(hk.elementwise / hk.product, 1.0)
     return MachineModel(
         name,
         flops_per_s,
@@ -121,6 +223,10 @@ def calibrate(
         f"calibrated on {mx.default_device()} ({dtype}), MLX {getattr(mx, '__version__', '?')}",
         device="gpu" if gpu else "cpu",
         fused_products=product_kernel() is not None,  # segc's CUDA product kernels lower here
+        elementwise_host=elementwise_host,
+        # MLX's CUDA build ends a command buffer past this many kernels on an H100/H200
+        # (get_graph_limits; other GPUs differ): the memory prediction's buffers
+        buffer_kernels=H200.buffer_kernels if gpu else 0,
     )
 
 

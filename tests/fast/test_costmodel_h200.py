@@ -6,7 +6,12 @@ per layer measured 1.901 ms, one segment 2.731 ms, a segment per layer with geom
 commits 3.164 ms, and the host time of one segment and of seventeen was the same
 (1.784 and 1.800 ms). The model is fed those kernel counts and device times, not a
 trace, and must order the plans as measured; until the fourteenth session its 130 us a
-commit made one segment the fastest."""
+commit made one segment the fastest. Machine C's equal host times for one segment and
+seventeen were not seen again: five later machines (docs/experiments.md, "The tenth and
+eleventh runs") measured 0.7-1.0 ms more host time for seventeen decode segments than
+for one, which the model's per-segment figure now charges; and its kernels cost the host
+about 10 us each all in, against 15-22 us on those machines, so only the order of the
+plans is asserted, not machine C's absolute times."""
 
 from __future__ import annotations
 
@@ -49,12 +54,10 @@ def test_the_h200_model_orders_commit_plans_as_measured() -> None:
     geometric = _per_layer("geometric")
     assert segment < one.total, (segment, one.total)  # measured 1.901 < 2.731 ms
     assert segment < geometric, (segment, geometric)  # measured 1.901 < 3.164 ms
-    # the host time of one segment and of seventeen: measured within 1% of each other
+    # seventeen segments cost the host more than one (five later machines: 0.7-1.0 ms),
+    # yet less than the device time their earlier start saves
     seventeen = timed(_segments(list(range(LAYERS)), [True] * (LAYERS + 1)), H200)
-    assert abs(seventeen.host - one.host) / one.host < 0.05
-    # and near what was measured (1.78-1.80 ms of host time; 1.90 and 2.73 ms a call)
-    assert 0.85 < one.host / 1.784e-3 < 1.15
-    assert 0.85 < segment / 1.901e-3 < 1.15 and 0.85 < one.total / 2.731e-3 < 1.15
+    assert seventeen.host > one.host and seventeen.total < one.total
 
 
 def test_the_former_figures_ordered_them_the_other_way() -> None:
