@@ -5,6 +5,8 @@ eager MLX's bytes. No timing is asserted."""
 
 from __future__ import annotations
 
+import importlib
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -69,3 +71,22 @@ def test_the_grid_is_timed_and_fitted() -> None:
 def test_calibrate_refuses_an_unknown_host_measurement() -> None:
     with pytest.raises(ScheduleError, match="host must be 'auto', 'kinds' or 'chain', not 'grid'"):
         calibrate(host="grid")
+
+
+def test_calibrate_refuses_a_grid_that_fits_no_positive_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host too noisy for the grid (a figure at or below zero) is a clear error, not a
+    machine model with a negative cost in it."""
+    cal = importlib.import_module("segc.research.calibrate")  # the package re-exports a function of that name
+
+    rows = ((5, 2, 0, 1e-4), (9, 2, 0, 1e-4))
+    monkeypatch.setattr(cal, "host_kinds", lambda **_: cal.HostKinds(-1e-6, 2e-5, 1e-6, rows))
+    with pytest.raises(ScheduleError, match="the host's figures came out as -1e-06 s a segment"):
+        calibrate(host="kinds", repeats=1)
+
+
+def test_calibrate_takes_the_grids_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    cal = importlib.import_module("segc.research.calibrate")  # the package re-exports a function of that name
+
+    monkeypatch.setattr(cal, "host_kinds", lambda **_: cal.HostKinds(20e-6, 16e-6, 4e-6, ()))
+    m = calibrate(host="kinds", repeats=1)
+    assert (m.dispatch_s, m.host_op_s, m.elementwise_host) == (20e-6, 16e-6, 0.25)
