@@ -17,7 +17,7 @@ kernel, over a grid of segment, product and elementwise counts, fitted as ``S *
 (segment + P * product + E * elementwise)``; ``dispatch_s`` is the segment's figure,
 ``host_op_s`` the product's and ``elementwise_host`` the elementwise kernel's share of
 it. Measured apart from any plan, these let an experiment fit the device's figures
-alone (``overheads="device"``; docs/experiments.md, "The tenth run"). On the CPU the
+alone (``overheads="device"``; docs/experiments.md, "The tenth and eleventh runs"). On the CPU the
 chain above stays the default: MLX's CPU build throttles the host to the device
 (``queue_kernels``), so a grid of host times there measures the device.
 
@@ -210,7 +210,8 @@ def calibrate(
         if min(hk.segment, hk.product, hk.elementwise) <= 0:
             raise ScheduleError(
                 f"calibrate: the host's figures came out as {hk.segment:.3g} s a segment, {hk.product:.3g} s a "
-                f"product, {hk.elementwise:.3g} s an elementwise kernel (a noisy host? try more repeats)"
+                f"product, {hk.elementwise:.3g} s an elementwise kernel: a noisy host (try more repeats), or MLX's "
+                "CPU build, whose host waits for the device (use host='chain', --host chain, there)"
             )
         dispatch_s, host_op_s, elementwise_host = hk.segment, hk.product, min(hk.elementwise / hk.product, 1.0)
     return MachineModel(
