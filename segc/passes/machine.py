@@ -94,14 +94,18 @@ CPU = MachineModel(host_op_s=1e-6, queue_kernels=50)
 # runs rank better with it than with the figures before (2 us a segment, 10 us any
 # kernel: prefill's plans ranked at 0.3-0.6): docs/experiments.md, "The tenth and
 # eleventh runs". A machine's host differs from another's by up to 1.5x: measure it
-# (``segc calibrate --fit none``) where the ranking matters.
+# (``segc calibrate --fit none``) where the ranking matters. The rates are what ``segc
+# calibrate`` measured on an H200 (machine Q: 450 TFLOP/s for a bf16 4096^2 product, 1.9
+# TB/s for a compiled ``x + 1`` over 128 MB), as the calibrations' fitted scales say too
+# (decode 2.4-2.6x, prefill 1.4-1.6x the datasheet's 790 TFLOP/s and 4.8 TB/s); with the
+# datasheet's, ``optimal``'s plans were ones the calibrated model predicts 9-20% slower.
 # MLX's CUDA build commits a command buffer past 100 kernels on an H100/H200
 # (``get_graph_limits`` in mlx/backend/cuda/device.cpp) and keeps every kernel's inputs
 # until its buffer completes: the memory prediction's ``buffer_kernels``.
 H200 = MachineModel(
     "h200",
-    790e12,
-    4.8e12,
+    450e12,
+    1.9e12,
     4e-6,
     25e-6,
     17e-6,
