@@ -55,12 +55,14 @@ def _median(fn: Callable[[], Any], repeats: int) -> float:
 @dataclass(frozen=True)
 class HostKinds:
     """The host's seconds per committed segment, per product kernel and per elementwise
-    kernel (:func:`host_kinds`), and the grid they were fitted to: ``(S, P, E, seconds)``."""
+    kernel (:func:`host_kinds`), the grid they were fitted to (``(S, P, E, seconds)``)
+    and, per grid point, whether the compiled segments gave eager MLX's bytes."""
 
     segment: float
     product: float
     elementwise: float
     rows: tuple[tuple[int, int, int, float], ...]
+    same: tuple[bool, ...] = ()
 
 
 def host_segment(w: mx.array, products: int, elementwise: int) -> Callable[[mx.array], mx.array]:
@@ -86,6 +88,11 @@ def fit_host_kinds(rows: Sequence[tuple[int, int, int, float]]) -> tuple[float, 
     return float(coef[0]), float(coef[1]), float(coef[2])
 
 
+def _bits(y: mx.array) -> bytes:
+    """The array's bytes, read through an unsigned integer view (bit-identity, not closeness)."""
+    return np.array(y.view({1: mx.uint8, 2: mx.uint16, 4: mx.uint32, 8: mx.uint64}[y.dtype.size])).tobytes()
+
+
 def host_kinds(
     *,
     dtype: mx.Dtype = mx.bfloat16,
@@ -96,25 +103,31 @@ def host_kinds(
 ) -> HostKinds:
     """Time the host until the last commit of ``S`` compiled segments, each committed
     with ``mx.async_eval`` as segc's executor does, for every ``(S, P, E)`` of the grid
-    (``E`` 0 or ``P``; the median of ``repeats`` calls after a warm-up), and fit the three
-    figures (:func:`fit_host_kinds`)."""
-    w = (mx.random.normal((size, size)) / size**0.5).astype(dtype)
-    x = mx.random.normal((size,)).astype(dtype)
+    (``E`` 0 or ``P``; the median of ``repeats`` calls after a warm-up), compare each
+    grid point's result with the same segments run eagerly, and fit the three figures
+    (:func:`fit_host_kinds`)."""
+    w = (mx.random.normal((size, size), key=mx.random.key(0)) / size**0.5).astype(dtype)
+    x = mx.random.normal((size,), key=mx.random.key(1)).astype(dtype)
     mx.eval(w, x)
-    rows = []
+    rows, same = [], []
     for s in segments:
         for p in products:
             for e in (0, p):
+                want = x
+                for _ in range(s):
+                    want = host_segment(w, p, e)(want)
+                mx.eval(want)
                 fns = [mx.compile(host_segment(w, p, e)) for _ in range(s)]
 
-                def call(fns: list = fns) -> None:
+                def call(fns: list = fns) -> mx.array:
                     y = x
                     for f in fns:
                         y = f(y)
                         mx.async_eval(y)
+                    return y
 
                 hs = []
-                call()
+                got = call()
                 mx.synchronize()
                 for _ in range(repeats):
                     t0 = time.perf_counter()
@@ -122,7 +135,23 @@ def host_kinds(
                     hs.append(time.perf_counter() - t0)
                     mx.synchronize()
                 rows.append((s, p, e, statistics.median(hs)))
-    return HostKinds(*fit_host_kinds(rows), tuple(rows))
+                same.append(_bits(got) == _bits(want))
+    return HostKinds(*fit_host_kinds(rows), tuple(rows), tuple(same))
+
+
+def with_host_kinds(m: MachineModel, hk: HostKinds) -> MachineModel:
+    """``m`` with the grid's figures as its host's: ``dispatch_s`` the segment's less
+    ``m``'s commit (the grid commits every segment), ``host_op_s`` the product's,
+    ``elementwise_host`` the elementwise kernel's share of it (at most 1). A figure at
+    or below zero is refused: no cost model can hold it."""
+    dispatch = hk.segment - m.commit_s
+    if min(dispatch, hk.product, hk.elementwise) <= 0:
+        raise ScheduleError(
+            f"calibrate: the host's figures came out as {dispatch:.3g} s a segment, {hk.product:.3g} s a "
+            f"product, {hk.elementwise:.3g} s an elementwise kernel: a noisy host (try more repeats), or MLX's "
+            "CPU build, whose host waits for the device (use host='chain', --host chain, there)"
+        )
+    return replace(m, dispatch_s=dispatch, host_op_s=hk.product, elementwise_host=min(hk.elementwise / hk.product, 1.0))
 
 
 def calibrate(
@@ -203,18 +232,10 @@ def calibrate(
             mx.eval(y)
         return statistics.median(hs)
 
-    dispatch_s = max((segments(32) - segments(1)) / 31, 1e-9)
-    elementwise_host = 1.0
-    if host == "kinds" or (host == "auto" and gpu):
-        hk = host_kinds(dtype=dtype, size=2048 if big else 256, repeats=max(repeats, 5))
-        if min(hk.segment, hk.product, hk.elementwise) <= 0:
-            raise ScheduleError(
-                f"calibrate: the host's figures came out as {hk.segment:.3g} s a segment, {hk.product:.3g} s a "
-                f"product, {hk.elementwise:.3g} s an elementwise kernel: a noisy host (try more repeats), or MLX's "
-                "CPU build, whose host waits for the device (use host='chain', --host chain, there)"
-            )
-        dispatch_s, host_op_s, elementwise_host = hk.segment, hk.product, min(hk.elementwise / hk.product, 1.0)
-    return MachineModel(
+    kinds = host == "kinds" or (host == "auto" and gpu)
+    # the grid's figures replace the chain's and the trivial segments' below
+    dispatch_s = 1e-9 if kinds else max((segments(32) - segments(1)) / 31, 1e-9)
+    model = MachineModel(
         name,
         flops_per_s,
         bytes_per_s,
@@ -224,11 +245,14 @@ def calibrate(
         f"calibrated on {mx.default_device()} ({dtype}), MLX {getattr(mx, '__version__', '?')}",
         device="gpu" if gpu else "cpu",
         fused_products=product_kernel() is not None,  # segc's CUDA product kernels lower here
-        elementwise_host=elementwise_host,
         # MLX's CUDA build ends a command buffer past this many kernels on an H100/H200
         # (get_graph_limits; other GPUs differ): the memory prediction's buffers
         buffer_kernels=H200.buffer_kernels if gpu else 0,
     )
+    if kinds:
+        hk = host_kinds(dtype=dtype, size=2048 if big else 256, repeats=max(repeats, 5))
+        model = with_host_kinds(model, hk)
+    return model
 
 
 # --------------------------------------------------------------------------- fitting

@@ -6,6 +6,7 @@ eager MLX's bytes. No timing is asserted."""
 from __future__ import annotations
 
 import importlib
+from dataclasses import replace
 
 import mlx.core as mx
 import numpy as np
@@ -14,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from segc.errors import ScheduleError
-from segc.research.calibrate import calibrate, fit_host_kinds, host_kinds, host_segment
+from segc.passes.costmodel import H200
+from segc.research.calibrate import HostKinds, calibrate, fit_host_kinds, host_kinds, host_segment, with_host_kinds
 
 GRID = [(s, p, e) for s in (5, 9, 17) for p in (2, 4) for e in (0, p)]
 
@@ -65,7 +67,18 @@ def test_the_grid_is_timed_and_fitted() -> None:
         (3, 2, 2),
     ]
     assert all(r[3] > 0 for r in hk.rows)
-    assert (hk.segment, hk.product, hk.elementwise) == pytest.approx(fit_host_kinds(hk.rows))
+    assert (hk.segment, hk.product, hk.elementwise) == fit_host_kinds(hk.rows)
+    assert hk.same == (True,) * 8  # every grid point gave eager MLX's bytes
+
+
+def test_the_grids_figures_in_a_machine_model() -> None:
+    hk = HostKinds(27e-6, 30e-6, 3e-6, ())
+    m = with_host_kinds(replace(H200, commit_s=2e-6), hk)
+    # a segment's 27 us less the model's 2 us commit; an elementwise kernel a tenth of a product
+    assert (m.dispatch_s, m.host_op_s, m.elementwise_host) == pytest.approx((25e-6, 30e-6, 0.1), rel=1e-12)
+    assert (m.launch_s, m.bytes_per_s, m.commit_s) == (H200.launch_s, H200.bytes_per_s, 2e-6)
+    # an elementwise kernel dearer than a product counts as one
+    assert with_host_kinds(H200, HostKinds(27e-6, 30e-6, 45e-6, ())).elementwise_host == 1.0
 
 
 def test_calibrate_refuses_an_unknown_host_measurement() -> None:
