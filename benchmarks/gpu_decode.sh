@@ -6,7 +6,7 @@
 #
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_decode.sh [PARTS]
 #
-# PARTS: any of  dense quant moe concat isolated runtime kernels select products check generate device ablate commits census kv attn kvattn prefill experiment paging hostcost segment plandevice argcost hostkinds
+# PARTS: any of  dense quant moe concat isolated runtime kernels select products check generate device ablate commits census kv attn kvattn prefill experiment paging hostcost segment plandevice argcost hostkinds perf
 # (default: dense runtime). kernels: fewer_kernels.py (what each kernel and each of the
 # dynamic cache's differences costs); select: segc's one-position KV write as a select
 # against MLX's, three models; products: segc's product kernels (segc.lower.products)
@@ -199,6 +199,29 @@ for p in $parts; do
   hostcost)  # MLX's host time per kernel: builtin and custom kernels, eager, compiled, 17 commits
     timeout 120 $PY benchmarks/host_cost.py >"$OUT/host_cost.txt" 2>&1
     echo "hostcost: rc=$?"
+    ;;
+  perf)  # a native profile of the cached decode step (perf carried as .gpu/perfx/perf.tar.xz)
+    P=/tmp/perf && mkdir -p $P && tar -C $P -xJf .gpu/perfx/perf.tar.xz
+    ORIG_LD="${LD_LIBRARY_PATH:-}"  # the profiled process keeps the machine's own (CUDA's driver)
+    PERF="env LD_LIBRARY_PATH=$P/lib${ORIG_LD:+:$ORIG_LD} $P/perf"
+    cat /proc/sys/kernel/perf_event_paranoid >"$OUT/perf_env.txt" 2>&1
+    $PERF stat -e task-clock true >>"$OUT/perf_env.txt" 2>&1
+    for v in ${PERF_VARIANTS:-eager compile frozen}; do
+      rm -f /tmp/pctl /tmp/pack && mkfifo /tmp/pctl /tmp/pack
+      timeout 150 $PERF record -F ${PERF_F:-2999} ${PERF_G:-} -D -1 --control fifo:/tmp/pctl,/tmp/pack -o /tmp/perf_$v.data \
+        env LD_LIBRARY_PATH="$ORIG_LD" $PY -X perf benchmarks/native_profile.py --variant $v --seconds 6 --ctl /tmp/pctl --ack /tmp/pack \
+        >"$OUT/perf_$v.txt" 2>&1
+      echo "perf $v: rc=$?"
+      timeout 90 $PERF report -i /tmp/perf_$v.data --stdio --no-children --sort pid,dso \
+        2>/dev/null | sed "s/   */  /g" | cut -c1-240 | head -40 >>"$OUT/perf_$v.txt"
+      MAIN=$(grep -o '^pid [0-9]*' "$OUT/perf_$v.txt" | cut -d' ' -f2)  # the main thread alone
+      timeout 90 $PERF report -i /tmp/perf_$v.data --stdio --no-children --percentage relative ${MAIN:+--tid $MAIN} --sort dso,sym \
+        2>/dev/null | grep -v "^$" | sed "s/   */  /g" | cut -c1-240 | head -800 >>"$OUT/perf_$v.txt"
+      if [ -n "${PERF_G:-}" ]; then  # with call graphs: each function's samples with its callees'
+        timeout 200 $PERF report -i /tmp/perf_$v.data --stdio --children --percentage relative ${MAIN:+--tid $MAIN} --sort sym -g none \
+          --percent-limit 0.5 2>/dev/null | grep -v "^$" | sed "s/   */  /g" | cut -c1-240 | head -200 >"$OUT/perf_${v}_children.txt"
+      fi
+    done
     ;;
   runtime)
     timeout 300 $PY benchmarks/bench_runtime.py --layers 16 --hidden 2048 --intermediate 8192 --heads 32 \
