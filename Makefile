@@ -50,6 +50,7 @@ bench: $(STAMP)
 gpu-prepare:
 	../shared/gpu/prepare
 	$(PYTHON) -m pip download -q --no-deps -d .gpu/two pytest-xdist execnet pytest-timeout
+	if command -v perf >/dev/null; then bash benchmarks/pack_perf.sh .gpu/perfx; fi
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -30,6 +30,10 @@
 # hostkinds: host_kinds.py (the host's time per segment, per product and per elementwise kernel;
 # the H200 model with them in it: $OUT/host_kinds.json, so that
 # MACHINE=\$OUT/host_kinds.json OVERHEADS=device ... gpu_decode.sh hostkinds experiment predicts with them).
+# perf: native_profile.py under perf (carried as .gpu/perfx/perf.tar.xz: benchmarks/pack_perf.sh),
+# each of PERF_VARIANTS (eager compile frozen) a process, its timed loop sampled at PERF_F
+# (2999) Hz, PERF_G (e.g. "--call-graph dwarf,16384") adds call graphs; perf_<variant>.txt
+# for benchmarks/perf_buckets.py.
 # isolated: decode of the three models: segc's defaults, and concatenated and
 # frozen with one segment (wholefrozen) and a segment per layer (frozen), every variant a process of its own, 2 rounds (the "variants isolated"); about
 # 4 minutes a model on the H200, so MODELS=llama: (or llama_4bit:--bits,4 or

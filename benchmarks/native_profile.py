@@ -57,6 +57,7 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--variant", choices=VARIANTS, default="frozen")
+    ap.add_argument("--preset", default="reference", help="bench_llama.py's model preset")
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--warmup", type=int, default=20)
@@ -64,7 +65,7 @@ def main() -> None:
     ap.add_argument("--ack", default=None, help="perf's acknowledgement FIFO")
     a = ap.parse_args()
     print(f"pid {os.getpid()}", flush=True)  # the main thread's id: the profile's report reads it
-    model = make_model("reference")
+    model = make_model(a.preset)
     fc = FixedContext(model, a.context)
     x = mx.array([[7]])
     f = step_of(a.variant, model, fc, x)

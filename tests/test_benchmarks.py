@@ -330,3 +330,79 @@ def test_host_kinds_keeps_eagers_bytes_for_every_variant() -> None:
         ("3", "2", "2"),
     ], p.stdout
     assert all(r[-1] == "True" for r in rows) and "per elementwise kernel" in p.stdout, p.stdout
+
+
+def test_native_profile_samples_only_its_timed_loop(tmp_path: Path) -> None:
+    """``benchmarks/native_profile.py`` (issue 13: the decode loop ``perf`` samples): it
+    asks ``perf`` (here a thread standing in for it, on the FIFOs ``perf record
+    --control`` reads) to enable its events after the set-up and to disable them after
+    the timed calls, waiting for each acknowledgement, and reports the calls made."""
+    import threading
+
+    ctl, ack = tmp_path / "ctl", tmp_path / "ack"
+    os.mkfifo(ctl)
+    os.mkfifo(ack)
+    got: list[str] = []
+
+    def perf() -> None:
+        for _ in range(2):
+            with open(ctl) as f:
+                got.append(f.readline().strip())
+            with open(ack, "w") as f:
+                f.write("ack\n")
+
+    t = threading.Thread(target=perf, daemon=True)
+    t.start()
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "native_profile.py"), "--preset", "tiny", "--variant", "frozen"]
+    args = ["--context", "16", "--seconds", "0.3", "--warmup", "2", "--ctl", str(ctl), "--ack", str(ack)]
+    p = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=120, cwd=ROOT / "benchmarks")
+    t.join(timeout=10)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert got == ["enable", "disable"]
+    line = next(x for x in p.stdout.splitlines() if " calls in " in x)
+    assert line.startswith("frozen: ") and int(line.split()[1]) >= 1, p.stdout
+
+
+def test_perf_buckets_sums_a_report_by_hand(tmp_path: Path) -> None:
+    """``benchmarks/perf_buckets.py`` on a report made up here: the main thread (pid 7)
+    holds 80% of 1e9 ns of samples over 100 calls, 8000 us a call; its symbols' shares
+    go to their kinds (a ``_Hash_bytes`` 10% is 800 us a call, ``malloc`` 30% 2400 us)."""
+    report = """pid 7
+frozen: 100 calls in 6.0 s, median wall 2.000 ms, host until return 1.500 ms
+# Event count (approx.): 1000000000
+# Overhead  Pid:Command  Shared Object
+  60.00%  7:python3  libmlx.so
+  20.00%  7:python3  libc.so.6
+  20.00%  9:cuda-EvtHandlr  [kernel.kallsyms]
+# Overhead  Shared Object  Symbol
+  10.00%  libstdc++.so.6.0.33  [.] std::_Hash_bytes
+  30.00%  libc.so.6  [.] malloc
+  20.00%  python3.12  [.] _PyEval_EvalFrameDefault
+  25.00%  libcuda.so.580.159.04  [.] 0x00000000004585b1
+  15.00%  libmlx.so  [.] mlx::core::eval_impl
+"""
+    path = tmp_path / "perf_frozen.txt"
+    path.write_text(report)
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "perf_buckets.py"), str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = {line[:40].strip(): line[40:].split() for line in p.stdout.splitlines()}
+    assert rows["main thread, us a call"] == ["8000"]
+    assert rows["listed"] == ["100.0"]
+    tail = p.stdout.split("in us a call")[1]
+    us = {line[:40].strip(): float(line[40:]) for line in tail.splitlines()[1:] if line.strip()}
+    want = {
+        "hashing a custom kernel's text": 800,
+        "allocation": 2400,
+        "Python (segc, mlx-lm, bindings)": 1600,
+        "CUDA driver and runtime": 2000,
+        "evaluation and encoding (MLX)": 1200,
+        "locks": 0,
+        "libc, unnamed": 0,
+        "other": 0,
+    }
+    assert {k: us[k] for k in want} == want, p.stdout
