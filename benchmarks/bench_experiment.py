@@ -169,6 +169,9 @@ def check(s: dict[str, Any]) -> dict[str, Any]:
         "plan_spread": n.get("plan_spread"),
         "process_spread": n.get("process_spread"),
         "verdict": s["verdict"],
+        "time_error_mean": s.get("time_error_mean"),
+        "time_error_max": s.get("time_error_max"),
+        "time_error_heldout_mean": s.get("time_error_heldout_mean"),
         "max_peak_error": err,
         "peak_ok": err is not None and err <= 0.15,
         "bit_identical": s["bit_identical"],
@@ -197,7 +200,9 @@ def line(c: dict[str, Any]) -> str:
         f"{f(c['ceiling_paired'])}, held out {f(c['heldout_ceiling_paired'])}); "
         f"noise: self-agreement {f(c['self_spearman'])}, ceiling {f(c['ceiling'])}, separable pairs "
         f"{f(c['separable_pairs'], '{:.0%}')}, plans spread {f(c['plan_spread'], '{:.1%}')}, processes spread "
-        f"{f(c['process_spread'], '{:.1%}')} -> {c['verdict']}; largest peak-memory error "
+        f"{f(c['process_spread'], '{:.1%}')} -> {c['verdict']}; predicted time off by "
+        f"{f(c['time_error_mean'], '{:.1%}')} on average (at most {f(c['time_error_max'], '{:.1%}')}, held out "
+        f"{f(c['time_error_heldout_mean'], '{:.1%}')}); largest peak-memory error "
         f"{f(c['max_peak_error'], '{:.1%}')} (<= 15%: {c['peak_ok']}), bit-identical {c['bit_identical']}, fastest "
         f"measured {c['fastest_measured']}, predicted {c['fastest_predicted']}"
     )

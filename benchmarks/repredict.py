@@ -81,7 +81,9 @@ def main() -> None:
             f"{_f(s['spearman_paired_heldout'])} (ceiling {_f(s['noise'].get('ceiling_paired'))}, held out "
             f"{_f(held.get('ceiling_paired'))}); ceiling {s['noise']['ceiling']:.2f} "
             f"(held out {held.get('ceiling', float('nan')):.2f}) -> {s['verdict']}; fastest measured "
-            f"{s['fastest_measured']}, predicted {s['fastest_predicted']}; largest peak-memory error "
+            f"{s['fastest_measured']}, predicted {s['fastest_predicted']}; predicted time off by "
+            f"{_f(s['time_error_mean'], '{:.1%}')} on average (at most {_f(s['time_error_max'], '{:.1%}')}, "
+            f"held out {_f(s['time_error_heldout_mean'], '{:.1%}')}); largest peak-memory error "
             f"{_f(s['max_peak_error'], '{:.1%}')}"
         )
     for mspec, f in fitted.items():

@@ -114,8 +114,11 @@ class Results:
         """Per (model, workload): plans, rank correlation of predicted and measured time
         over every plan and over the held-out ones (a calibrated experiment), the
         measurement's noise (``noise.py``) and what it makes of the correlation, the
-        largest relative error of predicted peak memory, whether every plan and the
-        eager run matched eager's bits, the fastest plan measured and predicted."""
+        relative error of each plan's predicted time against its measured median (mean
+        and largest, over every plan and the held-out ones: how close the model comes,
+        which a rank over plans a few percent apart does not say), the largest relative
+        error of predicted peak memory, whether every plan and the eager run matched
+        eager's bits, the fastest plan measured and predicted."""
         out = []
         for (m, w), rows in self.groups().items():
             plans = [r for r in rows if "predicted_s" in r and "measured_median_s" in r]
@@ -131,6 +134,7 @@ class Results:
                     "spearman_paired": _rho(plans, "measured_paired_s"),
                     **_held_out(plans),
                     **_noise(plans),
+                    **_time_error(plans),
                     "max_peak_error": max(errs, default=None),
                     "bit_identical": all(r.get("bit_identical") for r in rows if "error" not in r),
                     "fastest_measured": min(plans, key=lambda r: r["measured_median_s"])["strategy"] if plans else None,
@@ -223,6 +227,21 @@ def _rho(plans: list[dict[str, Any]], measured: str = "measured_median_s") -> fl
     if any(r.get(measured) is None for r in plans):
         return None
     return spearman([r["predicted_s"] for r in plans], [r[measured] for r in plans])
+
+
+def _time_error(plans: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean and largest ``|predicted - measured| / measured`` of the plans' times
+    (measured: each plan's median call), over every plan and over the held-out ones."""
+
+    def errs(rows: list[dict[str, Any]]) -> list[float]:
+        return [abs(r["predicted_s"] - r["measured_median_s"]) / r["measured_median_s"] for r in rows]
+
+    every, held = errs(plans), errs([r for r in plans if r.get("held_out")])
+    return {
+        "time_error_mean": sum(every) / len(every) if every else None,
+        "time_error_max": max(every, default=None),
+        "time_error_heldout_mean": sum(held) / len(held) if held else None,
+    }
 
 
 def _held_out(plans: list[dict[str, Any]]) -> dict[str, Any]:

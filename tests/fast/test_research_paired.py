@@ -76,3 +76,15 @@ def test_the_report_ranks_and_rates_by_the_paired_measurement() -> None:
     assert s["spearman_paired"] == pytest.approx(1.0)
     assert "ceiling_paired" in s["noise"] and s["verdict"] == "meets 0.8"
     assert noise([P, Q, r_times])["self_spearman_paired"] is not None
+
+
+def test_the_report_gives_each_plans_time_error_by_hand() -> None:
+    """Predicted 1.0, 1.1, 1.5 against medians 2.0, 2.0 and 1.5 (one process, one call
+    each): errors 50%, 45% and 0%; mean 31.67%, largest 50%; held out (the last two) 22.5%."""
+    rows = [_row(0, 1.0, [[2.0]]), _row(1, 1.1, [[2.0]]), _row(2, 1.5, [[1.5]])]
+    rows[0]["calibration"] = True
+    rows[1]["held_out"] = rows[2]["held_out"] = True
+    (s,) = Results(machine=CPU, rows=rows, env={}).summary()
+    assert s["time_error_mean"] == pytest.approx((0.5 + 0.45 + 0.0) / 3)
+    assert s["time_error_max"] == pytest.approx(0.5)
+    assert s["time_error_heldout_mean"] == pytest.approx(0.225)
