@@ -9,9 +9,9 @@ binary. So every segc kernel is made here, its name followed by a hash of what M
 compiles from: the header, the source, the input and output names.
 
 MLX also hashes a custom kernel's whole text (header and source) at *every* evaluation
-(``CustomKernel::eval_gpu``, its module's name), about 0.13 us a KB on an H200's host:
-with segc's 5-11 KB kernels, 83 of them a decode step, a profile put ``std::_Hash_bytes``
-at 4% of the step's host samples (docs/performance.md, the twentieth session). So the
+(``CustomKernel::eval_gpu``, its module's name): with segc's 4.5-11 KB kernels, 83 of
+them a decode step, a profile on an H200 put ``std::_Hash_bytes`` at 4-5% of the step's
+host time, about 0.11 ms a call (docs/performance.md, the twentieth session). So the
 text is handed to MLX compacted (:func:`compact`: no comments, no indentation, no blank
 lines), which changes no token of what NVRTC compiles.
 """
