@@ -37,6 +37,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from ..dtypes import to_bytes
 from ..errors import ScheduleError
 from ..lower import product_kernel
 from ..passes.costmodel import H200, MachineModel
@@ -88,11 +89,6 @@ def fit_host_kinds(rows: Sequence[tuple[int, int, int, float]]) -> tuple[float, 
     return float(coef[0]), float(coef[1]), float(coef[2])
 
 
-def _bits(y: mx.array) -> bytes:
-    """The array's bytes, read through an unsigned integer view (bit-identity, not closeness)."""
-    return np.array(y.view({1: mx.uint8, 2: mx.uint16, 4: mx.uint32, 8: mx.uint64}[y.dtype.size])).tobytes()
-
-
 def host_kinds(
     *,
     dtype: mx.Dtype = mx.bfloat16,
@@ -135,7 +131,7 @@ def host_kinds(
                     hs.append(time.perf_counter() - t0)
                     mx.synchronize()
                 rows.append((s, p, e, statistics.median(hs)))
-                same.append(_bits(got) == _bits(want))
+                same.append(to_bytes(got) == to_bytes(want))  # bit-identity, not closeness
     return HostKinds(*fit_host_kinds(rows), tuple(rows), tuple(same))
 
 
