@@ -133,3 +133,31 @@ def test_the_write_with_attention_setting_is_read_and_checked(monkeypatch: pytes
     from segc.lower.kvwrite import kv_attention_wanted
 
     assert_env_setting(monkeypatch, "SEGC_FUSED_KV_ATTENTION", value, kv_attention_wanted, want)
+
+
+@pytest.mark.parametrize("attention", ["caller's", "auto", "off"])
+def test_a_callers_attention_kernel_is_not_taken_into_segcs_write(monkeypatch: pytest.MonkeyPatch, attention) -> None:
+    """``segc.jit(..., attention=callable)``: the caller's kernel computes every layer's
+    attention, so segc's rotated write must not take the attention into its own kernel
+    (on CUDA by default). The CPU trace has no ``RoPE`` to match (``mx.fast.rope``
+    decomposes there), so this checks what the executor hands each segment's lowering,
+    with the write's kernels chosen as on a GPU; ``tests/test_fused_attention.py`` runs
+    a caller's kernel on a GPU."""
+    from segc.lower import kvwrite, products
+    from segc.runtime import executor
+
+    wanted = products.cuda_wanted  # the write's CUDA kernel as on a GPU, the products' as here
+    monkeypatch.setattr(products, "cuda_wanted", lambda s, name: name == "FUSED_KV_WRITE" or wanted(s, name))
+    handed: list[Any] = []
+    segment_fn = executor.segment_fn
+
+    def recording(*args: Any) -> Any:
+        handed.append(args[-1])  # the kv_write kernel
+        return segment_fn(*args[:-1], None)
+
+    monkeypatch.setattr(executor, "segment_fn", recording)
+    setting = reference_attention if attention == "caller's" else attention
+    f = segc.jit(lambda x: (x * 2).sum(), attention=setting)
+    mx.eval(f(mx.ones((4,))))
+    own = kvwrite.cuda_kv_write_with_attention
+    assert handed and set(handed) == {kvwrite.cuda_kv_write if attention == "caller's" else own}

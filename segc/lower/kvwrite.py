@@ -221,9 +221,11 @@ Kernel = Callable[[KVWriteMatch, Sequence[mx.array]], list[mx.array]]
 FUSED_KV_WRITE: str | Kernel = "auto"
 
 
-def kv_write_kernel(setting: str | Kernel | None = None) -> Kernel | None:
+def kv_write_kernel(setting: str | Kernel | None = None, *, own_attention: bool = True) -> Kernel | None:
     """The kernel segments lower their rotated KV writes to, or None (MLX's own
-    kernels). ``setting`` defaults to :data:`FUSED_KV_WRITE`."""
+    kernels). ``setting`` defaults to :data:`FUSED_KV_WRITE`. ``own_attention=False``
+    (the jit was given an attention kernel of its own, ``attention=callable``): segc's
+    write never takes the attention into its kernel, so the caller's kernel computes it."""
     setting = FUSED_KV_WRITE if setting is None else setting
     if callable(setting):
         return setting
@@ -233,7 +235,7 @@ def kv_write_kernel(setting: str | Kernel | None = None) -> Kernel | None:
     wanted = cuda_wanted(setting, "FUSED_KV_WRITE")
     if not wanted or shapes.SELECT_WRITE == "never":
         return None
-    return cuda_kv_write_with_attention if kv_attention_wanted() else cuda_kv_write
+    return cuda_kv_write_with_attention if own_attention and kv_attention_wanted() else cuda_kv_write
 
 
 def kv_attention_wanted() -> bool:

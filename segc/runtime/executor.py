@@ -178,7 +178,9 @@ class Executor:
         fragile = {c.var.name for c in g.consts if compile_loses(c)}
         kernel = attention_kernel(attention)
         products = product_kernel()  # segc.lower.products.FUSED_PRODUCTS, read now
-        kv_write = kv_write_kernel()  # segc.lower.kvwrite.FUSED_KV_WRITE, read now
+        # segc.lower.kvwrite.FUSED_KV_WRITE, read now; a caller's attention kernel is not
+        # taken into segc's write-with-attention kernel
+        kv_write = kv_write_kernel(own_attention=not callable(attention))
         const_args: list[tuple[str, ...]] = []
         for s in self.segments:
             used = dict.fromkeys(v for e in s.eqns(g) for v in e.ins if v in fragile)
