@@ -25,6 +25,8 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from segc.lower.cuda_kernel import expand
+
 GXX = shutil.which("g++")
 CACHE = Path(tempfile.gettempdir()) / "segc-cuda-emu"
 
@@ -140,6 +142,7 @@ def generated(made: dict[str, Any], call: dict[str, Any], prelude: str = "") -> 
     ``mx.fast.cuda_kernel``'s arguments, ``call``: the kernel call's), after ``prelude``
     (default: :data:`EMULATED`)."""
     prelude = prelude or EMULATED
+    made = dict(made, source=expand(made["source"]), header=expand(made["header"]))
     src = made["source"]
     params = []
     for name, x in zip(made["input_names"], call["inputs"], strict=True):
@@ -235,7 +238,9 @@ def run(made: dict[str, Any], call: dict[str, Any], launches: int = 1) -> list[l
     """Each launch's outputs (numpy arrays; bfloat16 as its uint16 bits)."""
     assert GXX is not None
     header = "".join(
-        x for x in made["header"].splitlines(True) if not x.startswith(('#include "mlx/', "#include <cooperative"))
+        x
+        for x in expand(made["header"]).splitlines(True)
+        if not x.startswith(('#include "mlx/', "#include <cooperative"))
     )
     text = generated(dict(made, header=header), call, EMULATED) + _main(made, call, launches)
     CACHE.mkdir(exist_ok=True)

@@ -20,6 +20,7 @@ import pytest
 from cuda_emu import GXX, generated, recording
 
 from segc.lower import cuda_attention, cuda_kvwrite
+from segc.lower.cuda_kernel import expand
 
 pytestmark = [
     pytest.mark.skipif(GXX is None, reason="needs a C++ compiler (g++) to check the kernels' sources"),
@@ -82,7 +83,8 @@ def test_a_broken_kernel_does_not_compile(recorded) -> None:
         mx.zeros((1, 8, 1, 64)), mx.zeros((1, 2, 30, 64)), mx.zeros((1, 2, 30, 64)), mx.zeros((1, 30), mx.bool_), 0.1
     )
     made, call = recorded[0]
-    broken = dict(made, source=made["source"].replace("__threadfence();", "__threadfence_typo();", 1))
-    assert broken["source"] != made["source"]
+    source = expand(made["source"])
+    broken = dict(made, source=source.replace("__threadfence();", "__threadfence_typo();", 1))
+    assert broken["source"] != source
     with pytest.raises(AssertionError, match="threadfence_typo"):
         _compile(generated(broken, call))

@@ -287,11 +287,12 @@ class Compiled:
         after every commit has been done (once more for the one that raised), so that the
         objects never end between two calls."""
         k = len(outs) - self._n_state_out
+        holes = any(x is None for x in outs[k:])  # once a call, not once an object
         pending: BaseException | None = None
         for s, c in zip(slots, self.commits):
             part = outs[k : k + len(c.outputs)]
             k += len(c.outputs)
-            if any(x is None for x in part):  # a window left this object's segments out
+            if holes and any(x is None for x in part):  # a window left this object's segments out
                 continue
             try:
                 st.commit(s, c, part)

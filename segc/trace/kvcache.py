@@ -20,6 +20,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from ..dtypes import short
 from ..errors import StateError
 from .state import (
     Commit,
@@ -78,27 +79,35 @@ def position(n: int) -> mx.array:
 
 
 def _kv_slot(index: int, obj: Any, grown: dict[str, Any] | None) -> Slot | None:
-    KV, _ = _kv_classes()
-    if KV is None or not _is_exactly(obj, KV):
+    # (this runs for every cache of every call, sixteen or more a decode step: the
+    # class is looked up once and the avals are made inline)
+    if type(obj) is not _kv_type():
         return None
     keys, values = (grown["keys"], grown["values"]) if grown else (obj.keys, obj.values)
     off = int(obj.offset)
     s = Slot(index, obj, "dynamic", "kv")
-    s.host = {"offset": off, "step": obj.step, "capacity": None}
     if keys is None:
+        s.host = {"offset": off, "step": obj.step, "capacity": None}
         s.key = ("KVCache", None)
     else:
-        if keys.ndim != 4 or values.ndim != 4:
-            raise StateError(f"state[{index}]: KVCache buffers must be 4-d, got {keys.shape} and {values.shape}")
-        if off > keys.shape[2]:
-            raise StateError(f"state[{index}]: KVCache offset {off} exceeds its buffer ({keys.shape[2]} positions)")
-        s.key = ("KVCache", aval(keys), aval(values))
-        s.host["capacity"] = int(keys.shape[2])
-        s.inputs += [keys, values]
-        s.names += ["keys", "values"]
+        ks, vs = tuple(keys.shape), tuple(values.shape)
+        if len(ks) != 4 or len(vs) != 4:
+            raise StateError(f"state[{index}]: KVCache buffers must be 4-d, got {ks} and {vs}")
+        if off > ks[2]:
+            raise StateError(f"state[{index}]: KVCache offset {off} exceeds its buffer ({ks[2]} positions)")
+        s.key = ("KVCache", (ks, short(keys.dtype)), (vs, short(values.dtype)))
+        s.host = {"offset": off, "step": obj.step, "capacity": ks[2]}
+        s.inputs = [keys, values, position(off)]
+        s.names = ["keys", "values", "offset"]
+        return s
     s.inputs.append(position(off))
     s.names.append("offset")
     return s
+
+
+@functools.cache
+def _kv_type() -> Any:  # (Any: mypy would narrow obj to this type's "object" after the test)
+    return _kv_classes()[0]
 
 
 def _rot_slot(index: int, obj: Any, grown: dict[str, Any] | None) -> Slot | None:
