@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -406,3 +407,26 @@ frozen: 100 calls in 6.0 s, median wall 2.000 ms, host until return 1.500 ms
         "other": 0,
     }
     assert {k: us[k] for k in want} == want, p.stdout
+
+
+def test_host_by_plan_reads_a_run_by_hand(tmp_path: Path) -> None:
+    """``benchmarks/host_by_plan.py`` on a ``results.json`` made up here: plans of 2, 5
+    and 9 segments at 2.0, 2.3 and 2.7 ms of host time: 100 µs a segment from 2 to 5
+    ((2.3 - 2.0) / 3), 100 from 5 to 9 ((2.7 - 2.3) / 4); a plan missing is a dash."""
+    rows = [
+        {"workload": "decode:8", "strategy": s, "host_median_s": h, "segments": n}
+        for s, h, n in (("balanced:2", 2.0e-3, 2), ("every:4", 2.3e-3, 5), ("every:2", 2.7e-3, 9))
+    ]
+    rows.append({"workload": "decode:8", "strategy": "eager", "host_median_s": 1e-3, "segments": 0})
+    (tmp_path / "results.json").write_text(json.dumps({"rows": rows}))
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "host_by_plan.py"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "eager" not in p.stdout
+    assert re.search(r"every:4\s+5 seg\s+2\.300", p.stdout), p.stdout
+    line = next(x for x in p.stdout.splitlines() if "a segment more" in x)
+    assert "balanced:2->every:4 100, every:4->every:2 100, every:2->min_boundary_bytes -," in line, line
