@@ -74,19 +74,36 @@ def include_dir() -> Path:
 def _written(text: str, where: Path) -> Path | None:
     """``text`` in a file of ``where`` named by its hash (written once, atomically, so
     that processes sharing the directory never read half a file); None where the
-    directory cannot be written or its path cannot stand in an ``#include``."""
+    directory cannot be written, is not the user's own (:func:`_private`) or its path
+    cannot stand in an ``#include``."""
     path = where / f"{hashlib.sha1(text.encode()).hexdigest()[:20]}.cuh"
     if not str(path).isascii() or any(c in str(path) for c in '"\n\\'):
         return None
     try:
+        where.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not _private(where):
+            return None
         if not path.is_file() or path.read_text() != text:
-            where.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(text)
             os.replace(tmp, path)
     except OSError:
         return None
     return path
+
+
+def _private(where: Path) -> bool:
+    """Whether ``where`` and the directory holding it (below the system's temporary
+    directory) are the user's own and writable by no one else: NVRTC compiles what the
+    files say, so no other user may be able to replace them."""
+    top = Path(tempfile.gettempdir()).absolute()
+    for d in (where, where.parent):
+        if d == top:
+            break
+        st = d.stat()
+        if (hasattr(os, "getuid") and st.st_uid != os.getuid()) or st.st_mode & 0o022:
+            return False
+    return True
 
 
 def included(text: str, keep: Sequence[str] = ()) -> str:

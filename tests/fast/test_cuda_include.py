@@ -71,6 +71,13 @@ def test_off_unwritable_and_bad_settings(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("SEGC_CUDA_INCLUDE_DIR", str(tmp_path / 'quo"te'))  # cannot stand in an #include
     assert included(BODY + "// 2\n") == BODY + "// 2\n"
     assert included("") == ""
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)  # another user could replace the files NVRTC compiles
+    monkeypatch.setenv("SEGC_CUDA_INCLUDE_DIR", str(shared / "inc"))
+    assert included(BODY + "// 3\n") == BODY + "// 3\n"
+    shared.chmod(0o700)
+    assert included(BODY + "// 4\n").startswith("#include")
 
 
 def _tokens(text: str) -> list[str]:
