@@ -6,7 +6,7 @@ every plan and held out, the ceiling and the verdict. Run it under another check
 graphs the run saved (``graphs/``: a GPU run's trace, predicted again on this machine),
 or to a trace made here (``--retrace``, or a run that saved none).
 
-    python benchmarks/repredict.py out/cpu-decode [--no-queue] [--json FILE]
+    python benchmarks/repredict.py out/cpu-decode [--no-queue] [--calibration a,b,c] [--json FILE]
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 from segc.ir import parse
 from segc.passes.costmodel import CPU, H200, MachineModel
 from segc.passes.plan import Plan, apply_plan
-from segc.research.calibrated import Prepared, calibrate, predict_row
+from segc.research.calibrated import Prepared, calibrate, mark_held_out, predict_row
 from segc.research.models import load_model, make_workload
 from segc.research.report import Results
 from segc.staging import jit
@@ -34,6 +34,7 @@ def main() -> None:
     ap.add_argument("--retrace", action="store_true", help="trace here even where the run saved its graphs")
     ap.add_argument("--host-weight", type=float, default=0.0, help="fit the measured host times too (fit.py)")
     ap.add_argument("--overheads", default="group", choices=("group", "shared", "device"), help="calibrate.py's")
+    ap.add_argument("--calibration", help="calibration plans (comma list of strategies) in place of the run's")
     args = ap.parse_args()
     out = Path(args.out)
     res = json.loads((out / "results.json").read_text())
@@ -51,6 +52,10 @@ def main() -> None:
         machine = replace(machine, **{f: 0 for f in ("queue_s", "queue_kernels") if hasattr(machine, f)})
     policy = res["experiment"].get("commit_policy", "segment")
     rows = [dict(r) for r in res["rows"]]
+    if args.calibration is not None:  # the held-out plans follow (mark_held_out)
+        chosen = set(args.calibration.split(","))
+        for r in rows:
+            r["calibration"] = r["strategy"] in chosen
     fitted = {}
     for mspec in dict.fromkeys(r["model"] for r in rows):
         model = load_model(mspec)
@@ -69,6 +74,8 @@ def main() -> None:
                     plan = Plan.load(out / r["plan_file"])
                     prep.cuts[id(r)], prep.plans[id(r)] = apply_plan(g, plan), plan
                     predict_row(r, prep.cuts[id(r)], plan, machine, policy)
+            if args.calibration is not None:
+                mark_held_out(prep)
             preps.append(prep)
         fitted[mspec] = calibrate(machine, policy, preps, args.overheads, host_weight=args.host_weight)
     summary = Results(machine=machine, rows=rows).summary()

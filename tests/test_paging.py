@@ -686,7 +686,8 @@ def test_a_cyclic_decode_keeps_pages_spread_over_the_band_order(tmp_path: Path) 
     """``evict="spread"`` (the default): in a cyclic decode (every call bands 0..7, in
     order) at a budget for about half the pages, the pages held across calls are the
     first one and others spread over the cycle (0 and 4 of 8), so the next call starts
-    on a resident page and the medium reads a page while each kept band computes. ``"mru"``
+    on a resident page and the medium reads a page while each kept band computes, and
+    no later call reads them again. ``"mru"``
     keeps one block instead, and drifts (layers 9-14
     of 16 in ``benchmarks/paging_timeline.py``: the medium idled while it computed)."""
     from segc.engine.paging.pager import Pager
@@ -718,8 +719,11 @@ def test_a_cyclic_decode_keeps_pages_spread_over_the_band_order(tmp_path: Path) 
         assert pager.peak_bytes <= limit
     finally:
         pager.close()
-    assert read[1:] == [read[1]] * 3, read  # the same pages read every call
-    assert read[-1] <= sum(sizes) - sizes[0] - sizes[4], read  # those never
+    # every later call reads at most the pages other than those two (which of the others
+    # it keeps can differ from call to call: whether a page has landed when room is made
+    # is the reader thread's timing; on a loaded 2-core machine a call read one more)
+    assert all(r <= sum(sizes) - sizes[0] - sizes[4] for r in read[1:]), (read, sizes)
+    assert all(r < read[0] for r in read[1:]), read  # the held pages are not read again
 
 
 def test_the_admit_fence_never_waits_for_a_page_that_has_landed(

@@ -273,3 +273,22 @@ def test_saved_graphs_are_the_trace_and_predict_the_plans_again(sweep: tuple[Pat
             if r["workload"] == wspec and "prior_predicted_s" not in r:
                 got = predict_time(apply_plan(saved, Plan.load(out / r["plan_file"])), machine, "segment").total
                 assert got == r["predicted_s"], r["strategy"]
+
+
+def test_repredict_calibrates_on_the_plans_it_is_given(sweep: tuple[Path, object], tmp_path: Path) -> None:
+    """``benchmarks/repredict.py --calibration none,markers``: the run (which had no
+    calibration plans) is fitted to those two, and every other plan whose cuts differ
+    from theirs is held out (counted here from the saved plans' cuts)."""
+    out, res = sweep
+    summary = tmp_path / "summary.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "repredict.py"), str(out), "--calibration", "none,markers"]
+    p = subprocess.run([*cmd, "--json", str(summary)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert p.returncode == 0, p.stdout + p.stderr
+    d = json.loads(summary.read_text())
+    rows = [r for r in res.rows if r.get("plan_file")]  # type: ignore[attr-defined]
+    for s in d["summary"]:
+        mine = [r for r in rows if r["workload"] == s["workload"]]
+        cuts = {r["strategy"]: tuple(c.after for c in Plan.load(out / r["plan_file"]).cuts) for r in mine}
+        fitted_to = {cuts["none"], cuts["markers"]}
+        assert s["heldout_plans"] == sum(c not in fitted_to for c in cuts.values()), (s["workload"], cuts)
+    assert set(d["fitted"]["llama:num_hidden_layers=2"]["machines"]) == {"decode:16", "prefill:8"}
