@@ -26,7 +26,10 @@ One run times, interleaved round by round so that drift hits every variant alike
   at the first call only); ``frozen`` / ``frozeneach`` / ``frozengeo`` -- the same with
   a segment per layer, the commit policy ``"auto"``, ``"segment"``, ``"geometric"``
   (MLX launches a step's work as the commits close it: they trade host time for an
-  earlier start of the device).
+  earlier start of the device); ``frozenhead`` -- ``frozen`` with no boundary after the
+  last layer, whose segment then holds the final norm and the output head too (16
+  segments, not 17: docs/experiments.md found a separate head segment costing 0.1-0.24
+  ms of host time on the H200).
 
 ``--isolate`` runs every variant in a process of its own (MLX's kernel and CUDA-graph
 caches are per process, so one variant's commits cannot slow another down); the
@@ -124,6 +127,7 @@ VARIANTS = (
     "frozen",
     "frozeneach",
     "frozengeo",
+    "frozenhead",
 )
 COMMIT = {
     "each": "segment",
@@ -135,11 +139,22 @@ COMMIT = {
     "frozeneach": "segment",
     "frozengeo": "geometric",
 }
-FROZEN = ("wholefrozen", "frozen", "frozeneach", "frozengeo")  # freeze_params=True
+FROZEN = ("wholefrozen", "frozen", "frozeneach", "frozengeo", "frozenhead")  # freeze_params=True
 CONCAT = ("concat", "concatfences", "wholeconcat", *FROZEN)  # concat_projections=True: sibling products as one
 FUSED = ("fused", "fusedfences")  # attention="on": segc's fused decode attention (CUDA)
 UNFUSED = ("unfused",)  # attention="off": MLX's decomposition of the masked attention
 DEFAULT_VARIANTS = ("eager", "compile", "segc", "drain")
+
+
+def boundaries_of(variant: str, model: Any) -> str | list[str] | None:
+    """``boundaries=`` of a segc variant: none for the one-segment variants, every
+    layer's but the last's for ``frozenhead``, else every layer's."""
+    if variant in ("whole", "wholeconcat", "wholefrozen"):
+        return None
+    if variant == "frozenhead":
+        return [f"layers.{i}" for i in range(len(model.layers) - 1)]
+    return "layers.*"
+
 
 # H200 figures used for the floors printed beside GPU timings (DESIGN.md)
 HBM_BYTES_PER_S = 4.8e12
@@ -341,7 +356,7 @@ def workload(
                 # would time a graph that a real decode loop (a trace per token) cannot use
                 step = segc.jit(
                     model,
-                    boundaries=None if v in ("whole", "wholeconcat", "wholefrozen") else "layers.*",
+                    boundaries=boundaries_of(v, model),
                     drain=(v == "drain"),
                     commit=COMMIT.get(v, "auto"),
                     attention="on" if v in FUSED else "off" if v in UNFUSED else "auto",

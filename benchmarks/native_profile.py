@@ -1,7 +1,8 @@
 """A cached decode step in a loop, for a native sampling profiler (issue 13): the
 reference llama at ``--context``, one ``--variant`` (``eager`` mlx-lm, ``compile``
-(``mx.compile`` with the caches as inputs), segc's defaults ``segc``, or ``frozen``: a
-segment per layer, ``concat_projections``, ``freeze_params``), built and warmed up, then
+(``mx.compile`` with the caches as inputs), segc's defaults ``segc``, ``frozen``: a
+segment per layer, ``concat_projections``, ``freeze_params``, or ``frozenhead``: the
+same with the output head in the last layer's segment), built and warmed up, then
 called back to back for ``--seconds``, each call waited for as a decode loop does.
 
 With ``--ctl``/``--ack`` (the FIFOs of ``perf record --control fifo:CTL,ACK -D -1``)
@@ -25,7 +26,7 @@ import mlx.core as mx
 
 import segc
 
-VARIANTS = ("eager", "compile", "segc", "frozen")
+VARIANTS = ("eager", "compile", "segc", "frozen", "frozenhead")
 
 
 def step_of(variant: str, model: Any, fc: Any, x: mx.array) -> Callable[[], Any]:
@@ -36,8 +37,12 @@ def step_of(variant: str, model: Any, fc: Any, x: mx.array) -> Callable[[], Any]
     if variant == "compile":
         call = compiled_with_cache(model, fc)
         return lambda: call(x)
-    frozen = variant == "frozen"
-    step = segc.jit(model, boundaries="layers.*", validate=False, concat_projections=frozen, freeze_params=frozen)
+    from bench_llama import boundaries_of
+
+    frozen = variant.startswith("frozen")
+    step = segc.jit(
+        model, boundaries=boundaries_of(variant, model), validate=False, concat_projections=frozen, freeze_params=frozen
+    )
     return lambda: step(x, cache=fc.reset())
 
 

@@ -62,6 +62,21 @@ def test_bench_llama_tiny_reports_bit_identical_outputs(tmp_path: Path) -> None:
     assert "bit-identical" in p.stdout and "first call" in p.stdout
 
 
+def test_frozenhead_is_frozen_with_the_head_in_the_last_layers_segment(tmp_path: Path) -> None:
+    """``frozenhead``: ``frozen`` without the boundary after the last layer, so one
+    segment fewer (the tiny preset's layers plus the tail, against its layers), and eager
+    MLX's bytes as ``frozen`` has them."""
+    p, r = bench_llama(
+        tmp_path, "--repeats=1", "--first-call-layers=0", "--no-dispatch", "--variants=eager,frozen,frozenhead"
+    )
+    assert "frozenhead" in p.stdout
+    layers = r["config"]["num_hidden_layers"]
+    for name, w in r["workloads"].items():
+        assert not w["errors"], (name, w["errors"])
+        assert w["segments"]["frozen"] == layers + 1 and w["segments"]["frozenhead"] == layers, (name, w["segments"])
+        assert w["bit_identical_to_eager"]["frozenhead"] is True, name
+
+
 @pytest.mark.slow
 def test_bench_llama_isolates_variants_and_compares_their_bytes(tmp_path: Path) -> None:
     """``--isolate``: a process per variant and round; the outputs compared byte for byte
