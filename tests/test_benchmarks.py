@@ -379,6 +379,16 @@ def test_native_profile_samples_only_its_timed_loop(tmp_path: Path) -> None:
     assert line.startswith("frozen: ") and int(line.split()[1]) >= 1, p.stdout
 
 
+def report_script(name: str, *args: Path | str) -> subprocess.CompletedProcess[str]:
+    """Run ``benchmarks/<name>`` (a script that reads a run's saved output) on ``args``;
+    its exit must be 0."""
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / name), *map(str, args)], capture_output=True, text=True, timeout=60
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    return p
+
+
 def test_perf_buckets_sums_a_report_by_hand(tmp_path: Path) -> None:
     """``benchmarks/perf_buckets.py`` on a report made up here: the main thread (pid 7)
     holds 80% of 1e9 ns of samples over 100 calls, 8000 us a call; its symbols' shares
@@ -399,13 +409,7 @@ frozen: 100 calls in 6.0 s, median wall 2.000 ms, host until return 1.500 ms
 """
     path = tmp_path / "perf_frozen.txt"
     path.write_text(report)
-    p = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "perf_buckets.py"), str(path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert p.returncode == 0, p.stdout + p.stderr
+    p = report_script("perf_buckets.py", path)
     rows = {line[:40].strip(): line[40:].split() for line in p.stdout.splitlines()}
     assert rows["main thread, us a call"] == ["8000"]
     assert rows["listed"] == ["100.0"]
@@ -434,13 +438,7 @@ def test_host_by_plan_reads_a_run_by_hand(tmp_path: Path) -> None:
     ]
     rows.append({"workload": "decode:8", "strategy": "eager", "host_median_s": 1e-3, "segments": 0})
     (tmp_path / "results.json").write_text(json.dumps({"rows": rows}))
-    p = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "host_by_plan.py"), str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert p.returncode == 0, p.stdout + p.stderr
+    p = report_script("host_by_plan.py", tmp_path)
     assert "eager" not in p.stdout
     assert re.search(r"every:4\s+5 seg\s+2\.300", p.stdout), p.stdout
     line = next(x for x in p.stdout.splitlines() if "a segment more" in x)
