@@ -29,7 +29,9 @@ One run times, interleaved round by round so that drift hits every variant alike
   earlier start of the device); ``frozenhead`` -- ``frozen`` with no boundary after the
   last layer, whose segment then holds the final norm and the output head too (16
   segments, not 17: docs/experiments.md found a separate head segment costing 0.1-0.24
-  ms of host time on the H200).
+  ms of host time on the H200); ``frozen2`` / ``frozen4`` -- ``frozenhead`` with a
+  segment per two (four) layers (9 and 5 segments in the experiment's ``every:2`` and
+  ``every:4`` were faster than 17 on the H200: a segment costs host time).
 
 ``--isolate`` runs every variant in a process of its own (MLX's kernel and CUDA-graph
 caches are per process, so one variant's commits cannot slow another down); the
@@ -128,6 +130,8 @@ VARIANTS = (
     "frozeneach",
     "frozengeo",
     "frozenhead",
+    "frozen2",
+    "frozen4",
 )
 COMMIT = {
     "each": "segment",
@@ -139,7 +143,7 @@ COMMIT = {
     "frozeneach": "segment",
     "frozengeo": "geometric",
 }
-FROZEN = ("wholefrozen", "frozen", "frozeneach", "frozengeo", "frozenhead")  # freeze_params=True
+FROZEN = ("wholefrozen", "frozen", "frozeneach", "frozengeo", "frozenhead", "frozen2", "frozen4")  # freeze_params=True
 CONCAT = ("concat", "concatfences", "wholeconcat", *FROZEN)  # concat_projections=True: sibling products as one
 FUSED = ("fused", "fusedfences")  # attention="on": segc's fused decode attention (CUDA)
 UNFUSED = ("unfused",)  # attention="off": MLX's decomposition of the masked attention
@@ -148,11 +152,16 @@ DEFAULT_VARIANTS = ("eager", "compile", "segc", "drain")
 
 def boundaries_of(variant: str, model: Any) -> str | list[str] | None:
     """``boundaries=`` of a segc variant: none for the one-segment variants, every
-    layer's but the last's for ``frozenhead``, else every layer's."""
+    layer's but the last's for ``frozenhead``, every second (fourth) layer's but the
+    last's for ``frozen2`` (``frozen4``), else every layer's."""
     if variant in ("whole", "wholeconcat", "wholefrozen"):
         return None
+    n = len(model.layers)
     if variant == "frozenhead":
-        return [f"layers.{i}" for i in range(len(model.layers) - 1)]
+        return [f"layers.{i}" for i in range(n - 1)]
+    if variant in ("frozen2", "frozen4"):  # after every 2nd (4th) layer but the last
+        k = int(variant[-1])
+        return [f"layers.{i}" for i in range(k - 1, n - 1, k)]
     return "layers.*"
 
 

@@ -31,7 +31,7 @@
 # the H200 model with them in it: $OUT/host_kinds.json, so that
 # MACHINE=\$OUT/host_kinds.json OVERHEADS=device ... gpu_decode.sh hostkinds experiment predicts with them).
 # perf: native_profile.py under perf (carried as .gpu/perfx/perf.tar.xz: benchmarks/pack_perf.sh),
-# each of PERF_VARIANTS (eager compile frozen frozenhead) a process, its timed loop sampled at PERF_F
+# each of PERF_VARIANTS (eager compile frozen frozenhead frozen2) a process, its timed loop sampled at PERF_F
 # (2999) Hz, PERF_G (e.g. "--call-graph dwarf,16384") adds call graphs; perf_<variant>.txt
 # for benchmarks/perf_buckets.py.
 # isolated: decode of the three models: segc's defaults, and concatenated and
@@ -210,7 +210,7 @@ for p in $parts; do
     PERF="env LD_LIBRARY_PATH=$P/lib${ORIG_LD:+:$ORIG_LD} $P/perf"
     cat /proc/sys/kernel/perf_event_paranoid >"$OUT/perf_env.txt" 2>&1
     $PERF stat -e task-clock true >>"$OUT/perf_env.txt" 2>&1
-    for v in ${PERF_VARIANTS:-eager compile frozen frozenhead}; do
+    for v in ${PERF_VARIANTS:-eager compile frozen frozenhead frozen2}; do
       rm -f /tmp/pctl /tmp/pack && mkfifo /tmp/pctl /tmp/pack
       timeout 150 $PERF record -F ${PERF_F:-2999} ${PERF_G:-} -D -1 --control fifo:/tmp/pctl,/tmp/pack -o /tmp/perf_$v.data \
         env LD_LIBRARY_PATH="$ORIG_LD" $PY -X perf benchmarks/native_profile.py --variant $v --seconds 6 --ctl /tmp/pctl --ack /tmp/pack \

@@ -2,7 +2,8 @@
 reference llama at ``--context``, one ``--variant`` (``eager`` mlx-lm, ``compile``
 (``mx.compile`` with the caches as inputs), segc's defaults ``segc``, ``frozen``: a
 segment per layer, ``concat_projections``, ``freeze_params``, or ``frozenhead``: the
-same with the output head in the last layer's segment), built and warmed up, then
+same with the output head in the last layer's segment, ``frozen2`` / ``frozen4``: that
+with a segment per two / four layers), built and warmed up, then
 called back to back for ``--seconds``, each call waited for as a decode loop does.
 
 With ``--ctl``/``--ack`` (the FIFOs of ``perf record --control fifo:CTL,ACK -D -1``)
@@ -26,7 +27,7 @@ import mlx.core as mx
 
 import segc
 
-VARIANTS = ("eager", "compile", "segc", "frozen", "frozenhead")
+VARIANTS = ("eager", "compile", "segc", "frozen", "frozenhead", "frozen2", "frozen4")
 
 
 def step_of(variant: str, model: Any, fc: Any, x: mx.array) -> Callable[[], Any]:

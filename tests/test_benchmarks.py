@@ -65,9 +65,10 @@ def test_bench_llama_tiny_reports_bit_identical_outputs(tmp_path: Path) -> None:
 def test_frozenhead_is_frozen_with_the_head_in_the_last_layers_segment(tmp_path: Path) -> None:
     """``frozenhead``: ``frozen`` without the boundary after the last layer, so one
     segment fewer (the tiny preset's layers plus the tail, against its layers), and eager
-    MLX's bytes as ``frozen`` has them."""
+    MLX's bytes as ``frozen`` has them; ``frozen2``: a segment per two layers, the head in
+    the last."""
     p, r = bench_llama(
-        tmp_path, "--repeats=1", "--first-call-layers=0", "--no-dispatch", "--variants=eager,frozen,frozenhead"
+        tmp_path, "--repeats=1", "--first-call-layers=0", "--no-dispatch", "--variants=eager,frozen,frozenhead,frozen2"
     )
     assert "frozenhead" in p.stdout
     layers = r["config"]["num_hidden_layers"]
@@ -75,6 +76,8 @@ def test_frozenhead_is_frozen_with_the_head_in_the_last_layers_segment(tmp_path:
         assert not w["errors"], (name, w["errors"])
         assert w["segments"]["frozen"] == layers + 1 and w["segments"]["frozenhead"] == layers, (name, w["segments"])
         assert w["bit_identical_to_eager"]["frozenhead"] is True, name
+        assert w["segments"]["frozen2"] == (layers + 1) // 2, (name, w["segments"])
+        assert w["bit_identical_to_eager"]["frozen2"] is True, name
 
 
 @pytest.mark.slow

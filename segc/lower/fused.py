@@ -20,6 +20,18 @@ from .product_match import ProductMatch, find_products
 CUDA_DEFAULTS = {"attention": True, "where_eager_fuses": True, "products": True, "writes": True, "pairs": True}
 
 
+def kernels_here() -> bool:
+    """Whether segments lowered in this process take segc's CUDA kernels by default (a
+    CUDA default device, none of them turned off): cut placement then keeps each such
+    kernel's equations in one segment (``passes.legalize``), since a cut through one
+    leaves the rest to MLX's kernels, and through an attention, to other bits."""
+    from .attention import attention_kernel
+    from .kvwrite import kv_write_kernel
+    from .products import product_kernel
+
+    return any(k is not None for k in (attention_kernel("auto"), product_kernel(), kv_write_kernel()))
+
+
 @dataclass(frozen=True)
 class Fused:
     """The matches, each equation in at most one; ``pairs`` are among ``writes`` and

@@ -1,4 +1,5 @@
-"""Fusion-aware legalisation: a cut never splits a chain that ``mx.compile`` would fuse.
+"""Fusion-aware legalisation: a cut never splits a chain that ``mx.compile`` would fuse,
+nor a kernel segc's CUDA lowering makes of several equations.
 
 ``mx.compile`` fuses only elementwise, broadcast and select chains (``is_fusable`` in
 ``mlx/compile.cpp``). Its ``compile_fuse`` walks the tape backwards from each fusible
@@ -9,6 +10,14 @@ graph. A cut point inside a group's span is illegal: splitting the chain changes
 kernels, costs a round trip through memory, and on CUDA can change low bits through
 FMA contraction. Broadcasts pin nothing unless their input is computed inside the group:
 a broadcast is an exact view, so its value may cross a cut unchanged.
+
+Where segc's CUDA lowering runs (``lower.fused.kernels_here``: a CUDA default device),
+each kernel it makes of several equations is pinned the same way
+(``product_groups.lowering_kernels``: a one-row product with its norm and residual, a
+rotated KV write, a decode attention eager runs fused). The lowering finds its kernels
+segment by segment, so a cut through one leaves its equations to MLX's kernels: more
+launches, and for an attention other bits than eager's fused kernel (measured on the
+H200: every plan that cut an attention differed from eager, docs/experiments.md).
 
 :func:`legalize_plan` moves each illegal cut to the nearest legal point (the earlier one
 on a tie; a later one for a cut whose segment signals an event, so the signal never
@@ -21,9 +30,11 @@ from __future__ import annotations
 
 from ..errors import ScheduleError
 from ..ir import CUT, SIGNAL, Eqn, Graph
+from ..lower.fused import kernels_here
 from ..lower.prim import PRIMS
 from .analysis import ops
 from .plan import Cut, Move, Plan, apply_plan, plan_of
+from .product_groups import lowering_kernels
 from .registry import register
 
 # what mx.compile fuses: the primitive table's fusion class (segc/lower/prim.py)
@@ -80,37 +91,48 @@ def fusion_groups(g: Graph) -> list[tuple[int, ...]]:
     return groups
 
 
-def illegal_points(g: Graph) -> set[int]:
-    """Cut points (``k``: before op ``k``) that would split a fusion group."""
+def pinned_groups(g: Graph, kernels: bool | None = None) -> list[tuple[tuple[int, ...], str]]:
+    """Each group of op positions no cut may split, with what it is: the fusion groups,
+    and with ``kernels`` (default: :func:`~segc.lower.fused.kernels_here`) the CUDA
+    lowering's kernels of several equations."""
+    out = [(grp, "fused chain") for grp in fusion_groups(g)]
+    if kernels if kernels is not None else kernels_here():
+        out += [(grp, "CUDA kernel of segc's lowering") for grp in lowering_kernels(g, ops(g))]
+    return out
+
+
+def illegal_points(g: Graph, kernels: bool | None = None) -> set[int]:
+    """Cut points (``k``: before op ``k``) that would split a pinned group
+    (:func:`pinned_groups`)."""
     bad: set[int] = set()
-    for grp in fusion_groups(g):
+    for grp, _ in pinned_groups(g, kernels):
         bad.update(range(grp[0] + 1, grp[-1] + 1))
     return bad
 
 
-def legal_points(g: Graph) -> list[int]:
+def legal_points(g: Graph, kernels: bool | None = None) -> list[int]:
     n = len(ops(g))
-    bad = illegal_points(g)
+    bad = illegal_points(g, kernels)
     return [k for k in range(1, n) if k not in bad]
 
 
-def legalize_plan(g: Graph, plan: Plan, later: frozenset[int] = frozenset()) -> Plan:
+def legalize_plan(g: Graph, plan: Plan, later: frozenset[int] = frozenset(), kernels: bool | None = None) -> Plan:
     """Move the plan's illegal cuts to the nearest legal point and record the moves.
     A cut after an equation in ``later`` (one whose segment signals an event) moves only
-    to a later point, so the signal never fires before that equation has run."""
+    to a later point, so the signal never fires before that equation has run.
+    ``kernels``: see :func:`pinned_groups`."""
     os_ = ops(g)
     if plan.order is not None:  # legality is judged in the plan's order
         pos_of = {e.id: e for e in os_}
         os_ = [pos_of[i] for i in plan.order]
         g = g.replace(eqns=tuple(os_))
     pos = {e.id: k for k, e in enumerate(os_)}
-    groups = fusion_groups(g)
     bad = set()
-    span_of: dict[int, tuple[int, int]] = {}
-    for grp in groups:
+    span_of: dict[int, tuple[int, int, str]] = {}
+    for grp, what in pinned_groups(g, kernels):
         for k in range(grp[0] + 1, grp[-1] + 1):
             bad.add(k)
-            span_of[k] = (os_[grp[0]].id, os_[grp[-1]].id)
+            span_of.setdefault(k, (os_[grp[0]].id, os_[grp[-1]].id, what))
     legal = [k for k in range(1, len(os_)) if k not in bad]
     cuts: list[Cut] = []
     moved = list(plan.moved)
@@ -122,8 +144,8 @@ def legalize_plan(g: Graph, plan: Plan, later: frozenset[int] = frozenset()) -> 
                 reason = "a cut after the last equation makes an empty segment"
                 target = None
             else:
-                a, b = span_of[k]
-                reason = f"splits the fused chain #{a}..#{b}"
+                a, b, what = span_of[k]
+                reason = f"splits the {what} #{a}..#{b}"
                 pool = [p for p in legal if p > k] if c.after in later else legal
                 target = min(pool, key=lambda p: (abs(p - k), p), default=None)
             if target is None or target in placed:

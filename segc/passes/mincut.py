@@ -6,8 +6,8 @@ after it the sink; each value is one edge ``in -> out`` weighted by its bytes (h
 many equations read it), with infinite edges from its producer and to its consumers;
 an infinite edge from each consumer back to its producer keeps the source side closed
 under dependencies (a valid prefix of some topological order); fused chains
-(``legalize.fusion_groups``) are tied together so no cut splits them. The minimum cut
-is one cut point; when its source side is not already a prefix of the interval, the
+(``legalize.pinned_groups``: with segc's CUDA kernels where they lower) are tied
+together so no cut splits them. The minimum cut is one cut point; when its source side is not already a prefix of the interval, the
 plan reorders the interval's equations (source side first, each side in its original
 order), which changes no value. Among cuts as cheap, one that needs no reordering and
 lies nearest the middle of the interval wins.
@@ -22,7 +22,7 @@ from typing import Any
 from ..errors import ScheduleError
 from ..ir import Graph
 from .analysis import crossing_bytes, liveness, ops
-from .legalize import fusion_groups, illegal_points
+from .legalize import pinned_groups
 from .plan import Plan, marker_points, plan_at
 
 
@@ -62,8 +62,8 @@ class MinBoundaryBytes:
         for v in g.outputs:
             if lv.root[v] in lv.defined:
                 readers.setdefault(lv.root[v], set()).add(n)
-        groups = fusion_groups(g)
-        bad = illegal_points(g)
+        groups = [grp for grp, _ in pinned_groups(g)]
+        bad = {k for grp in groups for k in range(grp[0] + 1, grp[-1] + 1)}  # illegal_points(g)
         cross = crossing_bytes(g, lv)
         order = list(range(n))
         points: list[int] = []

@@ -55,3 +55,15 @@ def with_products(g: Graph, os_: Sequence[Eqn], groups: Sequence[Sequence[int]],
     for k in sorted(grouped):
         merged.setdefault(root(k), []).append(k)
     return [tuple(ks) for ks in merged.values()]
+
+
+def lowering_kernels(g: Graph, os_: Sequence[Eqn]) -> list[tuple[int, ...]]:
+    """The ``os_`` positions of each kernel segc's CUDA lowering makes of several
+    equations when the graph runs uncut (``fused.find_all`` over all of it): the spans
+    a cut must not split for the lowering to find the same kernels as the unsegmented
+    graph (``legalize``)."""
+    avals = {n: (v.shape, v.dtype) for n, v in g.vars().items()}
+    consts = {c.var.name: c.value for c in g.consts}
+    at = {e.id: k for k, e in enumerate(os_)}
+    found = find_all(os_, g.outputs, consts, avals, g.eqns, **CUDA_DEFAULTS).kernels()
+    return [ks for kernel in found if len(ks := tuple(sorted(at[i] for i in kernel if i in at))) > 1]
