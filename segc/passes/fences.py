@@ -26,7 +26,7 @@ from typing import Any
 
 from ..errors import ScheduleError, ScheduleWarning
 from ..ir import CUT, HOST_EVENT, SIGNAL, WAIT, Eqn, Graph
-from .legalize import illegal_points, legal_points
+from .legalize import illegal_points
 from .registry import register
 
 
@@ -103,10 +103,11 @@ def _legal_after(g: Graph, c: CutNode, legalize: bool) -> int:
             return c.after  # the graph is cut there already (a marker): nothing new is split
     os_ = [e for e in g.eqns if not e.is_pseudo]
     k = next(i for i, e in enumerate(os_) if e.id == c.after) + 1
-    if k not in illegal_points(g):
+    bad = illegal_points(g)
+    if k not in bad:
         return c.after
-    later = [p for p in legal_points(g) if p > k]
-    what = f"cut node after #{c.after} splits a chain mx.compile fuses"
+    later = [p for p in range(k + 1, len(os_)) if p not in bad]  # legalize.legal_points after k
+    what = f"cut node after #{c.after} splits a chain mx.compile fuses (or a kernel of segc's CUDA lowering)"
     if not legalize or not later:
         why = "legalize=False" if not legalize else "the chain runs to the end of the graph"
         raise ScheduleError(f"{what} ({why}); put it after #{os_[later[0] - 1].id if later else os_[-1].id}")
@@ -148,13 +149,13 @@ def fences(g: Graph, schedule: Schedule | None = None, legalize: bool = True) ->
                 ours = w.event == c.signal[0] and w.value <= c.signal[1]
                 if ours and w.at in present and lo < index(w.at) <= hi:
                     raise ScheduleError(
-                        f"cut node after #{c.after} splits a chain mx.compile fuses, and moving it after "
+                        f"cut node after #{c.after} splits a chain mx.compile fuses (or a kernel of segc's CUDA lowering), and moving it after "
                         f"#{moved.after} would put the wait at #{w.at} on {w.event!r} >= {w.value} in the segment "
                         "that signals it (a deadlock); put the cut at a legal point"
                     )
         if moved.after != c.after:
             warnings.warn(
-                f"cut node after #{c.after} splits a chain mx.compile fuses; moved after #{moved.after}, the end "
+                f"cut node after #{c.after} splits a chain mx.compile fuses (or a kernel of segc's CUDA lowering); moved after #{moved.after}, the end "
                 "of the chain",
                 ScheduleWarning,
                 stacklevel=3,
