@@ -6,7 +6,7 @@ every plan and held out, the ceiling and the verdict. Run it under another check
 graphs the run saved (``graphs/``: a GPU run's trace, predicted again on this machine),
 or to a trace made here (``--retrace``, or a run that saved none).
 
-    python benchmarks/repredict.py out/cpu-decode [--no-queue] [--calibration a,b,c] [--json FILE]
+    python benchmarks/repredict.py out/cpu-decode [--no-queue] [--calibration a,b,c] [--set value_s=5e-6] [--json FILE]
 """
 
 from __future__ import annotations
@@ -35,6 +35,9 @@ def main() -> None:
     ap.add_argument("--host-weight", type=float, default=0.0, help="fit the measured host times too (fit.py)")
     ap.add_argument("--overheads", default="group", choices=("group", "shared", "device"), help="calibrate.py's")
     ap.add_argument("--calibration", help="calibration plans (comma list of strategies) in place of the run's")
+    ap.add_argument(
+        "--set", action="append", default=[], metavar="NAME=VALUE", help="a machine figure in place of the run's"
+    )
     args = ap.parse_args()
     out = Path(args.out)
     res = json.loads((out / "results.json").read_text())
@@ -48,6 +51,11 @@ def main() -> None:
         preset = H200 if machine.device == "gpu" else CPU
         missing = {k: getattr(preset, k) for k in known - set(res["machine"])}
         machine = replace(machine, **missing)
+    for item in args.set:  # a figure changed, then calibrated as the run was (value_s: not fitted)
+        name, _, value = item.partition("=")
+        if name not in {f.name for f in fields(MachineModel)} or not value:
+            ap.error(f"--set {item!r}: NAME=VALUE with NAME a machine figure")
+        machine = replace(machine, **{name: type(getattr(machine, name))(float(value))})
     if args.no_queue:
         machine = replace(machine, **{f: 0 for f in ("queue_s", "queue_kernels") if hasattr(machine, f)})
     policy = res["experiment"].get("commit_policy", "segment")

@@ -292,3 +292,24 @@ def test_repredict_calibrates_on_the_plans_it_is_given(sweep: tuple[Path, object
         fitted_to = {cuts["none"], cuts["markers"]}
         assert s["heldout_plans"] == sum(c not in fitted_to for c in cuts.values()), (s["workload"], cuts)
     assert set(d["fitted"]["llama:num_hidden_layers=2"]["machines"]) == {"decode:16", "prefill:8"}
+
+
+def test_repredict_sets_a_figure_and_refuses_an_unknown_one(sweep: tuple[Path, object], tmp_path: Path) -> None:
+    """``repredict.py --set NAME=VALUE``: a figure the calibration does not fit
+    (``commit_s``) reaches every fitted machine as given; a name that is no figure of
+    the machine model is refused, naming it."""
+    out, _ = sweep
+    summary = tmp_path / "summary.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "repredict.py"), str(out), "--calibration", "none,markers"]
+    p = subprocess.run(
+        [*cmd, "--set", "commit_s=0.00125", "--json", str(summary)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    fitted = json.loads(summary.read_text())["fitted"]["llama:num_hidden_layers=2"]["machines"]
+    assert {w: m["commit_s"] for w, m in fitted.items()} == {"decode:16": 0.00125, "prefill:8": 0.00125}
+    bad = subprocess.run([*cmd, "--set", "nonsense=1"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert bad.returncode == 2 and "nonsense=1" in bad.stderr, bad.stderr
