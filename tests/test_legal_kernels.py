@@ -19,12 +19,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as hst
 
 import segc
+from segc.errors import ScheduleWarning
 from segc.lower.attention import only_where_eager_fuses, reference_attention
 from segc.models import tiny_llama
 from segc.passes import make_plan
 from segc.passes.analysis import ops
 from segc.passes.legalize import legal_points, legalize_plan
-from segc.passes.plan import Cut, Plan, plan_key
+from segc.passes.plan import Cut, Plan, plan_key, plan_of
 from segc.research import make_workload
 
 pytestmark = pytest.mark.timeout(300)
@@ -126,3 +127,28 @@ def test_every_legalised_plan_keeps_the_unsegmented_bits(spec, extra) -> None:
     uniq = list({c.after: c for c in cuts}.values())
     legal = legalize_plan(g, Plan(plan.fingerprint, plan.strategy, tuple(uniq)), kernels=True)
     assert run(legal) == whole, f"{spec} + {extra}: {[c.after for c in legal.cuts]}"
+
+
+def test_a_saved_plan_through_a_kernel_is_moved_off_it_where_the_kernels_lower(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``strategy=`` a saved plan that cuts through an attention, where segc's CUDA
+    lowering runs (as on a GPU; here ``kernels_here`` says so and the callable attention
+    stands for the CUDA kernel): the cut moves off the kernel with a ``ScheduleWarning``
+    naming it, and the output keeps the unsegmented run's bytes; the plan's other cut
+    stays where it was. On the CPU's own answer the plan runs as saved (other bytes)."""
+    import segc.passes.cut as cut_pass
+
+    g, run, whole, _ = _setup()
+    lo, _ = _attention_spans(g)[1]
+    os_ = ops(g)
+    inside, layer = os_[lo].id, make_plan(g, "markers").cuts[0]  # the first layer's end, before the attention
+    saved = Plan(plan_key(g), "saved", tuple(sorted([layer, Cut(inside, "inside")], key=lambda c: c.after)))
+    assert run(saved) != whole  # as saved: the attention split
+    monkeypatch.setattr(cut_pass, "kernels_here", lambda: True)
+    with pytest.warns(ScheduleWarning, match=rf"cuts through kernels of segc's CUDA lowering; #{inside} -> #\d+"):
+        assert run(saved) == whole
+    with pytest.warns(ScheduleWarning):
+        placed = plan_of(cut_pass.cut(g, plan=saved))
+    assert placed.cuts[0].after == layer.after and len(placed.cuts) == 2
+    assert placed.cuts[1].after != inside and ops(g)[lo].id < placed.cuts[1].after

@@ -3,18 +3,25 @@
 ``cut(g, strategy="balanced:4")`` runs the strategy (``strategies.py``), legalises the
 plan (``legalize.py``: a cut never splits a fused chain) and applies it (``plan.py``:
 every old cut goes, the plan's cuts come in). ``cut(g, plan=p)`` applies a plan made
-earlier, after checking it was made for this graph. Fences and windows stay put.
+earlier, after checking it was made for this graph, as it is; except where segc's CUDA
+lowering runs, a cut of it through one of the lowering's kernels is moved (with a
+``ScheduleWarning``): the kernel would otherwise fall to MLX's kernels in that segment,
+and an attention to other bits than the unsegmented graph's. Fences and windows stay put.
 
 Idempotent: cutting a graph again with the same strategy or plan changes nothing.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
-from ..errors import ScheduleError
+from ..errors import ScheduleError, ScheduleWarning
 from ..ir import Graph
-from .plan import Plan, apply_plan
+from ..lower.fused import kernels_here
+from .analysis import ops
+from .legalize import legalize_plan, pinned_groups
+from .plan import Plan, apply_plan, plan_key
 from .registry import register
 from .strategies import make_plan
 
@@ -26,4 +33,33 @@ def cut(g: Graph, strategy: Any = "markers", plan: Plan | None = None, legalize:
         plan = make_plan(g, strategy, legalize=legalize)
     elif not isinstance(plan, Plan):
         raise ScheduleError(f"cut: plan must be a segc Plan, got {type(plan).__name__}")
+    elif legalize and plan.order is None and kernels_here():
+        plan = _off_kernels(g, plan)
     return apply_plan(g, plan)
+
+
+def _off_kernels(g: Graph, plan: Plan) -> Plan:
+    """``plan`` with each cut through a kernel of segc's CUDA lowering moved off it (the
+    plan's other cuts, legal or not, as they are), with a warning naming the moves."""
+    if plan.fingerprint != plan_key(g):
+        return plan  # apply_plan refuses it, saying why
+    pos = {e.id: k for k, e in enumerate(ops(g))}
+    kernels = [grp for grp, what in pinned_groups(g, kernels=True) if what != "fused chain"]
+    inside = {k for grp in kernels for k in range(grp[0] + 1, grp[-1] + 1)}
+    if not any(pos.get(c.after, -1) + 1 in inside for c in plan.cuts):
+        return plan
+    split = Plan(plan.fingerprint, plan.strategy, tuple(c for c in plan.cuts if pos[c.after] + 1 in inside))
+    kept = tuple(c for c in plan.cuts if pos[c.after] + 1 not in inside)
+    moved = legalize_plan(g, split, kernels=True)
+    at = {c.after for c in kept}
+    cuts = sorted([*kept, *(c for c in moved.cuts if c.after not in at)], key=lambda c: pos[c.after])
+    news = [m for m in moved.moved if m not in plan.moved]
+    warnings.warn(
+        f"{g.name}: the saved plan {plan.strategy!r} cuts through kernels of segc's CUDA lowering; "
+        + "; ".join(
+            f"#{m.requested} -> {'dropped' if m.placed is None else f'#{m.placed}'} ({m.reason})" for m in news
+        ),
+        ScheduleWarning,
+        stacklevel=2,
+    )
+    return Plan(plan.fingerprint, plan.strategy, tuple(cuts), (*plan.moved, *news), plan.order, plan.info)
