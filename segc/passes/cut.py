@@ -41,12 +41,12 @@ def cut(g: Graph, strategy: Any = "markers", plan: Plan | None = None, legalize:
 def _off_kernels(g: Graph, plan: Plan) -> Plan:
     """``plan`` with each cut through a kernel of segc's CUDA lowering moved off it (the
     plan's other cuts, legal or not, as they are), with a warning naming the moves."""
-    if plan.fingerprint != plan_key(g):
-        return plan  # apply_plan refuses it, saying why
     pos = {e.id: k for k, e in enumerate(ops(g))}
+    if plan.fingerprint != plan_key(g) or any(c.after not in pos for c in plan.cuts):
+        return plan  # apply_plan refuses it, saying why
     kernels = [grp for grp, what in pinned_groups(g, kernels=True) if what != "fused chain"]
     inside = {k for grp in kernels for k in range(grp[0] + 1, grp[-1] + 1)}
-    if not any(pos.get(c.after, -1) + 1 in inside for c in plan.cuts):
+    if not any(pos[c.after] + 1 in inside for c in plan.cuts):
         return plan
     split = Plan(plan.fingerprint, plan.strategy, tuple(c for c in plan.cuts if pos[c.after] + 1 in inside))
     kept = tuple(c for c in plan.cuts if pos[c.after] + 1 not in inside)
