@@ -55,7 +55,10 @@ def main() -> None:
         name, _, value = item.partition("=")
         if name not in {f.name for f in fields(MachineModel)} or not value:
             ap.error(f"--set {item!r}: NAME=VALUE with NAME a machine figure")
-        machine = replace(machine, **{name: type(getattr(machine, name))(float(value))})
+        try:
+            machine = replace(machine, **{name: type(getattr(machine, name))(float(value))})
+        except ValueError:
+            ap.error(f"--set {item!r}: {value!r} is not a number")
     if args.no_queue:
         machine = replace(machine, **{f: 0 for f in ("queue_s", "queue_kernels") if hasattr(machine, f)})
     policy = res["experiment"].get("commit_policy", "segment")

@@ -313,3 +313,5 @@ def test_repredict_sets_a_figure_and_refuses_an_unknown_one(sweep: tuple[Path, o
     assert {w: m["commit_s"] for w, m in fitted.items()} == {"decode:16": 0.00125, "prefill:8": 0.00125}
     bad = subprocess.run([*cmd, "--set", "nonsense=1"], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert bad.returncode == 2 and "nonsense=1" in bad.stderr, bad.stderr
+    nan = subprocess.run([*cmd, "--set", "commit_s=soon"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert nan.returncode == 2 and "'soon' is not a number" in nan.stderr, nan.stderr

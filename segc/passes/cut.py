@@ -14,14 +14,16 @@ Idempotent: cutting a graph again with the same strategy or plan changes nothing
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 from typing import Any
 
 from ..errors import ScheduleError, ScheduleWarning
 from ..ir import Graph
 from ..lower.fused import kernels_here
 from .analysis import ops
-from .legalize import legalize_plan, pinned_groups
+from .legalize import legalize_plan
 from .plan import Plan, apply_plan, plan_key
+from .product_groups import lowering_kernels
 from .registry import register
 from .strategies import make_plan
 
@@ -41,25 +43,24 @@ def cut(g: Graph, strategy: Any = "markers", plan: Plan | None = None, legalize:
 def _off_kernels(g: Graph, plan: Plan) -> Plan:
     """``plan`` with each cut through a kernel of segc's CUDA lowering moved off it (the
     plan's other cuts, legal or not, as they are), with a warning naming the moves."""
-    pos = {e.id: k for k, e in enumerate(ops(g))}
+    os_ = ops(g)
+    pos = {e.id: k for k, e in enumerate(os_)}
     if plan.fingerprint != plan_key(g) or any(c.after not in pos for c in plan.cuts):
         return plan  # apply_plan refuses it, saying why
-    kernels = [grp for grp, what in pinned_groups(g, kernels=True) if what != "fused chain"]
-    inside = {k for grp in kernels for k in range(grp[0] + 1, grp[-1] + 1)}
-    if not any(pos[c.after] + 1 in inside for c in plan.cuts):
+    inside = {k for grp in lowering_kernels(g, os_) for k in range(grp[0] + 1, grp[-1] + 1)}
+    split = tuple(c for c in plan.cuts if pos[c.after] + 1 in inside)
+    if not split:
         return plan
-    split = Plan(plan.fingerprint, plan.strategy, tuple(c for c in plan.cuts if pos[c.after] + 1 in inside))
-    kept = tuple(c for c in plan.cuts if pos[c.after] + 1 not in inside)
-    moved = legalize_plan(g, split, kernels=True)
+    moved = legalize_plan(g, replace(plan, cuts=split, moved=()), kernels=True)
+    kept = [c for c in plan.cuts if c not in split]
     at = {c.after for c in kept}
     cuts = sorted([*kept, *(c for c in moved.cuts if c.after not in at)], key=lambda c: pos[c.after])
-    news = [m for m in moved.moved if m not in plan.moved]
     warnings.warn(
         f"{g.name}: the saved plan {plan.strategy!r} cuts through kernels of segc's CUDA lowering; "
         + "; ".join(
-            f"#{m.requested} -> {'dropped' if m.placed is None else f'#{m.placed}'} ({m.reason})" for m in news
+            f"#{m.requested} -> {'dropped' if m.placed is None else f'#{m.placed}'} ({m.reason})" for m in moved.moved
         ),
         ScheduleWarning,
         stacklevel=2,
     )
-    return Plan(plan.fingerprint, plan.strategy, tuple(cuts), (*plan.moved, *news), plan.order, plan.info)
+    return replace(plan, cuts=tuple(cuts), moved=(*plan.moved, *moved.moved))

@@ -29,6 +29,8 @@ from ..ir import CUT, HOST_EVENT, SIGNAL, WAIT, Eqn, Graph
 from .legalize import illegal_points
 from .registry import register
 
+_SPLITS = "splits a chain mx.compile fuses (or a kernel of segc's CUDA lowering)"  # legalize.pinned_groups
+
 
 @dataclass(frozen=True, slots=True)
 class CutNode:
@@ -92,9 +94,10 @@ def _check_value(what: str, event: Any, value: Any) -> None:
 
 def _legal_after(g: Graph, c: CutNode, legalize: bool) -> int:
     """The equation the cut node's cut follows: ``c.after`` (also when the graph is cut
-    there already), or, when a new cut there would split a chain ``mx.compile`` fuses, the end of that chain (a later point, so a
-    signal never fires before ``c.after`` has run), with a warning; refused when
-    ``legalize`` is off or the chain runs to the graph's end."""
+    there already), or, when a new cut there would split a chain ``mx.compile`` fuses (or
+    a kernel of segc's CUDA lowering, ``legalize.pinned_groups``), the next legal point
+    (a later one, so a signal never fires before ``c.after`` has run), with a warning;
+    refused when ``legalize`` is off or no legal point follows."""
     pos = next(p for p, e in enumerate(g.eqns) if e.id == c.after and not e.is_pseudo)
     for e in g.eqns[pos + 1 :]:
         if not e.is_pseudo:
@@ -107,7 +110,7 @@ def _legal_after(g: Graph, c: CutNode, legalize: bool) -> int:
     if k not in bad:
         return c.after
     later = [p for p in range(k + 1, len(os_)) if p not in bad]  # legalize.legal_points after k
-    what = f"cut node after #{c.after} splits a chain mx.compile fuses (or a kernel of segc's CUDA lowering)"
+    what = f"cut node after #{c.after} {_SPLITS}"
     if not legalize or not later:
         why = "legalize=False" if not legalize else "the chain runs to the end of the graph"
         raise ScheduleError(f"{what} ({why}); put it after #{os_[later[0] - 1].id if later else os_[-1].id}")
@@ -149,14 +152,13 @@ def fences(g: Graph, schedule: Schedule | None = None, legalize: bool = True) ->
                 ours = w.event == c.signal[0] and w.value <= c.signal[1]
                 if ours and w.at in present and lo < index(w.at) <= hi:
                     raise ScheduleError(
-                        f"cut node after #{c.after} splits a chain mx.compile fuses (or a kernel of segc's CUDA lowering), and moving it after "
+                        f"cut node after #{c.after} {_SPLITS}, and moving it after "
                         f"#{moved.after} would put the wait at #{w.at} on {w.event!r} >= {w.value} in the segment "
                         "that signals it (a deadlock); put the cut at a legal point"
                     )
         if moved.after != c.after:
             warnings.warn(
-                f"cut node after #{c.after} splits a chain mx.compile fuses (or a kernel of segc's CUDA lowering); moved after #{moved.after}, the end "
-                "of the chain",
+                f"cut node after #{c.after} {_SPLITS}; moved after #{moved.after}, the end of the chain",
                 ScheduleWarning,
                 stacklevel=3,
             )

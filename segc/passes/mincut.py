@@ -7,10 +7,11 @@ many equations read it), with infinite edges from its producer and to its consum
 an infinite edge from each consumer back to its producer keeps the source side closed
 under dependencies (a valid prefix of some topological order); fused chains
 (``legalize.pinned_groups``: with segc's CUDA kernels where they lower) are tied
-together so no cut splits them. The minimum cut is one cut point; when its source side is not already a prefix of the interval, the
-plan reorders the interval's equations (source side first, each side in its original
-order), which changes no value. Among cuts as cheap, one that needs no reordering and
-lies nearest the middle of the interval wins.
+together so no cut splits them. The minimum cut is one cut point; when its source side
+is not already a prefix of the interval, the plan reorders the interval's equations
+(source side first, each side in its original order), which changes no value. Among
+cuts as cheap, one that needs no reordering and lies nearest the middle of the interval
+wins.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ class MinBoundaryBytes:
             if lv.root[v] in lv.defined:
                 readers.setdefault(lv.root[v], set()).add(n)
         groups = [grp for grp, _ in pinned_groups(g)]
-        bad = {k for grp in groups for k in range(grp[0] + 1, grp[-1] + 1)}  # illegal_points(g)
+        bad = {k for grp in groups for k in range(grp[0] + 1, grp[-1] + 1)}  # illegal_points, from these groups
         cross = crossing_bytes(g, lv)
         order = list(range(n))
         points: list[int] = []

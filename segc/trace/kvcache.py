@@ -20,7 +20,6 @@ from typing import Any
 
 import mlx.core as mx
 
-from ..dtypes import short
 from ..errors import StateError
 from .state import (
     Commit,
@@ -80,7 +79,7 @@ def position(n: int) -> mx.array:
 
 def _kv_slot(index: int, obj: Any, grown: dict[str, Any] | None) -> Slot | None:
     # (this runs for every cache of every call, sixteen or more a decode step: the
-    # class is looked up once and the avals are made inline)
+    # class is looked up once)
     if type(obj) is not _kv_type():
         return None
     keys, values = (grown["keys"], grown["values"]) if grown else (obj.keys, obj.values)
@@ -90,12 +89,13 @@ def _kv_slot(index: int, obj: Any, grown: dict[str, Any] | None) -> Slot | None:
         s.host = {"offset": off, "step": obj.step, "capacity": None}
         s.key = ("KVCache", None)
     else:
-        ks, vs = tuple(keys.shape), tuple(values.shape)
+        ka, va = aval(keys), aval(values)
+        ks, vs = ka[0], va[0]
         if len(ks) != 4 or len(vs) != 4:
             raise StateError(f"state[{index}]: KVCache buffers must be 4-d, got {ks} and {vs}")
         if off > ks[2]:
             raise StateError(f"state[{index}]: KVCache offset {off} exceeds its buffer ({ks[2]} positions)")
-        s.key = ("KVCache", (ks, short(keys.dtype)), (vs, short(values.dtype)))
+        s.key = ("KVCache", ka, va)
         s.host = {"offset": off, "step": obj.step, "capacity": ks[2]}
         s.inputs = [keys, values, position(off)]
         s.names = ["keys", "values", "offset"]
