@@ -1,11 +1,13 @@
-"""Cut placement keeps each kernel of segc's CUDA lowering in one segment (``legalize``,
-``kernels=True``; on a CUDA device the default). On the H200 every plan that cut a decode
+"""Cut placement keeps each kernel of segc's lowering in one segment (``legalize``: with
+``kernels=True`` the CUDA lowering's; by default those of the jit's own lowering: on a
+CUDA device, or with a callable ``attention``). On the H200 every plan that cut a decode
 attention gave other bits than eager (docs/experiments.md): the lowering finds its kernels
 segment by segment, and a split attention ran as MLX's decomposition instead of the
 kernel that keeps eager's fused bits. The same happens here on the CPU with a callable
 attention kernel whose bits differ from the decomposition (``reference_attention`` in
 float32, a bfloat16 model): a plan that splits an attention changes the output, a
-legalised plan never does, whatever the strategy."""
+legalised plan never does, whatever the strategy, and neither does a jit given that
+attention and a strategy or a saved plan."""
 
 from __future__ import annotations
 
@@ -21,12 +23,15 @@ from hypothesis import strategies as hst
 import segc
 from segc.errors import ScheduleWarning
 from segc.lower.attention import only_where_eager_fuses, reference_attention
+from segc.lower.fused import lowering_for
 from segc.models import tiny_llama
 from segc.passes import make_plan
 from segc.passes.analysis import ops
+from segc.passes.cut import cut
 from segc.passes.legalize import legal_points, legalize_plan
-from segc.passes.plan import Cut, Plan, plan_key, plan_of
+from segc.passes.plan import Cut, Plan, apply_plan, plan_key, plan_of
 from segc.research import make_workload
+from segc.staging.stages import Lowered
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -53,17 +58,28 @@ def _setup():
     )
     wl = make_workload("decode:12", model)
 
-    def run(plan: Plan | None) -> bytes:
+    def run(plan: Plan | str) -> bytes:
+        """The jit's bytes with ``strategy=plan``: its cut placement judges legality by
+        its own attention kernel, so a saved plan's cut through a kernel moves."""
         fn = segc.jit(model, boundaries="layers.*", strategy=plan, attention=ATTENTION, validate=False)
         a, k = wl.args()
         y = fn(*a, **k)
         mx.eval(y)
         return _bits(y)
 
+    def as_is(plan: Plan) -> bytes:
+        """The bytes of ``plan`` applied as it is (no cut moved), lowered with the
+        attention kernel: what a placement that ignored the kernel would run."""
+        a, k = wl.args()
+        t = segc.jit(model, boundaries="layers.*", attention=ATTENTION, validate=False).trace(*a, **k)
+        y = Lowered(t, apply_plan(t.graph, plan), attention=ATTENTION).compile()(*a, **k)
+        mx.eval(y)
+        return _bits(y)
+
     a, k = wl.args()
     g = segc.jit(model, boundaries="layers.*").trace(*a, **k).graph
     eager = _bits(model(*wl.args()[0], **wl.args()[1]))
-    return g, run, run(make_plan(g, "none")), eager
+    return g, run, as_is, run(make_plan(g, "none")), eager
 
 
 def _attention_spans(g) -> list[tuple[int, int]]:
@@ -83,18 +99,18 @@ def _attention_spans(g) -> list[tuple[int, int]]:
 def test_the_kernel_s_bits_differ_from_the_decomposition() -> None:
     """What the other tests rest on: the callable kernel runs here (the unsegmented run
     is not eager's bits), and a cut through an attention loses it (other bits again)."""
-    g, run, whole, eager = _setup()
+    g, _, as_is, whole, eager = _setup()
     assert whole != eager, "the attention kernel's bits equal the decomposition's: the test could not fail"
     spans = _attention_spans(g)
     assert len(spans) == 3, spans
     lo, _ = spans[1]
     inside = ops(g)[lo].id  # a cut right after the scores' product, inside the attention
     split = Plan(plan_key(g), "inside", (Cut(inside, "inside"),))
-    assert run(split) != whole, "a cut through the attention kept the kernel's bits"
+    assert as_is(split) != whole, "a cut through the attention kept the kernel's bits"
     assert legalize_plan(g, split, kernels=False).cuts == split.cuts  # legal for mx.compile's chains alone
     moved = legalize_plan(g, split, kernels=True)
-    assert [m.requested for m in moved.moved] == [inside] and "CUDA kernel" in moved.moved[0].reason
-    assert run(moved) == whole
+    assert [m.requested for m in moved.moved] == [inside] and "kernel of segc" in moved.moved[0].reason
+    assert as_is(moved) == whole
 
 
 def test_no_legal_point_lies_inside_an_attention() -> None:
@@ -117,7 +133,7 @@ def test_no_legal_point_lies_inside_an_attention() -> None:
 def test_every_legalised_plan_keeps_the_unsegmented_bits(spec, extra) -> None:
     """A strategy's plan, with a few arbitrary cuts added, legalised with the lowering's
     kernels pinned: the output's bytes are the unsegmented run's."""
-    g, run, whole, _ = _setup()
+    g, _, as_is, whole, _ = _setup()
     os_ = ops(g)
     plan = make_plan(g, spec, legalize=False)
     at = {c.after for c in plan.cuts}
@@ -126,29 +142,45 @@ def test_every_legalised_plan_keeps_the_unsegmented_bits(spec, extra) -> None:
     cuts = sorted([*plan.cuts, *(c for c in more if c.after not in at)], key=lambda c: pos[c.after])
     uniq = list({c.after: c for c in cuts}.values())
     legal = legalize_plan(g, Plan(plan.fingerprint, plan.strategy, tuple(uniq)), kernels=True)
-    assert run(legal) == whole, f"{spec} + {extra}: {[c.after for c in legal.cuts]}"
+    assert as_is(legal) == whole, f"{spec} + {extra}: {[c.after for c in legal.cuts]}"
 
 
-def test_a_saved_plan_through_a_kernel_is_moved_off_it_where_the_kernels_lower(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """``strategy=`` a saved plan that cuts through an attention, where segc's CUDA
-    lowering runs (as on a GPU; here ``kernels_here`` says so and the callable attention
-    stands for the CUDA kernel): the cut moves off the kernel with a ``ScheduleWarning``
-    naming it, and the output keeps the unsegmented run's bytes; the plan's other cut
-    stays where it was. On the CPU's own answer the plan runs as saved (other bytes)."""
-    import segc.passes.cut as cut_pass
+@pytest.mark.parametrize("spec", STRATEGIES)
+def test_a_jit_s_strategy_keeps_its_own_attention_kernel_whole(spec: str) -> None:
+    """``segc.jit(attention=callable, strategy=...)`` on the CPU: the strategy's cuts
+    avoid the callable's attentions (legality follows the jit's own lowering, not the
+    device's), so the output is the unsegmented run's bytes; without the pins at least
+    one strategy cuts an attention (checked, so this test can fail)."""
+    _, run, _, whole, _ = _setup()
+    assert run(spec) == whole, spec
 
-    g, run, whole, _ = _setup()
+
+def test_a_strategy_cuts_an_attention_without_the_pins() -> None:
+    """What the test above rests on: placed as for a lowering without the kernel
+    (``attention="off"``), ``balanced:5`` cuts through an attention, and its plan run
+    with the kernel gives other bytes than the unsegmented run."""
+    g, _, as_is, whole, _ = _setup()
+    with lowering_for("off"):
+        plan = make_plan(g, "balanced:5")
+    assert as_is(plan) != whole
+
+
+def test_a_saved_plan_through_a_kernel_is_moved_off_it_where_the_kernels_lower() -> None:
+    """``strategy=`` a saved plan that cuts through an attention, with the jit's
+    attention a kernel (the callable here, the CUDA kernel on a GPU): the cut moves off
+    the kernel with a ``ScheduleWarning`` naming it, and the output keeps the
+    unsegmented run's bytes; the plan's other cut stays where it was. Where segments
+    take no kernel of segc's (the CPU's default) the plan applies as saved."""
+    g, run, as_is, whole, _ = _setup()
     lo, _ = _attention_spans(g)[1]
     os_ = ops(g)
     inside, layer = os_[lo].id, make_plan(g, "markers").cuts[0]  # the first layer's end, before the attention
     saved = Plan(plan_key(g), "saved", tuple(sorted([layer, Cut(inside, "inside")], key=lambda c: c.after)))
-    assert run(saved) != whole  # as saved: the attention split
-    monkeypatch.setattr(cut_pass, "kernels_here", lambda: True)
-    with pytest.warns(ScheduleWarning, match=rf"cuts through kernels of segc's CUDA lowering; #{inside} -> #\d+"):
+    assert as_is(saved) != whole  # as saved: the attention split
+    with pytest.warns(ScheduleWarning, match=rf"cuts through kernels of segc's lowering; #{inside} -> #\d+"):
         assert run(saved) == whole
-    with pytest.warns(ScheduleWarning):
-        placed = plan_of(cut_pass.cut(g, plan=saved))
+    with pytest.warns(ScheduleWarning), lowering_for(ATTENTION):
+        placed = plan_of(cut(g, plan=saved))
     assert placed.cuts[0].after == layer.after and len(placed.cuts) == 2
     assert placed.cuts[1].after != inside and ops(g)[lo].id < placed.cuts[1].after
+    assert [c.after for c in plan_of(cut(g, plan=saved)).cuts] == [c.after for c in saved.cuts]  # no kernel here

@@ -6,7 +6,9 @@ kernel, ``cuda_kvattention.py``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,16 +22,51 @@ from .product_match import ProductMatch, find_products
 CUDA_DEFAULTS = {"attention": True, "where_eager_fuses": True, "products": True, "writes": True, "pairs": True}
 
 
-def kernels_here() -> bool:
-    """Whether segments lowered in this process take segc's CUDA kernels by default (a
-    CUDA default device, none of them turned off): cut placement then keeps each such
-    kernel's equations in one segment (``passes.legalize``), since a cut through one
-    leaves the rest to MLX's kernels, and through an attention, to other bits."""
+# the attention setting segments lowered in this context take (``lowering_for``)
+_ATTENTION: ContextVar[Any] = ContextVar("segc_lowering_attention", default="auto")
+
+
+def kernel_flags(attention: Any = None) -> dict[str, bool] | None:
+    """:func:`find_all`'s flags for the kernels that segments lowered in this process
+    take with the attention setting ``attention`` (default: the one :func:`lowering_for`
+    set, else ``"auto"``), as the executor builds them (``runtime.executor``); None where
+    they take none of segc's kernels."""
     from .attention import attention_kernel
     from .kvwrite import kv_write_kernel
     from .products import product_kernel
 
-    return any(k is not None for k in (attention_kernel("auto"), product_kernel(), kv_write_kernel()))
+    setting = _ATTENTION.get() if attention is None else attention
+    kernel = attention_kernel(setting)
+    write = kv_write_kernel(own_attention=not callable(setting))
+    flags = {
+        "attention": kernel is not None,
+        "where_eager_fuses": bool(getattr(kernel, "where_eager_fuses", False)),
+        "products": product_kernel() is not None,
+        "writes": write is not None,
+        "pairs": getattr(write, "with_attention", None) is not None,
+    }
+    return flags if flags["attention"] or flags["products"] or flags["writes"] else None
+
+
+def kernels_here() -> bool:
+    """Whether segments lowered here take any of segc's kernels (on a CUDA default
+    device by default; on any device with a callable ``attention``,
+    :func:`lowering_for`): cut placement then keeps each such kernel's equations in one
+    segment (``passes.legalize``), since a cut through one leaves the rest to MLX's
+    kernels, and through an attention, to other bits."""
+    return kernel_flags() is not None
+
+
+@contextmanager
+def lowering_for(attention: Any) -> Iterator[None]:
+    """Within it, :func:`kernel_flags` and :func:`kernels_here` answer for segments
+    lowered with ``attention`` (``segc.jit(attention=...)``): ``Traced.lower`` places
+    its cuts inside one, so legality follows the jit's own lowering."""
+    token = _ATTENTION.set(attention)
+    try:
+        yield
+    finally:
+        _ATTENTION.reset(token)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from ..ir import CUT, HOST_EVENT, SIGNAL, WAIT, Eqn, Graph
 from .legalize import illegal_points
 from .registry import register
 
-_SPLITS = "splits a chain mx.compile fuses (or a kernel of segc's CUDA lowering)"  # legalize.pinned_groups
+_SPLITS = "splits a chain mx.compile fuses (or a kernel of segc's lowering)"  # legalize.pinned_groups
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +95,7 @@ def _check_value(what: str, event: Any, value: Any) -> None:
 def _legal_after(g: Graph, c: CutNode, legalize: bool) -> int:
     """The equation the cut node's cut follows: ``c.after`` (also when the graph is cut
     there already), or, when a new cut there would split a chain ``mx.compile`` fuses (or
-    a kernel of segc's CUDA lowering, ``legalize.pinned_groups``), the next legal point
+    a kernel of segc's lowering, ``legalize.pinned_groups``), the next legal point
     (a later one, so a signal never fires before ``c.after`` has run), with a warning;
     refused when ``legalize`` is off or no legal point follows."""
     pos = next(p for p, e in enumerate(g.eqns) if e.id == c.after and not e.is_pseudo)

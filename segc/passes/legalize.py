@@ -1,5 +1,5 @@
 """Fusion-aware legalisation: a cut never splits a chain that ``mx.compile`` would fuse,
-nor a kernel segc's CUDA lowering makes of several equations.
+nor a kernel segc's lowering makes of several equations.
 
 ``mx.compile`` fuses only elementwise, broadcast and select chains (``is_fusable`` in
 ``mlx/compile.cpp``). Its ``compile_fuse`` walks the tape backwards from each fusible
@@ -11,9 +11,10 @@ kernels, costs a round trip through memory, and on CUDA can change low bits thro
 FMA contraction. Broadcasts pin nothing unless their input is computed inside the group:
 a broadcast is an exact view, so its value may cross a cut unchanged.
 
-Where segc's CUDA lowering runs (``lower.fused.kernels_here``: a CUDA default device),
-each kernel it makes of several equations is pinned the same way
-(``product_groups.lowering_kernels``: a one-row product with its norm and residual, a
+Where segc's lowering takes kernels of its own (``lower.fused.kernel_flags``: on a CUDA
+default device, or with a jit's callable ``attention`` anywhere; ``Traced.lower`` judges
+by the jit's own setting), each kernel it makes of several equations is pinned the same
+way (``product_groups.lowering_kernels``: a one-row product with its norm and residual, a
 rotated KV write, a decode attention eager runs fused). The lowering finds its kernels
 segment by segment, so a cut through one leaves its equations to MLX's kernels: more
 launches, and for an attention other bits than eager's fused kernel (measured on the
@@ -28,14 +29,19 @@ moved cut's signals with it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from ..errors import ScheduleError
 from ..ir import CUT, SIGNAL, Eqn, Graph
-from ..lower.fused import kernels_here
+from ..lower.fused import CUDA_DEFAULTS, kernel_flags
 from ..lower.prim import PRIMS
 from .analysis import ops
 from .plan import Cut, Move, Plan, apply_plan, plan_of
 from .product_groups import lowering_kernels
 from .registry import register
+
+# which kernels of segc's lowering are pinned (pinned_groups)
+Kernels = bool | Mapping[str, bool] | None
 
 # what mx.compile fuses: the primitive table's fusion class (segc/lower/prim.py)
 FUSIBLE = frozenset(n for n, p in PRIMS.items() if p.fusible)
@@ -91,17 +97,20 @@ def fusion_groups(g: Graph) -> list[tuple[int, ...]]:
     return groups
 
 
-def pinned_groups(g: Graph, kernels: bool | None = None) -> list[tuple[tuple[int, ...], str]]:
+def pinned_groups(g: Graph, kernels: Kernels = None) -> list[tuple[tuple[int, ...], str]]:
     """Each group of op positions no cut may split, with what it is: the fusion groups,
-    and with ``kernels`` (default: :func:`~segc.lower.fused.kernels_here`) the CUDA
-    lowering's kernels of several equations."""
+    and the kernels of several equations that segc's lowering makes. ``kernels``: None
+    (default) those of the lowering here (:func:`~segc.lower.fused.kernel_flags`: on a
+    CUDA device, or with the jit's callable attention), True those of the CUDA
+    lowering's defaults, False none, or ``find_all``'s flags."""
     out = [(grp, "fused chain") for grp in fusion_groups(g)]
-    if kernels if kernels is not None else kernels_here():
-        out += [(grp, "CUDA kernel of segc's lowering") for grp in lowering_kernels(g, ops(g))]
+    flags = kernel_flags() if kernels is None else (CUDA_DEFAULTS if kernels is True else kernels or None)
+    if flags:
+        out += [(grp, "kernel of segc's lowering") for grp in lowering_kernels(g, ops(g), flags)]
     return out
 
 
-def illegal_points(g: Graph, kernels: bool | None = None) -> set[int]:
+def illegal_points(g: Graph, kernels: Kernels = None) -> set[int]:
     """Cut points (``k``: before op ``k``) that would split a pinned group
     (:func:`pinned_groups`)."""
     bad: set[int] = set()
@@ -110,13 +119,13 @@ def illegal_points(g: Graph, kernels: bool | None = None) -> set[int]:
     return bad
 
 
-def legal_points(g: Graph, kernels: bool | None = None) -> list[int]:
+def legal_points(g: Graph, kernels: Kernels = None) -> list[int]:
     n = len(ops(g))
     bad = illegal_points(g, kernels)
     return [k for k in range(1, n) if k not in bad]
 
 
-def legalize_plan(g: Graph, plan: Plan, later: frozenset[int] = frozenset(), kernels: bool | None = None) -> Plan:
+def legalize_plan(g: Graph, plan: Plan, later: frozenset[int] = frozenset(), kernels: Kernels = None) -> Plan:
     """Move the plan's illegal cuts to the nearest legal point and record the moves.
     A cut after an equation in ``later`` (one whose segment signals an event) moves only
     to a later point, so the signal never fires before that equation has run.

@@ -6,7 +6,7 @@ after it the sink; each value is one edge ``in -> out`` weighted by its bytes (h
 many equations read it), with infinite edges from its producer and to its consumers;
 an infinite edge from each consumer back to its producer keeps the source side closed
 under dependencies (a valid prefix of some topological order); fused chains
-(``legalize.pinned_groups``: with segc's CUDA kernels where they lower) are tied
+(``legalize.pinned_groups``: with segc's own kernels where they lower) are tied
 together so no cut splits them. The minimum cut is one cut point; when its source side
 is not already a prefix of the interval, the plan reorders the interval's equations
 (source side first, each side in its original order), which changes no value. Among

@@ -10,7 +10,7 @@ reads keeps the kernel that would have consumed it from matching."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from ..ir import Eqn, Graph, segments
 from ..lower.fused import CUDA_DEFAULTS, find_all
@@ -57,13 +57,14 @@ def with_products(g: Graph, os_: Sequence[Eqn], groups: Sequence[Sequence[int]],
     return [tuple(ks) for ks in merged.values()]
 
 
-def lowering_kernels(g: Graph, os_: Sequence[Eqn]) -> list[tuple[int, ...]]:
-    """The ``os_`` positions of each kernel segc's CUDA lowering makes of several
-    equations when the graph runs uncut (``fused.find_all`` over all of it): the spans
+def lowering_kernels(g: Graph, os_: Sequence[Eqn], flags: Mapping[str, bool] = CUDA_DEFAULTS) -> list[tuple[int, ...]]:
+    """The ``os_`` positions of each kernel segc's lowering makes of several equations
+    when the graph runs uncut (``fused.find_all`` over all of it, with ``flags``: by
+    default the CUDA lowering's): the spans
     a cut must not split for the lowering to find the same kernels as the unsegmented
     graph (``legalize``)."""
     avals = {n: (v.shape, v.dtype) for n, v in g.vars().items()}
     consts = {c.var.name: c.value for c in g.consts}
     at = {e.id: k for k, e in enumerate(os_)}
-    found = find_all(os_, g.outputs, consts, avals, g.eqns, **CUDA_DEFAULTS).kernels()
+    found = find_all(os_, g.outputs, consts, avals, g.eqns, **flags).kernels()
     return [ks for kernel in found if len(ks := tuple(sorted(at[i] for i in kernel if i in at))) > 1]

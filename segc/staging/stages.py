@@ -18,6 +18,7 @@ import mlx.core as mx
 from ..errors import SignatureError
 from ..ir import WINDOW, Graph, Segment, segment_effects, segments, to_text, verify
 from ..lower import describe
+from ..lower.fused import lowering_for
 from ..passes import run_pass
 from ..passes.analysis import header_annotator
 from ..passes.fences import Schedule
@@ -62,6 +63,7 @@ class Traced:
         draws: int = 0,
         concat: bool = False,
         concats: Concats | None = None,
+        attention: Any = "auto",
     ):
         self.spec, self.signature, self.graph, self.out_tree = spec, signature, graph, out_tree
         self.commits = commits  # per state object: how its outputs are written back
@@ -70,35 +72,41 @@ class Traced:
         self.draws = draws  # how many times a call splits MLX's global random key (jit/rng.py)
         self.concat = concat  # run the concat_projections pass (segc.passes.concat)
         self.concats = concats  # and where its weights are built (the jitted function's)
+        self.attention = attention  # the jitted function's: what its segments are lowered with
 
     def as_text(self) -> str:
         return self.graph.as_text()
 
-    def lower(self, strategy: Any = None, *, effects: Effects | None = None) -> Lowered:
+    def lower(self, strategy: Any = None, *, effects: Effects | None = None, attention: Any = None) -> Lowered:
         """Place the cuts by ``strategy`` (default: the jit's; see
         ``segc.passes.pipeline.place``), then the engine's persistent ``effects``: its
         boundary schedule (the ``fences`` pass) and its window (the ``window`` pass).
         With ``concat`` (``segc.jit(..., concat_projections=True)``) sibling products
-        become one over concatenated weights first, inside each segment."""
-        g = place(self.graph, strategy if strategy is not None else self.strategy)
-        if self.concat:
-            g = run_pass("concat_projections", g)
-        effects = effects or Effects()
-        if effects.schedule is not None:
-            g = run_pass("fences", g, schedule=effects.schedule)
-        if effects.windows is not None:
-            for name, (first, last) in effects.windows(g).items():
-                g = run_pass("window", g, first=first, last=last, name=name)
-        return Lowered(self, g, effects)
+        become one over concatenated weights first, inside each segment. Cuts keep
+        whole each kernel segc's lowering takes with ``attention`` (default: the
+        jit's; ``lower.fused.lowering_for``), which ``compile`` then defaults to."""
+        attention = self.attention if attention is None else attention
+        with lowering_for(attention):
+            g = place(self.graph, strategy if strategy is not None else self.strategy)
+            if self.concat:
+                g = run_pass("concat_projections", g)
+            effects = effects or Effects()
+            if effects.schedule is not None:
+                g = run_pass("fences", g, schedule=effects.schedule)
+            if effects.windows is not None:
+                for name, (first, last) in effects.windows(g).items():
+                    g = run_pass("window", g, first=first, last=last, name=name)
+        return Lowered(self, g, effects, attention)
 
 
 class Lowered:
     """The segmented IR: segments derived from the cuts in the graph."""
 
-    def __init__(self, traced: Traced, graph: Graph, effects: Effects | None = None):
+    def __init__(self, traced: Traced, graph: Graph, effects: Effects | None = None, attention: Any = "auto"):
         self.traced = traced
         self.graph = verify(graph)
         self.effects = effects or Effects()
+        self.attention = attention  # what the cuts were placed for (Traced.lower)
 
     @property
     def segments(self) -> list[Segment]:
@@ -116,11 +124,12 @@ class Lowered:
         *,
         drain: bool = False,
         commit: str = "auto",
-        attention: Any = "auto",
+        attention: Any = None,
         concats: Concats | None = None,
         capture_params: bool = False,
     ) -> Compiled:
         concats = concats if concats is not None else self.traced.concats
+        attention = self.attention if attention is None else attention
         return Compiled(
             self, drain=drain, commit=commit, attention=attention, concats=concats, capture_params=capture_params
         )

@@ -37,6 +37,7 @@ class Tracing(Protocol):
     info: CacheInfo
     strategy: Any
     concat_projections: bool
+    attention: Any
     _concats: Concats
 
 
@@ -112,4 +113,6 @@ def trace_call(
     graph = rng.key_as_input(tr.graph, key) if draws else tr.graph
     rest = (tuple(recorded), exact, j.strategy)
     concat = j.concat_projections
-    return Traced(j.spec, sig, graph, out_tree, *rest, draws=draws, concat=concat, concats=j._concats)
+    return Traced(
+        j.spec, sig, graph, out_tree, *rest, draws=draws, concat=concat, concats=j._concats, attention=j.attention
+    )
