@@ -100,6 +100,10 @@ struct __half {
 };
 inline __nv_bfloat16 operator*(__nv_bfloat16 a, __nv_bfloat16 b) { return __nv_bfloat16(float(a) * float(b)); }
 inline __half operator*(__half a, __half b) { return __half(float(a) * float(b)); }
+// CUDA's products that no add may contract into an fma (the host's never does)
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline __nv_bfloat16 __hmul_rn(__nv_bfloat16 a, __nv_bfloat16 b) { return a * b; }
+inline __half __hmul_rn(__half a, __half b) { return a * b; }
 struct alignas(16) uint4 { unsigned x, y, z, w; };
 struct Shape { int32_t v[8]; int32_t operator[](int i) const { return v[i]; } };
 using Strides = Shape;
@@ -297,9 +301,10 @@ def recording(monkeypatch: Any) -> Iterator[list[tuple[dict[str, Any], dict[str,
 def kernel_makers() -> tuple[Any, ...]:
     """segc's functions that make its CUDA kernels (each ``functools.cache``'d: a test
     that replaces ``mx.fast.cuda_kernel`` empties their caches before and after)."""
-    from segc.lower import cuda_attention, cuda_kvattention, cuda_kvwrite, cuda_products
+    from segc.lower import cuda_attention, cuda_gather, cuda_kvattention, cuda_kvwrite, cuda_products
 
     return (
+        cuda_gather._kernel,
         cuda_attention._kernels,
         cuda_attention._one_kernel,
         cuda_kvwrite._kernel,

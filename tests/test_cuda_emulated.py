@@ -20,9 +20,9 @@ from hypothesis import strategies as hst
 from test_attention_cuda import _inputs as _attention_inputs
 
 from segc import dtypes
-from segc.lower import cuda_attention, cuda_kvattention, cuda_kvwrite, cuda_products
+from segc.lower import cuda_attention, cuda_gather, cuda_kvattention, cuda_kvwrite, cuda_products, products
 from segc.lower.attention import reference_attention
-from segc.lower.product_match import norm_blocks
+from segc.lower.product_match import ProductMatch, norm_blocks
 
 pytestmark = [
     pytest.mark.skipif(GXX is None, reason="needs a C++ compiler (g++) to run the kernels on the CPU"),
@@ -233,16 +233,49 @@ def test_the_product_kernels_compute_mlx_s_products(recorded, kind, norm, dt, k,
     np.testing.assert_allclose(got, np.array(want.astype(mx.float32)), rtol=tol, atol=tol)
 
 
-def test_a_decode_through_segc_with_its_kernels_emulated(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The lowering's wiring, before a GPU: a tiny llama decoded by ``segc.jit`` with the
-    attention and product kernels as the CUDA build would call them, each run by the
-    emulator (segments not ``mx.compile``d, so that each kernel call sees its inputs'
-    data), against eager mlx-lm within float32's rounding over a prompt and three steps."""
-    from mlx_lm.models.cache import make_prompt_cache
+@pytest.mark.parametrize("kind", ["gglu", "gmoe"])
+@pytest.mark.parametrize("orders", [(True, True), (False, False)])
+@pytest.mark.parametrize(
+    ("dt", "k", "n", "experts", "slots"),
+    [(mx.float32, 256, 24, 8, 2), (mx.bfloat16, 512, 10, 4, 3), (mx.float16, 64, 9, 3, 1)],
+)
+def test_the_gathered_kernels_compute_mlx_s_gather_mm(recorded, kind, orders, dt, k, n, experts, slots) -> None:
+    """A mixture-of-experts step's kernels (``cuda_gather.py``: the experts' gate and up
+    with SwiGLU; their down products weighted by the scores, summed, plus the residual)
+    against MLX's ops (``products.reference_products``, float32 on the CPU) within the
+    dtype's rounding; experts picked out of order, one twice."""
+    mx.random.seed(k + n + slots)
+    idx = mx.array([(3 * j + 1) % experts if j != 2 else 1 for j in range(slots)], dtype=mx.uint32).reshape(1, 1, slots)
+    if kind == "gglu":
+        ins = [
+            mx.random.normal((1, 1, 1, 1, k)).astype(dt),
+            *(mx.random.normal((experts, n, k)).astype(dt) * 0.1 for _ in range(2)),
+            idx,
+        ]
+        shape: tuple[int, ...] = (1, 1, slots, 1, n)
+    else:
+        ins = [
+            mx.random.normal((1, 1, slots, 1, k)).astype(dt),
+            mx.random.normal((experts, n, k)).astype(dt) * 0.1,
+            mx.softmax(mx.random.normal((1, 1, slots)), axis=-1).astype(dt),
+            mx.random.normal((1, 1, n)).astype(dt),
+            idx,
+        ]
+        shape = (1, 1, n)
+    m = ProductMatch(kind, ("x",) * len(ins), (0, 0), n, orders, "o", shape, 0, frozenset())
+    cuda_gather.gathered(kind, ins, n, shape, orders)
+    ((made, call),) = recorded
+    ((out,),) = run(made, call)
+    got = np.array(_as_mx(out, dt).astype(mx.float32))
+    want = products.reference_products(m, [x if x.dtype == mx.uint32 else x.astype(mx.float32) for x in ins])
+    tol = {mx.float32: 1e-4, mx.float16: 1e-2, mx.bfloat16: 5e-2}[dt]
+    np.testing.assert_allclose(got, np.array(want), rtol=tol, atol=tol)
 
-    import segc
-    from segc.lower import cuda_kernel, products
-    from segc.models import tiny_llama
+
+def _emulate_kernels(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """``mx.fast.cuda_kernel`` replaced by the emulator (each call's inputs evaluated
+    first, the kernel run on the CPU); the names of the kernels called, in order."""
+    from segc.lower import cuda_kernel
 
     called: list[str] = []
 
@@ -256,6 +289,21 @@ def test_a_decode_through_segc_with_its_kernels_emulated(monkeypatch: pytest.Mon
         return call
 
     monkeypatch.setattr(cuda_kernel.mx.fast, "cuda_kernel", make)
+    return called
+
+
+def test_a_decode_through_segc_with_its_kernels_emulated(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lowering's wiring, before a GPU: a tiny llama decoded by ``segc.jit`` with the
+    attention and product kernels as the CUDA build would call them, each run by the
+    emulator (segments not ``mx.compile``d, so that each kernel call sees its inputs'
+    data), against eager mlx-lm within float32's rounding over a prompt and three steps."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    import segc
+    from segc.lower import products
+    from segc.models import tiny_llama
+
+    called = _emulate_kernels(monkeypatch)
     for f in (cuda_attention._one_kernel, cuda_products._kernel):
         f.cache_clear()
     monkeypatch.setattr(mx, "compile", lambda f, *a, **k: f)
@@ -279,3 +327,34 @@ def test_a_decode_through_segc_with_its_kernels_emulated(monkeypatch: pytest.Mon
     # most 16 query rows, docs/lowering.md), "auto" on a GPU only the decode steps'
     assert len(attn) == 2 * 4, called
     assert any(n.startswith("segc_gemv") for n in called), called  # and products
+
+
+def test_a_mixtral_decode_through_segc_with_its_gathered_kernels_emulated(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gathered kernels' wiring (``cuda_gather.py`` through ``products.cuda_products``):
+    a tiny float32 mixtral decoded by ``segc.jit`` with the product kernels run by the
+    emulator, against eager mlx-lm within float32's rounding over three steps."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    import segc
+    from segc.models.zoo import build
+
+    called = _emulate_kernels(monkeypatch)
+    makers = (cuda_products._kernel, cuda_gather._kernel)
+    for f in makers:
+        f.cache_clear()
+    monkeypatch.setattr(mx, "compile", lambda f, *a, **k: f)
+    monkeypatch.setattr(products, "FUSED_PRODUCTS", products.cuda_products)
+    model = build("mixtral", num_hidden_layers=2, hidden_size=128, intermediate_size=256, dtype=mx.float32)
+    step = segc.jit(model, attention="off", validate=False)
+    mine, theirs = make_prompt_cache(model), make_prompt_cache(model)
+    tokens = mx.array([[3, 1, 4, 1, 5]])
+    try:
+        for k in range(4):
+            got, want = step(tokens, cache=mine), model(tokens, cache=theirs)
+            np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-4, err_msg=f"call {k}")
+            tokens = mx.argmax(want[:, -1:], axis=-1)
+    finally:
+        for f in makers:
+            f.cache_clear()
+    kinds = [n.rsplit("_", 1)[0] for n in called]  # the name without its source's hash
+    assert kinds.count("segc_gather_gglu") == kinds.count("segc_gather_gmoe") == 2 * 3, called

@@ -39,7 +39,7 @@ def _found(g) -> list[ProductMatch]:
 class Counted:
     """The reference kernel, counting its calls by kind."""
 
-    def __init__(self, broken: bool = False):
+    def __init__(self, broken: bool | frozenset[str] = False):
         self.calls: Counter[str] = Counter()
         self.quant: set = set()
         self.broken = broken
@@ -48,7 +48,7 @@ class Counted:
         self.calls[m.kind] += 1
         self.quant.add(m.quant)
         out = reference_products(m, ins)
-        return out * 2 if self.broken else out
+        return out * 2 if self.broken is True or (self.broken and m.kind in self.broken) else out
 
 
 def _decode(
@@ -94,14 +94,22 @@ def test_a_kernel_that_computes_something_else_is_seen(monkeypatch) -> None:
     assert not any(same_bits(got, want) for want, got in pairs[1:])
 
 
-def test_the_mixtral_experts_are_left_alone_and_its_attention_projection_fused(monkeypatch) -> None:
+@pytest.mark.parametrize("layers", [1, 2])
+def test_the_mixtral_experts_products_are_fused_gathered(layers, monkeypatch) -> None:
+    """A mixtral decode step (float32: MLX's CPU gathers no other dtype): each layer's
+    experts' gate and up with SwiGLU (``gglu``) and their weighted down products with the
+    sum and the residual (``gmoe``), the prompt's (nine rows) left to MLX; eager's bits."""
     kernel = Counted()
-    pairs, _, _ = _decode("mixtral", mx.float32, False, kernel, monkeypatch)
+    pairs, _, _ = _decode("mixtral", mx.float32, False, kernel, monkeypatch, layers=layers)
     for want, got in pairs:
         assert same_bits(got, want)
-    # o_proj + residual, a layer; the MoE is gathered (and on a GPU q, k, v and the logits
-    # with their norms)
-    assert kernel.calls == {"add": 2, **({"gemv": 7} if GPU else {})}, kernel.calls
+    # a layer: o_proj + residual, the experts' two kernels (and on a GPU q, k, v with
+    # their norm, three products, and the logits with the final norm)
+    calls = {"add": layers, "gglu": layers, "gmoe": layers, **({"gemv": 3 * layers + 1} if GPU else {})}
+    assert kernel.calls == calls, kernel.calls
+    broken = Counted(broken=frozenset({"gglu", "gmoe"}))  # the experts' kernels' outputs are used
+    pairs, _, _ = _decode("mixtral", mx.float32, False, broken, monkeypatch, layers=layers)
+    assert not any(same_bits(got, want) for want, got in pairs[1:])
 
 
 @settings(max_examples=examples(25), deadline=None)
@@ -532,3 +540,16 @@ def test_quantized_products_mlx_runs_otherwise_are_left_alone(spoil) -> None:
     avals.update({"b": avals["s"], "r": ((1, m, n), "bf16"), "y": ((1, m, n), "bf16"), "out": ((1, m, n), "bf16")})
     found = find_products(eqns, ["out"], avals, eqns)
     assert [(f.kind, f.quant) for f in found] == ([("add", (64, 4))] if spoil == "none" else [])
+
+
+def test_the_gathered_kernels_can_be_turned_off(monkeypatch) -> None:
+    """``SEGC_FUSED_GATHER=0`` leaves the experts to MLX's kernels (a benchmark's A/B
+    switch); another value is refused, naming the variable."""
+    monkeypatch.setenv("SEGC_FUSED_GATHER", "0")
+    kernel = Counted()
+    pairs, _, _ = _decode("mixtral", mx.float32, False, kernel, monkeypatch, layers=1)
+    assert all(same_bits(got, want) for want, got in pairs)
+    assert "gglu" not in kernel.calls and "gmoe" not in kernel.calls and kernel.calls["add"] == 1, kernel.calls
+    monkeypatch.setenv("SEGC_FUSED_GATHER", "yes")
+    with pytest.raises(UsageError, match="SEGC_FUSED_GATHER"):
+        _decode("mixtral", mx.float32, False, Counted(), monkeypatch, layers=1)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 
 from .. import dtypes
 from ..ir import Eqn
+from .gather_match import gathered, match_moe
 from .pattern import SegmentGraph, only_reader, skippable, through
 from .prim import lookup
 
@@ -33,8 +34,11 @@ class ProductMatch:
     the first weight row of each part (``add``: one; ``glu``: gate, up) and ``n`` the rows a part
     has; ``order`` the recorded operand orders (``add``: the product first;
     ``glu``: ``g`` first in ``g * sigmoid(g)``, that product first in its product with
-    ``u``). ``out`` (of ``shape``) is what the last equation (``last``) defines; ``skip``
-    the equations the kernel replaces."""
+    ``u``). Gathered (``gather_match.py``): ``gglu`` is ``glu`` over the experts'
+    weights ``(E, N, K)`` with their indices last; ``gmoe``: (slots' rows, down weights,
+    scores, addend, indices), ``order`` (a slot's product first in its product with
+    the score, the addend first). ``out`` (of ``shape``) is what the last equation
+    (``last``) defines; ``skip`` the equations the kernel replaces."""
 
     kind: str
     ins: tuple[str, ...]
@@ -59,6 +63,7 @@ class _Part:
     first: int
     n: int
     quant: tuple[int, int] | None
+    idx: str | None = None  # gathered (gather_match.py): the experts' indices
 
 
 class _Graph(SegmentGraph):
@@ -88,7 +93,7 @@ def _product(g: SegmentGraph, v: str, path: list[Eqn]) -> _Part | None:
         first, part = start[-1], stop[-1] - start[-1]
         found.append(sl)
         v = sl.ins[0]
-    p = _matmul(g, v) or _qmatmul(g, v)
+    p = _matmul(g, v) or _qmatmul(g, v) or (_gathered(g, v) if sl is None else None)
     if p is None or not _fresh(g, p[0].x):
         return None
     path.extend([*found, *p[1]])
@@ -110,6 +115,15 @@ def _matmul(g: SegmentGraph, v: str) -> tuple[_Part, list[Eqn]] | None:
     if len(kinds) != 1 or not kinds <= set(DTYPES):
         return None
     return _Part(x, (w,), 0, out[1], None), [mm, tr]
+
+
+def _gathered(g: SegmentGraph, v: str) -> tuple[_Part, list[Eqn]] | None:
+    """``v`` one row's products by the experts ``idx`` picks (``gather_match.py``)."""
+    found = gathered(g, v)
+    if found is None:
+        return None
+    x, w, idx, n, eqns = found
+    return _Part(x, (w,), 0, n, None, idx), eqns
 
 
 def _qmatmul(g: SegmentGraph, v: str) -> tuple[_Part, list[Eqn]] | None:
@@ -164,7 +178,7 @@ def _match_add(e: Eqn, g: SegmentGraph) -> ProductMatch | None:
         y, r = e.ins[side], e.ins[1 - side]
         path: list[Eqn] = [e]
         p = _product(g, y, path)
-        if p is None or p.first != 0 or p.n != shape[-1] or g.shape.get(p.ws[0], (0,))[0] != p.n:
+        if p is None or p.idx is not None or p.first != 0 or p.n != shape[-1] or g.shape.get(p.ws[0], (0,))[0] != p.n:
             continue
         ins = (p.x, *p.ws, r)
         m = ProductMatch("add", ins, (0,), p.n, (side == 0,), e.outs[0].name, shape, e.id, frozenset(), None, p.quant)
@@ -187,7 +201,7 @@ def _match_glu(e: Eqn, g: SegmentGraph) -> ProductMatch | None:
                 continue
             path: list[Eqn] = [e, inner, sig]
             pg, pu = _product(g, g_v, path), _product(g, u_v, path)
-            if pg is None or pu is None or (pg.x, pg.n, pg.quant) != (pu.x, pu.n, pu.quant):
+            if pg is None or pu is None or (pg.x, pg.n, pg.quant, pg.idx) != (pu.x, pu.n, pu.quant, pu.idx):
                 continue
             shape = e.outs[0].shape
             if g.shape.get(g_v) != shape or g.shape.get(u_v) != shape or g.dtype.get(g_v) != e.outs[0].dtype:
@@ -195,7 +209,9 @@ def _match_glu(e: Eqn, g: SegmentGraph) -> ProductMatch | None:
             ins = (pg.x, *pg.ws) if pg.ws == pu.ws else (pg.x, *pg.ws, *pu.ws)
             order = (gside == 0, side == 0)
             rows = (pg.first, pu.first)
-            m = ProductMatch("glu", ins, rows, pg.n, order, e.outs[0].name, shape, e.id, frozenset(), None, pg.quant)
+            kind = "glu" if pg.idx is None else "gglu"
+            ins = ins if pg.idx is None else (*ins, pg.idx)
+            m = ProductMatch(kind, ins, rows, pg.n, order, e.outs[0].name, shape, e.id, frozenset(), None, pg.quant)
             return _close(m, path, e, g)
     return None
 
@@ -255,6 +271,15 @@ def norm_blocks(k: int, dtype: str) -> tuple[int, int, int] | None:
     return 128, max(1, (nvec + 127) // 128), reads
 
 
+def _match_moe(e: Eqn, g: SegmentGraph) -> ProductMatch | None:
+    """A residual addition of the experts' weighted down products (``gather_match``)."""
+    found = match_moe(e, g)
+    if found is None:
+        return None
+    ins, order, n, skip = found
+    return ProductMatch("gmoe", ins, (0,), n, order, e.outs[0].name, e.outs[0].shape, e.id, skip)
+
+
 def _match_gemv(e: Eqn, g: SegmentGraph) -> ProductMatch | None:
     """A plain one-row product: worth a kernel of its own only with the norm before it."""
     out = e.outs[0].name
@@ -281,6 +306,7 @@ def find_products(
     # with their norm, then norms several plain products share
     passes = (
         {"Add": _match_add, "Multiply": _match_glu},
+        {"Add": _match_moe},
         {"Matmul": _match_gemv, "QuantizedMatmul": _match_gemv},
         {"RMSNorm": _shared_norm},
     )

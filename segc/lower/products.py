@@ -18,7 +18,10 @@ kernel each (``product_match.py`` finds them, ``cuda_products.py`` computes them
   before its products; this also makes a plain product (``gemv``: the attention's
   q/k/v product, the logits) one kernel with its norm, and each of several plain
   products reading one norm (q, k and v not concatenated). On a GPU the trace records
-  ``RMSNorm`` whole; on the CPU it records its decomposition, and no norm is matched.
+  ``RMSNorm`` whole; on the CPU it records its decomposition, and no norm is matched;
+- a mixture of experts' products (``gather_mm`` of one row: ``gglu``, the experts' gate
+  and up with SwiGLU; ``gmoe``, their down products weighted, summed and added to the
+  residual): ``gather_match.py`` and ``cuda_gather.py``.
 
 The kernel computes each output row exactly as MLX's ``gemv`` does (the same lanes, the
 same order of additions, the same warp reduction, float accumulation), rounds it to the
@@ -55,7 +58,7 @@ def _weights(m: ProductMatch, ins: Sequence[mx.array]) -> list[tuple[mx.array, .
     """The weights of ``m`` among ``ins`` (the row first): one array each, or three
     (packed weight, scales, biases) quantized."""
     width = 3 if m.quant is not None else 1
-    count = {"gemv": 1, "add": 1}.get(m.kind, (len(ins) - 1) // width)
+    count = {"gemv": 1, "add": 1, "gmoe": 1, "gglu": len(ins) - 2}.get(m.kind, (len(ins) - 1) // width)
     return [tuple(ins[1 + i * width : 1 + (i + 1) * width]) for i in range(count)]
 
 
@@ -71,6 +74,8 @@ def reference_products(m: ProductMatch, ins: Sequence[mx.array]) -> mx.array:
     """What the kernel computes, in MLX's ops (the primitives eager records): the tests'
     stand-in for the kernel on a machine without CUDA."""
     x = ins[0]
+    if m.kind in ("gglu", "gmoe"):
+        return _gathered(m, ins)
     if m.eps is not None:
         x = mx.fast.rms_norm(x, ins[-1], m.eps)
         ins = ins[:-1]
@@ -92,6 +97,26 @@ def reference_products(m: ProductMatch, ins: Sequence[mx.array]) -> mx.array:
     s = mx.sigmoid(gv)
     gs = gv * s if m.order[0] else s * gv
     return gs * uv if m.order[1] else uv * gs
+
+
+def _gathered(m: ProductMatch, ins: Sequence[mx.array]) -> mx.array:
+    """``gglu`` and ``gmoe`` in MLX's ops, as mlx-lm's ``SwitchGLU`` and mixtral's
+    block record them (``gather_match.py``)."""
+    x, idx = ins[0], ins[-1]
+
+    def mm(a: mx.array, w: mx.array) -> mx.array:
+        return mx.gather_mm(a, mx.swapaxes(w, -1, -2), rhs_indices=idx)
+
+    if m.kind == "gglu":
+        ws = _weights(m, ins)
+        gv, uv = mm(x, ws[0][0]), mm(x, ws[-1][0])
+        s = mx.sigmoid(gv)
+        gs = gv * s if m.order[0] else s * gv
+        return gs * uv if m.order[1] else uv * gs
+    y = mm(x, ins[1]).squeeze(-2)
+    b = mx.broadcast_to(mx.expand_dims(ins[2], -1), y.shape)
+    s = (y * b if m.order[0] else b * y).sum(axis=-2)
+    return ins[3] + s if m.order[1] else s + ins[3]
 
 
 Kernel = Callable[[ProductMatch, Sequence[mx.array]], mx.array]
@@ -131,6 +156,10 @@ def cuda_products(m: ProductMatch, ins: Sequence[mx.array]) -> mx.array:
     """``m`` computed by one CUDA kernel (``cuda_products.py``, imported on first use)."""
     from .cuda_products import product
 
+    if m.kind in ("gglu", "gmoe"):
+        from .cuda_gather import gathered
+
+        return gathered(m.kind, ins, m.n, m.shape, m.order)
     norm = None
     if m.eps is not None:
         blocks = norm_blocks(ins[0].shape[-1], dtypes.short(ins[0].dtype))
