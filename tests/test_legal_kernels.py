@@ -28,7 +28,7 @@ from segc.models import tiny_llama
 from segc.passes import make_plan
 from segc.passes.analysis import ops
 from segc.passes.cut import cut
-from segc.passes.legalize import legal_points, legalize_plan
+from segc.passes.legalize import illegal_points, legal_points, legalize_plan
 from segc.passes.plan import Cut, Plan, apply_plan, plan_key, plan_of
 from segc.research import make_workload
 from segc.staging.stages import Lowered
@@ -184,3 +184,25 @@ def test_a_saved_plan_through_a_kernel_is_moved_off_it_where_the_kernels_lower()
     assert placed.cuts[0].after == layer.after and len(placed.cuts) == 2
     assert placed.cuts[1].after != inside and ops(g)[lo].id < placed.cuts[1].after
     assert [c.after for c in plan_of(cut(g, plan=saved)).cuts] == [c.after for c in saved.cuts]  # no kernel here
+
+
+@pytest.mark.parametrize("spec", ["balanced:5", "balanced:7", "memory:1x", "optimal"])
+def test_a_plan_made_for_a_gpu_keeps_its_kernels_whole_on_the_cpu(spec: str) -> None:
+    """``make_plan(g, spec, model=H200)`` on the CPU: the plan is for a machine running
+    segc's CUDA kernels (``fused_products``), so none of its cuts lies inside one (their
+    spans found by the CUDA lowering's defaults, ``kernels=True``); for the same machine
+    without them, and for the CPU's model, the same strategy cuts inside one."""
+    from dataclasses import replace
+
+    from segc.passes.machine import CPU, H200
+
+    g = _setup()[0]
+    pos = {e.id: k for k, e in enumerate(ops(g))}
+    inside = set(illegal_points(g, kernels=True)) - set(illegal_points(g, kernels=False))
+
+    def points(plan: Plan) -> set[int]:
+        return {pos[c.after] + 1 for c in plan.cuts}
+
+    assert not points(make_plan(g, spec, model=H200)) & inside
+    assert points(make_plan(g, spec, model=replace(H200, fused_products=False))) & inside
+    assert points(make_plan(g, spec, model=CPU)) & inside

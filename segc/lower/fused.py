@@ -22,15 +22,21 @@ from .product_match import ProductMatch, find_products
 CUDA_DEFAULTS = {"attention": True, "where_eager_fuses": True, "products": True, "writes": True, "pairs": True}
 
 
-# the attention setting segments lowered in this context take (``lowering_for``)
+# the attention setting segments lowered in this context take (``lowering_for``), and
+# flags that stand for the lowering's altogether, boxed (``pinning``: None inside is none)
 _ATTENTION: ContextVar[Any] = ContextVar("segc_lowering_attention", default="auto")
+_FLAGS: ContextVar[tuple[Mapping[str, bool] | None] | None] = ContextVar("segc_lowering_flags", default=None)
 
 
 def kernel_flags(attention: Any = None) -> dict[str, bool] | None:
     """:func:`find_all`'s flags for the kernels that segments lowered in this process
     take with the attention setting ``attention`` (default: the one :func:`lowering_for`
     set, else ``"auto"``), as the executor builds them (``runtime.executor``); None where
-    they take none of segc's kernels."""
+    they take none of segc's kernels. Inside :func:`pinning` (no ``attention`` given),
+    the flags it set."""
+    boxed = _FLAGS.get()
+    if attention is None and boxed is not None:
+        return dict(boxed[0]) if boxed[0] is not None else None
     from .attention import attention_kernel
     from .kvwrite import kv_write_kernel
     from .products import product_kernel
@@ -67,6 +73,18 @@ def lowering_for(attention: Any) -> Iterator[None]:
         yield
     finally:
         _ATTENTION.reset(token)
+
+
+@contextmanager
+def pinning(flags: Mapping[str, bool] | None) -> Iterator[None]:
+    """Within it, :func:`kernel_flags` answers ``flags`` (None: no kernel of segc's):
+    plans made for another machine than this one (``passes.make_plan(model=...)``)
+    keep whole the kernels of that machine's lowering."""
+    token = _FLAGS.set((flags,))
+    try:
+        yield
+    finally:
+        _FLAGS.reset(token)
 
 
 @dataclass(frozen=True)

@@ -27,11 +27,13 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ScheduleError
 from ..ir import Graph, segments
+from ..lower.fused import CUDA_DEFAULTS, pinning
 from .analysis import H200, Machine, eqn_cost, liveness, ops, span_peak
 from .costmodel import MachineModel
 from .legalize import legal_points, legalize_plan
@@ -282,6 +284,11 @@ class _RelativeOptimal:
 
 def make_plan(g: Graph, spec: Any, *, legalize: bool = True, model: MachineModel | None = None) -> Plan:
     """Run a strategy on ``g``; legalise its cuts unless told not to. ``model``: the
-    machine model ``optimal`` specs predict with (``costmodel.default_model()`` if None)."""
-    plan = resolve(spec, model)(g)
-    return legalize_plan(g, plan) if legalize else plan
+    machine the plan is for: ``optimal`` specs predict with it
+    (``costmodel.default_model()`` if None), and a model given pins the kernels of its
+    lowering (segc's CUDA kernels where ``fused_products``, else none) instead of this
+    process's (``lower.fused.pinning``)."""
+    pins = nullcontext() if model is None else pinning(CUDA_DEFAULTS if model.fused_products else None)
+    with pins:
+        plan = resolve(spec, model)(g)
+        return legalize_plan(g, plan) if legalize else plan
