@@ -54,20 +54,12 @@ def kernel_flags(attention: Any = None) -> dict[str, bool] | None:
     return flags if flags["attention"] or flags["products"] or flags["writes"] else None
 
 
-def kernels_here() -> bool:
-    """Whether segments lowered here take any of segc's kernels (on a CUDA default
-    device by default; on any device with a callable ``attention``,
-    :func:`lowering_for`): cut placement then keeps each such kernel's equations in one
-    segment (``passes.legalize``), since a cut through one leaves the rest to MLX's
-    kernels, and through an attention, to other bits."""
-    return kernel_flags() is not None
-
-
 @contextmanager
 def lowering_for(attention: Any) -> Iterator[None]:
-    """Within it, :func:`kernel_flags` and :func:`kernels_here` answer for segments
-    lowered with ``attention`` (``segc.jit(attention=...)``): ``Traced.lower`` places
-    its cuts inside one, so legality follows the jit's own lowering."""
+    """Within it, :func:`kernel_flags` answers for segments lowered with ``attention``
+    (``segc.jit(attention=...)``): ``Traced.lower`` places its cuts inside one, so
+    legality (``passes.legalize``: a cut through a kernel leaves the rest to MLX's
+    kernels, and through an attention, to other bits) follows the jit's own lowering."""
     token = _ATTENTION.set(attention)
     try:
         yield

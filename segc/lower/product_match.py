@@ -225,7 +225,7 @@ def _close(m: ProductMatch, path: list[Eqn], last: Eqn, g: SegmentGraph) -> Prod
     if not core <= skip:
         return None
     plain = replace(m, skip=skip)
-    norm = _norm(g, m.ins[0])
+    norm = _norm(g, m.ins[0]) if m.kind != "gglu" else None  # (the gathered kernels take no norm)
     if norm is None:
         return plain
     walked, rms = norm

@@ -7,7 +7,8 @@ earlier, after checking it was made for this graph, as it is; except where segc'
 lowering takes kernels of its own (on a CUDA device, or with the jit's callable
 ``attention``: ``lower.fused.kernel_flags``), a cut of it through one of the lowering's
 kernels is moved (with a ``ScheduleWarning``): the kernel would otherwise fall to MLX's
-kernels in that segment, and an attention to other bits than the unsegmented graph's. Fences and windows stay put.
+kernels in that segment, and an attention to other bits than the unsegmented graph's.
+Fences and windows stay put.
 
 Idempotent: cutting a graph again with the same strategy or plan changes nothing.
 """
