@@ -326,6 +326,28 @@ def with_setting(
     return call
 
 
+def products_in_agreeing_decodes(monkeypatch: pytest.MonkeyPatch, model: nn.Module, **jit: Any) -> list[Any]:
+    """``model`` decoded by two ``segc.jit(model, validate=False, **jit)``, one with segc's
+    product kernels (``FUSED_PRODUCTS = "auto"``, on a CUDA GPU) and one with MLX's
+    (``"never"``), byte for byte (:func:`assert_decodes_agree`, the prompt not compared:
+    its quantized products may be MLX's ``qmm_sm90``, whose results vary); the matches the
+    kernels computed, in order."""
+    from segc.lower import products
+
+    kernel = products.product_kernel("auto")
+    assert kernel is not None
+    seen: list[Any] = []
+
+    def counted(m: Any, ins: Any) -> Any:
+        seen.append(m)
+        return kernel(m, ins)
+
+    fused = with_setting(monkeypatch, products, "FUSED_PRODUCTS", counted, segc.jit(model, validate=False, **jit))
+    plain = with_setting(monkeypatch, products, "FUSED_PRODUCTS", "never", segc.jit(model, validate=False, **jit))
+    assert_decodes_agree(model, fused, plain, prompt_too=False)
+    return seen
+
+
 def assert_env_setting(
     monkeypatch: pytest.MonkeyPatch, variable: str, value: str | None, read: Callable[[], Any], want: Any
 ) -> None:

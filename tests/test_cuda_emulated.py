@@ -10,6 +10,8 @@ attention against the two kernels; the products against MLX's ops."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -272,9 +274,17 @@ def test_the_gathered_kernels_compute_mlx_s_gather_mm(recorded, kind, orders, dt
     np.testing.assert_allclose(got, np.array(want), rtol=tol, atol=tol)
 
 
-def _emulate_kernels(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """``mx.fast.cuda_kernel`` replaced by the emulator (each call's inputs evaluated
-    first, the kernel run on the CPU); the names of the kernels called, in order."""
+def _emulated_decode(monkeypatch: pytest.MonkeyPatch, model: Any, makers: tuple[Any, ...], **jit: Any) -> list[str]:
+    """``model`` decoded by ``segc.jit(model, validate=False, **jit)`` with segc's product
+    kernels (and any attention kernel ``jit`` names) as the CUDA build would call them,
+    each run by the emulator (``mx.fast.cuda_kernel`` replaced; segments not
+    ``mx.compile``d, so that each kernel call sees its inputs' data; ``makers``' caches
+    emptied before and after), against eager mlx-lm within float32's rounding (the
+    emulator's arithmetic is the host's) over a prompt and three steps; the names of the
+    kernels called, in order."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    import segc
     from segc.lower import cuda_kernel
 
     called: list[str] = []
@@ -289,63 +299,11 @@ def _emulate_kernels(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         return call
 
     monkeypatch.setattr(cuda_kernel.mx.fast, "cuda_kernel", make)
-    return called
-
-
-def test_a_decode_through_segc_with_its_kernels_emulated(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The lowering's wiring, before a GPU: a tiny llama decoded by ``segc.jit`` with the
-    attention and product kernels as the CUDA build would call them, each run by the
-    emulator (segments not ``mx.compile``d, so that each kernel call sees its inputs'
-    data), against eager mlx-lm within float32's rounding over a prompt and three steps."""
-    from mlx_lm.models.cache import make_prompt_cache
-
-    import segc
-    from segc.lower import products
-    from segc.models import tiny_llama
-
-    called = _emulate_kernels(monkeypatch)
-    for f in (cuda_attention._one_kernel, cuda_products._kernel):
-        f.cache_clear()
     monkeypatch.setattr(mx, "compile", lambda f, *a, **k: f)
     monkeypatch.setattr(products, "FUSED_PRODUCTS", products.cuda_products)
-    model = tiny_llama(
-        hidden_size=128, num_hidden_layers=2, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2
-    )
-    step = segc.jit(model, boundaries="layers.*", attention=cuda_attention.cuda_attention, validate=False)
-    mine, theirs = make_prompt_cache(model), make_prompt_cache(model)
-    tokens = mx.array([[3, 1, 4, 1, 5]])
-    try:
-        for k in range(4):
-            got, want = step(tokens, cache=mine), model(tokens, cache=theirs)
-            np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-4, err_msg=f"call {k}")
-            tokens = mx.argmax(want[:, -1:], axis=-1)
-    finally:
-        for f in (cuda_attention._one_kernel, cuda_products._kernel):
-            f.cache_clear()
-    attn = [n for n in called if n.startswith("segc_attention_one")]
-    # every layer's attention in every call: a callable kernel takes the prompt's too (at
-    # most 16 query rows, docs/lowering.md), "auto" on a GPU only the decode steps'
-    assert len(attn) == 2 * 4, called
-    assert any(n.startswith("segc_gemv") for n in called), called  # and products
-
-
-def test_a_mixtral_decode_through_segc_with_its_gathered_kernels_emulated(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The gathered kernels' wiring (``cuda_gather.py`` through ``products.cuda_products``):
-    a tiny float32 mixtral decoded by ``segc.jit`` with the product kernels run by the
-    emulator, against eager mlx-lm within float32's rounding over three steps."""
-    from mlx_lm.models.cache import make_prompt_cache
-
-    import segc
-    from segc.models.zoo import build
-
-    called = _emulate_kernels(monkeypatch)
-    makers = (cuda_products._kernel, cuda_gather._kernel)
     for f in makers:
         f.cache_clear()
-    monkeypatch.setattr(mx, "compile", lambda f, *a, **k: f)
-    monkeypatch.setattr(products, "FUSED_PRODUCTS", products.cuda_products)
-    model = build("mixtral", num_hidden_layers=2, hidden_size=128, intermediate_size=256, dtype=mx.float32)
-    step = segc.jit(model, attention="off", validate=False)
+    step = segc.jit(model, validate=False, **jit)
     mine, theirs = make_prompt_cache(model), make_prompt_cache(model)
     tokens = mx.array([[3, 1, 4, 1, 5]])
     try:
@@ -356,5 +314,35 @@ def test_a_mixtral_decode_through_segc_with_its_gathered_kernels_emulated(monkey
     finally:
         for f in makers:
             f.cache_clear()
+    return called
+
+
+def test_a_decode_through_segc_with_its_kernels_emulated(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lowering's wiring, before a GPU: a tiny llama decoded through the attention
+    and product kernels, each run by the emulator (:func:`_emulated_decode`)."""
+    from segc.models import tiny_llama
+
+    model = tiny_llama(
+        hidden_size=128, num_hidden_layers=2, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2
+    )
+    makers = (cuda_attention._one_kernel, cuda_products._kernel)
+    called = _emulated_decode(
+        monkeypatch, model, makers, boundaries="layers.*", attention=cuda_attention.cuda_attention
+    )
+    attn = [n for n in called if n.startswith("segc_attention_one")]
+    # every layer's attention in every call: a callable kernel takes the prompt's too (at
+    # most 16 query rows, docs/lowering.md), "auto" on a GPU only the decode steps'
+    assert len(attn) == 2 * 4, called
+    assert any(n.startswith("segc_gemv") for n in called), called  # and products
+
+
+def test_a_mixtral_decode_through_segc_with_its_gathered_kernels_emulated(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gathered kernels' wiring (``cuda_gather.py`` through ``products.cuda_products``):
+    a tiny float32 mixtral decoded through the product kernels, each run by the emulator
+    (:func:`_emulated_decode`)."""
+    from segc.models.zoo import build
+
+    model = build("mixtral", num_hidden_layers=2, hidden_size=128, intermediate_size=256, dtype=mx.float32)
+    called = _emulated_decode(monkeypatch, model, (cuda_products._kernel, cuda_gather._kernel), attention="off")
     kinds = [n.rsplit("_", 1)[0] for n in called]  # the name without its source's hash
     assert kinds.count("segc_gather_gglu") == kinds.count("segc_gather_gmoe") == 2 * 3, called

@@ -11,11 +11,10 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import assert_decodes_agree, examples, same_bits, with_setting
+from conftest import examples, products_in_agreeing_decodes, same_bits
 from hypothesis import given, settings
 from hypothesis import strategies as hst
 
-import segc
 from segc.lower import products
 from segc.lower.products import ProductMatch
 from segc.models.zoo import build
@@ -97,17 +96,5 @@ def test_a_mixtral_decode_keeps_its_bits_with_the_kernels(freeze, monkeypatch) -
     bfloat16: logits and caches byte for byte over ten decode steps; each layer's
     experts go to ``gglu`` and ``gmoe``."""
     model = build("mixtral", num_hidden_layers=2, hidden_size=256, intermediate_size=512, dtype=mx.bfloat16)
-    fused = segc.jit(model, validate=False, freeze_params=freeze)
-    plain = segc.jit(model, validate=False, freeze_params=freeze)
-    seen: list[str] = []
-    kernel = products.product_kernel("auto")
-    assert kernel is not None
-
-    def counted(m, ins):
-        seen.append(m.kind)
-        return kernel(m, ins)
-
-    fused_call = with_setting(monkeypatch, products, "FUSED_PRODUCTS", counted, fused)
-    plain_call = with_setting(monkeypatch, products, "FUSED_PRODUCTS", "never", plain)
-    assert_decodes_agree(model, fused_call, plain_call, prompt_too=False)
+    seen = [m.kind for m in products_in_agreeing_decodes(monkeypatch, model, freeze_params=freeze)]
     assert seen.count("gglu") >= 2 and seen.count("gmoe") >= 2, seen

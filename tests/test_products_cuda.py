@@ -10,11 +10,10 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from conftest import assert_decodes_agree, examples, same_bits, with_setting
+from conftest import examples, products_in_agreeing_decodes, same_bits
 from hypothesis import assume, given, settings
 from hypothesis import strategies as hst
 
-import segc
 from segc.dtypes import short
 from segc.lower import products
 from segc.lower.products import ProductMatch
@@ -201,20 +200,7 @@ def test_a_llama_decode_keeps_its_bits_with_the_kernels(bits, concat, monkeypatc
     model = build("llama", num_hidden_layers=2, hidden_size=256, intermediate_size=1024, head_dim=64, dtype=mx.bfloat16)
     if bits:
         nn.quantize(model, group_size=64, bits=bits)
-    fused = segc.jit(model, validate=False, concat_projections=concat)
-    plain = segc.jit(model, validate=False, concat_projections=concat)
-    seen: list[tuple] = []
-    kernel = products.product_kernel("auto")
-    assert kernel is not None
-
-    def counted(m, ins):
-        seen.append((m.kind, m.quant))
-        return kernel(m, ins)
-
-    fused_call = with_setting(monkeypatch, products, "FUSED_PRODUCTS", counted, fused)
-    plain_call = with_setting(monkeypatch, products, "FUSED_PRODUCTS", "never", plain)
-    # (the prompt's quantized products may be MLX's qmm_sm90, whose results vary: not compared)
-    assert_decodes_agree(model, fused_call, plain_call, prompt_too=False)
+    seen = [(m.kind, m.quant) for m in products_in_agreeing_decodes(monkeypatch, model, concat_projections=concat)]
     q = (64, bits) if bits else None
     assert seen.count(("glu", q)) >= 2 and seen.count(("add", q)) >= 4, seen
     # q/k/v (one product or three) with their norm, and the logits with the final norm

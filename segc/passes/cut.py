@@ -24,7 +24,7 @@ from ..errors import ScheduleError, ScheduleWarning
 from ..ir import Graph
 from ..lower.fused import kernel_flags
 from .analysis import ops
-from .legalize import legalize_plan
+from .legalize import inside, legalize_plan
 from .plan import Plan, apply_plan, plan_key
 from .product_groups import lowering_kernels
 from .registry import register
@@ -51,8 +51,8 @@ def _off_kernels(g: Graph, plan: Plan, flags: Mapping[str, bool]) -> Plan:
     pos = {e.id: k for k, e in enumerate(os_)}
     if plan.fingerprint != plan_key(g) or any(c.after not in pos for c in plan.cuts):
         return plan  # apply_plan refuses it, saying why
-    inside = {k for grp in lowering_kernels(g, os_, flags) for k in range(grp[0] + 1, grp[-1] + 1)}
-    split = tuple(c for c in plan.cuts if pos[c.after] + 1 in inside)
+    through = inside(lowering_kernels(g, os_, flags))
+    split = tuple(c for c in plan.cuts if pos[c.after] + 1 in through)
     if not split:
         return plan
     moved = legalize_plan(g, replace(plan, cuts=split, moved=()), kernels=flags)

@@ -29,7 +29,7 @@ moved cut's signals with it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from ..errors import ScheduleError
 from ..ir import CUT, SIGNAL, Eqn, Graph
@@ -110,13 +110,14 @@ def pinned_groups(g: Graph, kernels: Kernels = None) -> list[tuple[tuple[int, ..
     return out
 
 
+def inside(groups: Iterable[Sequence[int]]) -> set[int]:
+    """The cut points (``k``: before op ``k``) that would split one of ``groups``."""
+    return {k for grp in groups for k in range(grp[0] + 1, grp[-1] + 1)}
+
+
 def illegal_points(g: Graph, kernels: Kernels = None) -> set[int]:
-    """Cut points (``k``: before op ``k``) that would split a pinned group
-    (:func:`pinned_groups`)."""
-    bad: set[int] = set()
-    for grp, _ in pinned_groups(g, kernels):
-        bad.update(range(grp[0] + 1, grp[-1] + 1))
-    return bad
+    """Cut points that would split a pinned group (:func:`pinned_groups`)."""
+    return inside(grp for grp, _ in pinned_groups(g, kernels))
 
 
 def legal_points(g: Graph, kernels: Kernels = None) -> list[int]:

@@ -23,7 +23,7 @@ from typing import Any
 from ..errors import ScheduleError
 from ..ir import Graph
 from .analysis import crossing_bytes, liveness, ops
-from .legalize import pinned_groups
+from .legalize import inside, pinned_groups
 from .plan import Plan, marker_points, plan_at
 
 
@@ -64,7 +64,7 @@ class MinBoundaryBytes:
             if lv.root[v] in lv.defined:
                 readers.setdefault(lv.root[v], set()).add(n)
         groups = [grp for grp, _ in pinned_groups(g)]
-        bad = {k for grp in groups for k in range(grp[0] + 1, grp[-1] + 1)}  # illegal_points, from these groups
+        bad = inside(groups)  # illegal_points, from the groups at hand
         cross = crossing_bytes(g, lv)
         order = list(range(n))
         points: list[int] = []
