@@ -51,7 +51,7 @@ EVERY = [
     "optimal:1x",
     "min_boundary_bytes",
 ]
-CALIBRATION = "none,markers,every:4,balanced:2"
+CALIBRATION = "none,min_boundary_bytes,every:4,balanced:2"
 
 
 def _list(text: str) -> list[str]:

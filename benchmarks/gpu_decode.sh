@@ -163,7 +163,7 @@ for p in $parts; do
   experiment)  # issue 15: predicted against measured, every plan (a device call of its own)
     timeout "${BENCH_LIMIT:-575}" $PY benchmarks/bench_experiment.py --model reference --workloads decode:1024,prefill:512 \
       --strategies none,markers,every:2,every:4,balanced:2..18:4,memory:1x..2x:1x,optimal,optimal:1x,min_boundary_bytes \
-      --calibration none,markers,every:4,balanced:2 --processes "${PROCESSES:-4}" --repeats 10 --warmup 2 \
+      --calibration none,min_boundary_bytes,every:4,balanced:2 --processes "${PROCESSES:-4}" --repeats 10 --warmup 2 \
       --overheads "${OVERHEADS:-group}" ${MACHINE:+--machine "$MACHINE"} \
       --commit "${COMMIT:-auto}" --plots "" --out "$OUT/experiment" --json "$OUT/experiment.json" >"$OUT/experiment.txt" 2>&1
     echo "experiment: rc=$?"

@@ -186,7 +186,7 @@ class Jitted(EngineHooks):
         for pat, (leaves, params, slots) in self._fast.matches(self.spec, args, kwargs):  # fastpath.py
             c = self._cache.get(pat.sig)
             if c is not None:
-                if any(st.needs_growth(s, p) for s, p in zip(slots, c.commits)):
+                if c.needs_growth(slots):
                     break
                 self._cache.move_to_end(pat.sig)
                 self.info.hits += 1

@@ -28,6 +28,7 @@ from ..runtime.executor import check_options
 from ..runtime.fenced import Fences, Timeline, WindowRun
 from ..trace import state as st
 from ..trace.pytree import TreeDef, unflatten
+from ..trace.writes import Writes
 from . import rng
 from .capture import params_as_consts
 from .concat import Concats, is_concat
@@ -170,6 +171,7 @@ class Compiled:
         self.signature = t.signature
         self.out_tree = t.out_tree
         self.commits = t.commits
+        self._writes = Writes(t.commits)  # the commits' kinds looked up once
         self.exact = t.exact
         self._n_state_out = sum(len(c.outputs) for c in self.commits)
         self._draws = t.draws
@@ -209,7 +211,7 @@ class Compiled:
             raise SignatureError(
                 f"{self.graph.name} was compiled for another signature: {sig.explain_change(self.signature)}"
             )
-        if any(st.needs_growth(s, c) for s, c in zip(slots, self.commits)):
+        if self._writes.needs_growth(slots):
             raise SignatureError(f"{self.graph.name}: a state object must grow first; call the jitted function instead")
         return leaves, params, slots
 
@@ -271,12 +273,12 @@ class Compiled:
         if window is not None and window.name not in self._windows:
             window = None
         inputs = self._inputs(leaves, params, slots)
-        starts = _input_starts(len(leaves), slots)
+        starts = _input_starts(len(leaves), slots)  # before the donation empties the slots' inputs
         # Once this signature has run, hand state buffers that the call rewrites to the
         # executor alone: MLX then updates them in place instead of copying every cache on
         # every decode step (the commit below puts the results back into the objects).
         # (not under a window: an object whose segments it leaves out keeps its buffers)
-        donated = self._ran and window is None and st.donate(slots, self.commits)
+        donated = self._ran and window is None and self._writes.donate(slots)
         try:
             outs = self.executor(inputs, consume=donated, fences=self._fences, window=window, timeline=self._timeline)
         except Aborted as ab:
@@ -292,24 +294,13 @@ class Compiled:
         return unflatten(self.out_tree, outs[: len(outs) - self._n_state_out])
 
     def _commit(self, slots: list[st.Slot], outs: list[mx.array]) -> None:
-        """Write every state object's results; an exception in one commit is raised only
-        after every commit has been done (once more for the one that raised), so that the
-        objects never end between two calls."""
-        k = len(outs) - self._n_state_out
-        holes = any(x is None for x in outs[k:])  # once a call, not once an object
-        pending: BaseException | None = None
-        for s, c in zip(slots, self.commits):
-            part = outs[k : k + len(c.outputs)]
-            k += len(c.outputs)
-            if holes and any(x is None for x in part):  # a window left this object's segments out
-                continue
-            try:
-                st.commit(s, c, part)
-            except BaseException as exc:
-                pending = pending or exc
-                st.commit(s, c, part)  # commits are idempotent: they write from the slot's host values
-        if pending is not None:
-            raise pending
+        """Write every state object's results (``writes.Writes.commit``: an exception in
+        one commit is raised only after every commit has been done)."""
+        self._writes.commit(slots, outs[len(outs) - self._n_state_out :])
+
+    def needs_growth(self, slots: Sequence[st.Slot]) -> bool:
+        """Whether a state object of the call must grow before it (``state.needs_growth``)."""
+        return self._writes.needs_growth(slots)
 
     def _give_back(self, slots: list[st.Slot], starts: list[int], ab: Aborted) -> None:
         """After a failed donating dispatch, give each state object back the buffers it

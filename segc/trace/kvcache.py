@@ -20,6 +20,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from .. import dtypes
 from ..errors import StateError
 from .state import (
     Commit,
@@ -78,31 +79,23 @@ def position(n: int) -> mx.array:
 
 
 def _kv_slot(index: int, obj: Any, grown: dict[str, Any] | None) -> Slot | None:
-    # (this runs for every cache of every call, sixteen or more a decode step: the
-    # class is looked up once)
+    # (this runs for every cache of every call, sixteen or more a decode step, so it
+    # builds the slot in one constructor call and reads each attribute once)
     if type(obj) is not _kv_type():
         return None
     keys, values = (grown["keys"], grown["values"]) if grown else (obj.keys, obj.values)
     off = int(obj.offset)
-    s = Slot(index, obj, "dynamic", "kv")
     if keys is None:
-        s.host = {"offset": off, "step": obj.step, "capacity": None}
-        s.key = ("KVCache", None)
-    else:
-        ka, va = aval(keys), aval(values)
-        ks, vs = ka[0], va[0]
-        if len(ks) != 4 or len(vs) != 4:
-            raise StateError(f"state[{index}]: KVCache buffers must be 4-d, got {ks} and {vs}")
-        if off > ks[2]:
-            raise StateError(f"state[{index}]: KVCache offset {off} exceeds its buffer ({ks[2]} positions)")
-        s.key = ("KVCache", ka, va)
-        s.host = {"offset": off, "step": obj.step, "capacity": ks[2]}
-        s.inputs = [keys, values, position(off)]
-        s.names = ["keys", "values", "offset"]
-        return s
-    s.inputs.append(position(off))
-    s.names.append("offset")
-    return s
+        host = {"offset": off, "step": obj.step, "capacity": None}
+        return Slot(index, obj, "dynamic", "kv", [position(off)], ["offset"], ("KVCache", None), host)
+    ks, vs = tuple(keys.shape), tuple(values.shape)
+    if len(ks) != 4 or len(vs) != 4:
+        raise StateError(f"state[{index}]: KVCache buffers must be 4-d, got {ks} and {vs}")
+    if off > ks[2]:
+        raise StateError(f"state[{index}]: KVCache offset {off} exceeds its buffer ({ks[2]} positions)")
+    key = ("KVCache", (ks, dtypes.short(keys.dtype)), (vs, dtypes.short(values.dtype)))
+    host = {"offset": off, "step": obj.step, "capacity": ks[2]}
+    return Slot(index, obj, "dynamic", "kv", [keys, values, position(off)], ["keys", "values", "offset"], key, host)
 
 
 @functools.cache

@@ -62,7 +62,7 @@ def aval(x: mx.array) -> tuple[tuple[int, ...], str]:
     return tuple(x.shape), dtypes.short(x.dtype)
 
 
-@dataclass
+@dataclass(slots=True)
 class Slot:
     """One state object in one call: its mode, the arrays it feeds the graph, its key."""
 
@@ -351,18 +351,6 @@ def grow(slots: list[Slot], n: int, grown: dict[int, dict[str, Any]]) -> bool:
         bufs = done[key] if key in done else done.setdefault(key, kind.grow(s, n))
         if bufs is not None:
             grown[s.index] = bufs
-            any_ = True
-    return any_
-
-
-def donate(slots: list[Slot], commits: tuple[Commit, ...]) -> bool:
-    """Detach the buffers a call rewrites from their state objects and slots, so that the
-    executor holds the only references and MLX can update them in place; the call's
-    commit writes the new buffers back. Returns whether anything was detached."""
-    any_ = False
-    for s, c in zip(slots, commits):
-        kind = KINDS.get(c.kind)
-        if kind is not None and s.kind == c.kind and kind.donate(s, c):
             any_ = True
     return any_
 
