@@ -293,3 +293,43 @@ def test_caches_over_the_same_buffers_grow_once() -> None:
         assert same_bits(grown[i]["keys"][..., :256, :], c.keys)
         assert same_bits(grown[i]["values"][..., :256, :], c.values)
     assert not tst.grow(slots, 0, {})  # room enough: nothing grows
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    offsets=hst.lists(hst.integers(0, 8), min_size=1, max_size=6),
+    capacity=hst.integers(1, 8),
+    n=hst.integers(0, 3),
+)
+def test_writes_decide_as_the_per_object_functions(offsets: list[int], capacity: int, n: int) -> None:
+    """``Writes`` (one signature's commits, each kind's functions looked up once) decides
+    growth and donation as ``state.needs_growth`` and each kind's ``donate`` do, object by
+    object, and commits each object its own outputs."""
+    from segc.trace import state as st
+    from segc.trace.writes import Writes
+
+    caches = []
+    for off in offsets:
+        c = KVCache()
+        c.keys = mx.zeros((1, 1, max(capacity, off), 4))
+        c.values = mx.ones((1, 1, max(capacity, off), 4))
+        c.offset = off
+        caches.append(c)
+    commits = tuple(st.Commit("kv", ("keys", "values"), n) for _ in caches)
+    writes = Writes(commits)
+    slots = [st.make_slot(i, c, exact=False) for i, c in enumerate(caches)]
+    want = any(st.needs_growth(s, p) for s, p in zip(slots, commits))
+    assert writes.needs_growth(slots) == want
+    assert want == (n > 0 and any(off + n > max(capacity, off) for off in offsets))
+    if want:
+        return
+    before = [(c.keys, c.values) for c in caches]
+    assert writes.donate(slots) == (n > 0)
+    outs = [mx.full((1, 1, 2, 4), float(k)) for k in range(2 * len(caches))]
+    writes.commit(slots, outs)
+    for i, (c, off, (k, v)) in enumerate(zip(caches, offsets, before)):
+        if n:  # the call's new buffers, one object's pair each
+            assert c.keys is outs[2 * i] and c.values is outs[2 * i + 1]
+        else:  # a call that writes no token leaves the buffers as they were
+            assert c.keys is k and c.values is v
+        assert c.offset == off + n

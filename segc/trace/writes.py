@@ -34,15 +34,16 @@ class Writes:
 
     def needs_growth(self, slots: Sequence[Slot]) -> bool:
         """Whether any dynamic object must grow (on the host) before this call."""
-        return any(slots[i].kind == c.kind and f(slots[i], c) for i, f, c in self._grow)
+        n = len(slots)  # (as zip(slots, commits) would: a shorter list of slots stops early)
+        return any(i < n and slots[i].kind == c.kind and f(slots[i], c) for i, f, c in self._grow)
 
     def donate(self, slots: Sequence[Slot]) -> bool:
         """Detach the buffers a call rewrites from their state objects and slots, so that
         the executor holds the only references and MLX can update them in place; the
         call's commit writes the new buffers back. Returns whether anything was detached."""
-        any_ = False
+        any_, n = False, len(slots)
         for i, f, c in self._donate:
-            if slots[i].kind == c.kind and f(slots[i], c):
+            if i < n and slots[i].kind == c.kind and f(slots[i], c):
                 any_ = True
         return any_
 
