@@ -6,7 +6,7 @@
 #
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_decode.sh [PARTS]
 #
-# PARTS: any of  dense quant moe concat isolated runtime kernels select products check generate device ablate commits census kv attn kvattn prefill experiment paging hostcost segment plandevice argcost hostkinds perf
+# PARTS: any of  dense quant moe concat isolated runtime kernels select products check generate device ablate commits census kv attn kvattn prefill prefillproducts experiment paging hostcost segment plandevice argcost hostkinds perf
 # (default: dense runtime). kernels: fewer_kernels.py (what each kernel and each of the
 # dynamic cache's differences costs); select: segc's one-position KV write as a select
 # against MLX's, three models; products: segc's product kernels (segc.lower.products)
@@ -17,7 +17,7 @@
 # step with each of its differences from eager undone; commits: the commit policies on a
 # segment per layer, each variant a process of its own, 2 rounds; census: kernel_census.py
 # (the kernels of one decode step, by name, from MLX's CUDA graphs); kv: the rotation-and-write
-# kernel on and off, two rounds; attn: the decode attention as one kernel or two, two rounds; kvattn: the rotated write with its attention as one kernel (the default) or apart, two rounds; prefill: 512 tokens, segc's defaults against concatenated (MODEL_ARGS="--bits 4" or "--arch mixtral" for another model). Logs go
+# kernel on and off, two rounds; attn: the decode attention as one kernel or two, two rounds; kvattn: the rotated write with its attention as one kernel (the default) or apart, two rounds; prefill: 512 tokens, segc's defaults against concatenated (MODEL_ARGS="--bits 4" or "--arch mixtral" for another model); prefillproducts: prefill_products.py (a prefill's products alone against eager's prefill, three models). Logs go
 # to $OUT. experiment: issue 15's harness on the reference llama, every strategy, decode
 # and prefill 512 (docs/experiments.md, "On the H200"; about 4 minutes; its plans and traced graphs
 # come back as $OUT/experiment.tgz for benchmarks/repredict.py);
@@ -159,6 +159,13 @@ for p in $parts; do
     # shellcheck disable=SC2086  # the extra arguments are meant to split
     VARIANTS=${VARIANTS:-eager,compile,segc,concat,frozen} REPEATS=20 BENCH_LIMIT=${BENCH_LIMIT:-200} \
       bench "prefill$(echo ${MODEL_ARGS:-} | tr -c 'a-z0-9\n' '_')" --prefill 512 --no-decode --first-call-layers 0 --no-dispatch ${MODEL_ARGS:-}
+    ;;
+  prefillproducts)  # a prefill's products alone against eager's prefill: the bf16 and 4-bit llama, the mixtral
+    for m in "" "--bits 4" "--arch mixtral"; do
+      # shellcheck disable=SC2086  # the model's arguments are meant to split
+      timeout 100 $PY benchmarks/prefill_products.py $m --repeats 20 >>"$OUT/prefill_products.txt" 2>&1
+      echo "prefillproducts ${m:-bf16}: rc=$?"
+    done
     ;;
   experiment)  # issue 15: predicted against measured, every plan (a device call of its own)
     timeout "${BENCH_LIMIT:-575}" $PY benchmarks/bench_experiment.py --model reference --workloads decode:1024,prefill:512 \
