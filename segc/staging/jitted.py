@@ -282,8 +282,7 @@ class Jitted(EngineHooks):
             if c is None and sig in self._writes and st.grow(slots, self._writes[sig], grown):
                 continue  # grown as this signature's last trace found it must be: no trace
             if c is not None:
-                growing = [s for s, p in zip(slots, c.commits) if st.needs_growth(s, p)]
-                if growing:
+                if c.needs_growth(slots):
                     st.grow(slots, max(p.n for p in c.commits), grown)
                     continue
                 self.info.hits += 1

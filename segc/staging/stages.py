@@ -299,7 +299,7 @@ class Compiled:
         self._writes.commit(slots, outs[len(outs) - self._n_state_out :])
 
     def needs_growth(self, slots: Sequence[st.Slot]) -> bool:
-        """Whether a state object of the call must grow before it (``state.needs_growth``)."""
+        """Whether a state object of the call must grow before it (``writes.Writes.needs_growth``)."""
         return self._writes.needs_growth(slots)
 
     def _give_back(self, slots: list[st.Slot], starts: list[int], ab: Aborted) -> None:

@@ -20,7 +20,6 @@ from typing import Any
 
 import mlx.core as mx
 
-from .. import dtypes
 from ..errors import StateError
 from .state import (
     Commit,
@@ -88,13 +87,13 @@ def _kv_slot(index: int, obj: Any, grown: dict[str, Any] | None) -> Slot | None:
     if keys is None:
         host = {"offset": off, "step": obj.step, "capacity": None}
         return Slot(index, obj, "dynamic", "kv", [position(off)], ["offset"], ("KVCache", None), host)
-    ks, vs = tuple(keys.shape), tuple(values.shape)
+    ka, va = aval(keys), aval(values)
+    ks, vs = ka[0], va[0]
     if len(ks) != 4 or len(vs) != 4:
         raise StateError(f"state[{index}]: KVCache buffers must be 4-d, got {ks} and {vs}")
     if off > ks[2]:
         raise StateError(f"state[{index}]: KVCache offset {off} exceeds its buffer ({ks[2]} positions)")
-    key = ("KVCache", (ks, dtypes.short(keys.dtype)), (vs, dtypes.short(values.dtype)))
-    host = {"offset": off, "step": obj.step, "capacity": ks[2]}
+    host, key = {"offset": off, "step": obj.step, "capacity": ks[2]}, ("KVCache", ka, va)
     return Slot(index, obj, "dynamic", "kv", [keys, values, position(off)], ["keys", "values", "offset"], key, host)
 
 

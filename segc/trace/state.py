@@ -332,11 +332,6 @@ def outputs_after(slot: Slot, rec: Record) -> list[mx.array]:
     return outs
 
 
-def needs_growth(slot: Slot, plan: Commit) -> bool:
-    kind = KINDS.get(slot.kind)
-    return kind is not None and slot.kind == plan.kind and kind.needs_growth(slot, plan)
-
-
 def grow(slots: list[Slot], n: int, grown: dict[int, dict[str, Any]]) -> bool:
     """Grow (on the host, uncommitted) every dynamic slot that cannot take ``n`` more
     tokens; whether any had to. Slots of the same kind over the same buffers (an engine's

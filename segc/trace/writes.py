@@ -3,9 +3,8 @@
 A decode step asks every KV cache whether it must grow, donates its buffers and commits
 its results at every call, sixteen caches or more: :class:`Writes` does it for one
 signature's commits with each kind's ``needs_growth`` and ``donate`` found when the
-signature is compiled, not at every object of every call (what ``state.needs_growth``
-does for one object), and commits through ``state.commit``, the one place a state
-object is written.
+signature is compiled, not at every object of every call, and commits through
+``state.commit``, the one place a state object is written.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ class Writes:
     """What to do with a call's state objects, for one signature's ``commits``."""
 
     def __init__(self, commits: tuple[Commit, ...]):
-        self.commits = commits
         kinds = [KINDS.get(c.kind) for c in commits]
         self._grow = tuple((i, k.needs_growth, c) for i, (k, c) in enumerate(zip(kinds, commits)) if k)
         self._donate = tuple((i, k.donate, c) for i, (k, c) in enumerate(zip(kinds, commits)) if k)
