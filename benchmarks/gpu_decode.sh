@@ -6,7 +6,7 @@
 #
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_decode.sh [PARTS]
 #
-# PARTS: any of  dense quant moe concat isolated runtime kernels select products check generate device ablate commits census kv attn kvattn prefill prefillproducts experiment paging hostcost segment plandevice argcost hostkinds perf
+# PARTS: any of  dense quant moe concat isolated runtime kernels select products check generate device ablate commits census kv attn kvattn prefill prefillproducts dequantized experiment paging hostcost segment plandevice argcost hostkinds perf
 # (default: dense runtime). kernels: fewer_kernels.py (what each kernel and each of the
 # dynamic cache's differences costs); select: segc's one-position KV write as a select
 # against MLX's, three models; products: segc's product kernels (segc.lower.products)
@@ -18,7 +18,10 @@
 # segment per layer, each variant a process of its own, 2 rounds; census: kernel_census.py
 # (the kernels of one decode step, by name, from MLX's CUDA graphs); kv: the rotation-and-write
 # kernel on and off, two rounds; attn: the decode attention as one kernel or two, two rounds; kvattn: the rotated write with its attention as one kernel (the default) or apart, two rounds; prefill: 512 tokens, segc's defaults against concatenated (MODEL_ARGS="--bits 4" or "--arch mixtral" for another model); prefillproducts: prefill_products.py (a prefill's products alone against eager's prefill, three models). Logs go
-# to $OUT. experiment: issue 15's harness on the reference llama, every strategy, decode
+# to $OUT. dequantized: the 4-bit prefill with its quantized products as the dequantized
+# weights' products (segc.lower.dequantized): its tests, prefill_qmm.py (each product's device
+# time, its bytes, the prefill's peak memory), 512 tokens with the form on and off
+# (SEGC_DEQUANTIZED_PRODUCTS=0), 2048 tokens. experiment: issue 15's harness on the reference llama, every strategy, decode
 # and prefill 512 (docs/experiments.md, "On the H200"; about 4 minutes; its plans and traced graphs
 # come back as $OUT/experiment.tgz for benchmarks/repredict.py);
 # paging: bench_paging.py on the reference llama's sizes, budgets 0.25, 0.5, 0.75
@@ -166,6 +169,19 @@ for p in $parts; do
       timeout 100 $PY benchmarks/prefill_products.py $m --repeats 20 >>"$OUT/prefill_products.txt" 2>&1
       echo "prefillproducts ${m:-bf16}: rc=$?"
     done
+    ;;
+  dequantized)  # the 4-bit prefill's products as their dequantized weights' products, and without
+    timeout 280 $PY -m pytest -q -p no:benchmark -p no:cacheprovider tests/test_dequantized_cuda.py tests/test_dequantized.py \
+      >"$OUT/dequantized_tests.txt" 2>&1
+    echo "dequantized tests: rc=$?"
+    timeout 150 $PY benchmarks/prefill_qmm.py --bits 4 --tokens 16,128,512,2048 --repeats 10 --peak 512 >"$OUT/prefill_qmm.txt" 2>&1
+    echo "prefill_qmm: rc=$?"
+    VARIANTS=eager,compile,segc,frozen REPEATS=20 BENCH_LIMIT=120 \
+      bench prefill4_512 --prefill 512 --no-decode --first-call-layers 0 --no-dispatch --bits 4
+    (export SEGC_DEQUANTIZED_PRODUCTS=0 && VARIANTS=segc,frozen REPEATS=20 BENCH_LIMIT=70 \
+      bench prefill4_512_off --prefill 512 --no-decode --first-call-layers 0 --no-dispatch --bits 4)
+    VARIANTS=eager,segc,frozen REPEATS=10 BENCH_LIMIT=120 \
+      bench prefill4_2048 --prefill 2048 --no-decode --first-call-layers 0 --no-dispatch --bits 4
     ;;
   experiment)  # issue 15: predicted against measured, every plan (a device call of its own)
     timeout "${BENCH_LIMIT:-575}" $PY benchmarks/bench_experiment.py --model reference --workloads decode:1024,prefill:512 \

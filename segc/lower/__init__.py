@@ -16,6 +16,7 @@ from types import MappingProxyType
 from . import elementwise, fast, indexing, matmul, reductions, refused, shapes  # noqa: F401
 from .attention import ATTENTION as ATTENTION
 from .attention import attention_kernel as attention_kernel
+from .dequantized import wanted as dequantized_wanted
 from .kvwrite import kv_write_kernel as kv_write_kernel
 from .prim import PRIMS as PRIMS
 from .prim import Prim as Prim
@@ -45,6 +46,7 @@ __all__ = [
     "check_supported",
     "check_types",
     "compile_loses",
+    "dequantized_wanted",
     "describe",
     "kv_write_kernel",
     "lookup",

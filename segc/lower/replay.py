@@ -15,6 +15,7 @@ import mlx.core as mx
 
 from ..errors import UnsupportedPrimitive
 from ..ir import Const, Eqn, Graph, Segment
+from . import dequantized
 from .attention import AttentionMatch
 from .attention import Kernel as Attention
 from .fused import find_all
@@ -61,6 +62,7 @@ def segment_fn(
     attention: Attention | None = None,
     products: Products | None = None,
     kv_write: KVWrite | None = None,
+    dequantize: bool = False,
 ) -> Callable[..., list[mx.array]]:
     """A function of the segment's inputs, then of the constants named in ``const_args``,
     returning its outputs by replaying its equations; other constants are captured.
@@ -68,12 +70,15 @@ def segment_fn(
     (``attention.py``) is computed by it instead; with ``products``, each one-row product
     and the elementwise work after it (``products.py``); with ``kv_write``, each rotated
     KV-cache write (``kvwrite.py``), and where that kernel has a ``with_attention``, the
-    write with the attention reading it as one step (``fused.py``)."""
+    write with the attention reading it as one step (``fused.py``); with ``dequantize``,
+    each quantized product of many rows whose dequantized weight's product keeps its
+    bytes here (``dequantized.py``)."""
     consts = {c.var.name: c.value for c in g.consts if c.var.name not in const_args}
     fused = attention is not None or products is not None or kv_write is not None
-    vs = g.vars() if fused else {}
+    vs = g.vars() if fused or dequantize else {}
     shapes = {n: v.shape for n, v in vs.items()}
-    avals = {n: (v.shape, v.dtype) for n, v in vs.items()} if products is not None or kv_write is not None else None
+    typed = products is not None or kv_write is not None or dequantize
+    avals = {n: (v.shape, v.dtype) for n, v in vs.items()} if typed else None
     return replay_fn(
         seg.eqns(g),
         (*seg.inputs, *const_args),
@@ -85,6 +90,7 @@ def segment_fn(
         products,
         avals,
         kv_write,
+        dequantize,
     )
 
 
@@ -160,6 +166,7 @@ def replay_fn(
     products: Products | None = None,
     avals: Mapping[str, tuple] | None = None,
     kv_write: KVWrite | None = None,
+    dequantize: bool = False,
 ) -> Callable[..., list[mx.array]]:
     with_attention: WithAttention | None = getattr(kv_write, "with_attention", None)
     av = dict(avals or {})
@@ -203,7 +210,9 @@ def replay_fn(
             assert products is not None
             plan.append((fused_rule(p, products), e, p.ins, (p.out,)))
         elif e.id not in skip:
-            plan.append((_rule(e), e, e.ins, tuple(o.name for o in e.outs)))
+            key = dequantized.candidate(e, av) if dequantize else None
+            r = dequantized.rule if key is not None and dequantized.same_bits(key) else _rule(e)
+            plan.append((r, e, e.ins, tuple(o.name for o in e.outs)))
     if writes:
         plan = _in_order(plan, {*consts, *in_names})
 

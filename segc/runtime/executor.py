@@ -41,6 +41,7 @@ from ..lower import (
     check_supported,
     check_types,
     compile_loses,
+    dequantized_wanted,
     kv_write_kernel,
     product_kernel,
     segment_fn,
@@ -178,6 +179,7 @@ class Executor:
         fragile = {c.var.name for c in g.consts if compile_loses(c)}
         kernel = attention_kernel(attention)
         products = product_kernel()  # segc.lower.products.FUSED_PRODUCTS, read now
+        dequantize = dequantized_wanted()  # segc.lower.dequantized.DEQUANTIZED_PRODUCTS, read now
         # segc.lower.kvwrite.FUSED_KV_WRITE, read now; a caller's attention kernel is not
         # taken into segc's write-with-attention kernel
         kv_write = kv_write_kernel(own_attention=not callable(attention))
@@ -185,7 +187,7 @@ class Executor:
         for s in self.segments:
             used = dict.fromkeys(v for e in s.eqns(g) for v in e.ins if v in fragile)
             const_args.append(tuple(used))
-            fn = segment_fn(g, s, const_args[-1], kernel, products, kv_write)
+            fn = segment_fn(g, s, const_args[-1], kernel, products, kv_write, dequantize)
             if compile and not _touches_empty(g, s, vs):
                 fn = mx.compile(fn)
             for o in s.outputs:
