@@ -115,8 +115,8 @@ for p in $parts; do
     done
     ;;
   check)
-    timeout 300 $PY -m pytest -q -p no:benchmark -p no:cacheprovider -n 8 tests/test_products_cuda.py tests/test_gather_cuda.py tests/test_kvwrite_cuda.py tests/test_attention_cuda.py tests/test_kvwrite.py \
-      tests/test_products.py tests/test_freeze_params.py tests/test_select_write.py tests/test_fused_attention.py \
+    timeout 300 $PY -m pytest -q -p no:benchmark -p no:cacheprovider -n 8 tests/test_products_cuda.py tests/test_gather_cuda.py tests/test_kvwrite_cuda.py tests/test_attention_cuda.py tests/test_dequantized_cuda.py tests/test_kvwrite.py \
+      tests/test_products.py tests/test_dequantized.py tests/test_freeze_params.py tests/test_select_write.py tests/test_fused_attention.py \
       >"$OUT/check.txt" 2>&1
     echo "check: rc=$?"
     ;;

@@ -151,9 +151,9 @@ def test_a_callers_attention_kernel_is_not_taken_into_segcs_write(monkeypatch: p
     handed: list[Any] = []
     segment_fn = executor.segment_fn
 
-    def recording(*args: Any) -> Any:
+    def recording(*args: Any, **kw: Any) -> Any:
         handed.append(args[-1])  # the kv_write kernel
-        return segment_fn(*args[:-1], None)
+        return segment_fn(*args[:-1], None, **kw)
 
     monkeypatch.setattr(executor, "segment_fn", recording)
     setting = reference_attention if attention == "caller's" else attention

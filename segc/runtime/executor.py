@@ -187,7 +187,7 @@ class Executor:
         for s in self.segments:
             used = dict.fromkeys(v for e in s.eqns(g) for v in e.ins if v in fragile)
             const_args.append(tuple(used))
-            fn = segment_fn(g, s, const_args[-1], kernel, products, kv_write, dequantize)
+            fn = segment_fn(g, s, const_args[-1], kernel, products, kv_write, dequantize=dequantize)
             if compile and not _touches_empty(g, s, vs):
                 fn = mx.compile(fn)
             for o in s.outputs:
