@@ -162,6 +162,11 @@ def check(s: dict[str, Any]) -> dict[str, Any]:
         "ceiling_paired": n.get("ceiling_paired"),
         "heldout_ceiling_paired": (n.get("heldout") or {}).get("ceiling_paired"),
         "spearman_ci": n.get("spearman_ci"),
+        "modes": n.get("modes"),
+        "spearman_fast": s.get("spearman_fast"),
+        "spearman_fast_heldout": s.get("spearman_fast_heldout"),
+        "ceiling_fast": (n.get("fast_mode") or {}).get("ceiling"),
+        "heldout_ceiling_fast": ((n.get("heldout") or {}).get("fast_mode") or {}).get("ceiling"),
         "self_spearman": n.get("self_spearman"),
         "ceiling": n.get("ceiling"),
         "heldout_ceiling": (n.get("heldout") or {}).get("ceiling"),
@@ -198,13 +203,29 @@ def line(c: dict[str, Any]) -> str:
         f"against each plan's fastest call {f(c['spearman_min'])} (held out {f(c['spearman_min_heldout'])}); "
         f"paired {f(c['spearman_paired'])} (held out {f(c['spearman_paired_heldout'])}, ceiling "
         f"{f(c['ceiling_paired'])}, held out {f(c['heldout_ceiling_paired'])}); "
-        f"noise: self-agreement {f(c['self_spearman'])}, ceiling {f(c['ceiling'])}, separable pairs "
+        f"{fast_mode(c)}noise: self-agreement {f(c['self_spearman'])}, ceiling {f(c['ceiling'])}, separable pairs "
         f"{f(c['separable_pairs'], '{:.0%}')}, plans spread {f(c['plan_spread'], '{:.1%}')}, processes spread "
         f"{f(c['process_spread'], '{:.1%}')} -> {c['verdict']}; predicted time off by "
         f"{f(c['time_error_mean'], '{:.1%}')} on average (at most {f(c['time_error_max'], '{:.1%}')}, held out "
         f"{f(c['time_error_heldout_mean'], '{:.1%}')}); largest peak-memory error "
         f"{f(c['max_peak_error'], '{:.1%}')} (<= 15%: {c['peak_ok']}), bit-identical {c['bit_identical']}, fastest "
         f"measured {c['fastest_measured']}, predicted {c['fastest_predicted']}"
+    )
+
+
+def fast_mode(c: dict[str, Any]) -> str:
+    """The fastest mode's figures where the processes fell into modes (``noise.py``)."""
+    m = c.get("modes")
+    if not m:
+        return ""
+
+    def f(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:.2f}"
+
+    return (
+        f"fastest mode (processes {m['fast']}; the others {m['step']:.2f}x slower or more) {f(c['spearman_fast'])} "
+        f"(held out {f(c['spearman_fast_heldout'])}, ceiling {f(c['ceiling_fast'])}, held out "
+        f"{f(c['heldout_ceiling_fast'])}); "
     )
 
 

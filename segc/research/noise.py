@@ -25,6 +25,15 @@ plans' order within processes, with the processes' common factor removed, as a
 benchmark compares variants against a baseline run beside them. ``self_spearman_paired``
 and ``ceiling_paired`` are its self-agreement and ceiling, from the same draws.
 
+**Modes**: on the H200 a prefill's processes fell into two groups (run AD: four at about
+3.7 ms a call, four at 5.1-6.2 ms, eager's own call slower in the same four), and the
+slower processes ranked the plans differently each time (two halves of them agreed at
+0.21, two halves of the faster at 0.92). Where every plan was timed in the same
+processes, :func:`fast_mode` sorts them by their level (the geometric mean of their
+medians over the plans) and ends the fastest mode at the first step up of more than
+:data:`MODE_GAP`; ``modes`` reports the split and ``fast_mode`` the statistics over the
+fastest mode's processes alone, beside (never in place of) those over every process.
+
 A correlation below the target with a ceiling below it too is noise; with a ceiling
 above it, the model is wrong (:func:`verdict`). The bootstrap needs timings to resample:
 under :data:`ENOUGH` (processes and calls each) there is no verdict.
@@ -41,6 +50,7 @@ import numpy as np
 
 Times = Sequence[Sequence[float]]  # per process, per call
 ENOUGH = (3, 5)  # the fewest processes (or, in one process, calls) and calls per process for a verdict
+MODE_GAP = 1.2  # a process this much slower than the next faster one starts a slower mode
 
 
 def measured(times: Times) -> float:
@@ -84,6 +94,32 @@ def paired(meds: np.ndarray) -> np.ndarray:
     return np.exp(np.median(lg, axis=-1))
 
 
+def levels(plans: Sequence[Times]) -> np.ndarray:
+    """Each process's level: the geometric mean over the plans of its median calls
+    (every plan timed in the same processes)."""
+    meds = np.array([[statistics.median(p) for p in t] for t in plans], dtype=float)
+    return np.exp(np.log(meds).mean(axis=0))
+
+
+def fast_mode(plans: Sequence[Times]) -> list[int] | None:
+    """The processes of the fastest mode (module docstring, "Modes"), or None: plans
+    not all timed in the same processes, no step up of more than :data:`MODE_GAP`
+    between two processes' levels, or fewer than ``ENOUGH[0]`` processes below it."""
+    if len({len(t) for t in plans}) != 1 or len(plans[0]) < 2:
+        return None
+    level = levels(plans)
+    order = [int(i) for i in np.argsort(level)]
+    for k in range(ENOUGH[0], len(order)):
+        if level[order[k]] > MODE_GAP * level[order[k - 1]]:
+            return sorted(order[:k])
+    return None
+
+
+def measured_in(plans: Sequence[Times], procs: Sequence[int]) -> list[float]:
+    """Per plan, the median over the processes ``procs`` of each one's median call."""
+    return [measured([t[i] for i in procs]) for t in plans]
+
+
 def measured_paired(plans: Sequence[Times]) -> list[float] | None:
     """Per plan, the paired measurement; None unless every plan was timed in the same
     two or more processes."""
@@ -125,9 +161,15 @@ def spearman_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def noise(
-    plans: Sequence[Times], predicted: Sequence[float] | None = None, draws: int = 1000, seed: int = 0
+    plans: Sequence[Times],
+    predicted: Sequence[float] | None = None,
+    draws: int = 1000,
+    seed: int = 0,
+    modes: bool = True,
 ) -> dict[str, Any]:
-    """The statistics of the module docstring for a set of plans (at least three)."""
+    """The statistics of the module docstring for a set of plans (at least three); with
+    ``modes``, where the processes fall into modes, the same over the fastest one's
+    processes (``fast_mode``)."""
     procs, calls = min(len(t) for t in plans), min(len(x) for t in plans for x in t)
     out: dict[str, Any] = {"unit": "process medians" if procs >= 2 else "calls"}
     out["enough"] = (procs >= ENOUGH[0] or (procs == 1 and calls >= ENOUGH[0])) and calls >= ENOUGH[1]
@@ -156,6 +198,13 @@ def noise(
         rho = spearman_rows(np.asarray(predicted, dtype=float)[None, :], a)
         rho = rho[np.isfinite(rho)]
         out["spearman_ci"] = [float(q) for q in np.quantile(rho, [0.05, 0.95])] if rho.size else None
+    fast = fast_mode(plans) if modes else None
+    if fast is not None:
+        level = levels(plans)
+        slow = [i for i in range(len(plans[0])) if i not in fast]
+        step = min(level[i] for i in slow) / max(level[i] for i in fast)
+        out["modes"] = {"fast": fast, "slow": slow, "step": float(step)}
+        out["fast_mode"] = noise([[t[i] for i in fast] for t in plans], predicted, draws, seed, modes=False)
     return out
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import SegcError
 from ..passes.costmodel import MachineModel
-from .noise import measured_paired, noise, verdict
+from .noise import fast_mode, measured_in, measured_paired, noise, verdict
 from .sweep import spearman
 
 COLUMNS = (
@@ -39,6 +39,7 @@ COLUMNS = (
     "measured_p75_s",
     "measured_min_s",
     "measured_paired_s",
+    "measured_fast_s",
     "process_low_s",
     "process_high_s",
     "host_median_s",
@@ -132,6 +133,7 @@ class Results:
                     "spearman_time": _rho(plans),
                     "spearman_min": _rho(plans, "measured_min_s"),
                     "spearman_paired": _rho(plans, "measured_paired_s"),
+                    "spearman_fast": _rho(plans, "measured_fast_s"),
                     **_held_out(plans),
                     **_noise(plans),
                     **_time_error(plans),
@@ -252,6 +254,7 @@ def _held_out(plans: list[dict[str, Any]]) -> dict[str, Any]:
             "spearman_heldout": None,
             "spearman_min_heldout": None,
             "spearman_paired_heldout": None,
+            "spearman_fast_heldout": None,
         }
     held = [r for r in plans if r.get("held_out")]
     return {
@@ -259,6 +262,7 @@ def _held_out(plans: list[dict[str, Any]]) -> dict[str, Any]:
         "spearman_heldout": _rho(held),
         "spearman_min_heldout": _rho(held, "measured_min_s"),
         "spearman_paired_heldout": _rho(held, "measured_paired_s"),
+        "spearman_fast_heldout": _rho(held, "measured_fast_s"),
     }
 
 
@@ -287,11 +291,17 @@ def _noise(plans: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _pair(plans: list[dict[str, Any]]) -> None:
     """Each plan's paired measurement (``noise.measured_paired``) as
-    ``measured_paired_s``, where every plan was timed in the same processes."""
+    ``measured_paired_s``, where every plan was timed in the same processes; where
+    those fall into modes, its median over the fastest mode's processes
+    (``noise.fast_mode``) as ``measured_fast_s``."""
     timed = [r for r in plans if r.get("times_s")]
-    pm = measured_paired([r["times_s"] for r in timed]) if timed and len(timed) == len(plans) else None
+    every = timed and len(timed) == len(plans)
+    pm = measured_paired([r["times_s"] for r in timed]) if every else None
     for r, v in zip(timed, pm or []):
         r["measured_paired_s"] = v
+    fast = fast_mode([r["times_s"] for r in timed]) if every else None
+    for r, v in zip(timed, measured_in([r["times_s"] for r in timed], fast) if fast else []):
+        r["measured_fast_s"] = v
 
 
 def plot(res: Results, out: Path, formats: Sequence[str]) -> list[Path]:
