@@ -11,6 +11,12 @@ block (``switch_mlp``, MLX's gathered products, with the router's own choice of
 experts), and the output head (the embedding's weight where the two are tied) --
 each product's output evaluated, the products of all layers in one graph, waited for.
 
+No data passes between these products, and MLX's CUDA graphs take their edges from the
+data, so the device may run them side by side; in a prefill each waits for the one
+before it. The share is therefore a lower bound: for the 4-bit llama, whose quantized
+products leave most of the GPU idle, far below their cost in the prefill
+(``prefill_qmm.py`` times each product alone and side by side).
+
     python benchmarks/prefill_products.py [--arch mixtral] [--bits 4] [--tokens 512] [--repeats 20]
 """
 

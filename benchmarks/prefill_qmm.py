@@ -108,7 +108,7 @@ def row(spec: str, tokens: int, a: argparse.Namespace, empty: dict[tuple[int, in
     deq = device_s(x, lambda y: [dequantized(y, ws[0], a.bits)], a.repeats) - empty[tokens, k]
     cells = [f"deq {1e6 * deq:7.1f} (draw {same(dequantized(x, ws[0], a.bits), whole)}"]
     if a.bits:
-        key = ((1, tokens, k), tuple(ws[0][0].shape), "bf16", "uint32", 64, a.bits, True)
+        key = ((1, tokens, k), tuple(ws[0][0].shape), "bf16", "u32", 64, a.bits, True)
         cells[0] += f", check {segc_dequantized.same_bits(key)}"
     cells[0] += ")"
     if a.splits:

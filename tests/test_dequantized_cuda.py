@@ -40,7 +40,7 @@ def test_where_the_check_agrees_other_values_agree(rows, k, n, nbits, dt, seed) 
     w0 = mx.array(r.standard_normal((n, k)).astype(np.float32) * k**-0.5).astype(dt)
     w, s, b = mx.quantize(w0, group_size=64, bits=nbits)
     x = mx.array(r.standard_normal((1, rows, k)).astype(np.float32)).astype(dt)
-    key = ((1, rows, k), tuple(w.shape), short(dt), "uint32", 64, nbits, True)
+    key = ((1, rows, k), tuple(w.shape), short(dt), "u32", 64, nbits, True)
     if not dequantized.same_bits(key):
         return  # refused: MLX's quantized product stays
     want = mx.quantized_matmul(x, w, s, b, transpose=True, group_size=64, bits=nbits)

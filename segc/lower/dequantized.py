@@ -3,10 +3,10 @@ device check finds that this keeps ``quantized_matmul``'s bytes (issue 13: the 4
 prefill).
 
 On the H200 (compute capability 9), MLX 0.32 runs ``quantized_matmul`` of two rows or
-more with its ``qmm_sm90`` kernel, which leaves most of the GPU idle: 45 us for 512
+more with its ``qmm_sm90`` kernel, which leaves most of the GPU idle: 41.5 us for 512
 rows of a 2048 x 2048 4-bit weight, where ``x @ mx.dequantize(w).T`` (MLX's dequantize,
-then its cuBLAS product) takes 12.5 us, and 204 against 46 us for the 8192-wide down
-projection (``benchmarks/qmm_bits.py``). Both dequantize each weight to the activation's
+then its cuBLAS product) takes 10.3 us, and 193 against 33 us for the 8192-wide down
+projection (``benchmarks/prefill_qmm.py``). Both dequantize each weight to the activation's
 type the same way and accumulate in float32 over the inner dimension in the same order,
 so at most shapes they give the same bytes; not at all of them (with 8192 inputs and 16
 or 128 rows cuBLAS sums in another order). So a product is rewritten only at a shape
@@ -58,11 +58,14 @@ def clear() -> None:
 
 def candidate(e: Eqn, avals: dict[str, tuple[tuple[int, ...], Any]]) -> Key | None:
     """The shape key of a ``QuantizedMatmul`` this could rewrite: affine quantization, a
-    2-D weight, scales of the activation's type, at least :data:`MIN_ROWS` rows."""
+    2-D packed weight, scales and biases of the activation's (floating) type, at least
+    :data:`MIN_ROWS` rows."""
     if e.prim != "QuantizedMatmul" or len(e.ins) != 4 or len(e.args) < 4 or e.args[2] != 0:
         return None
-    x, w, s = (avals.get(v) for v in e.ins[:3])
-    if x is None or w is None or s is None or x[1] is None or len(w[0]) != 2 or s[1] != x[1]:
+    x, w, s, b = (avals.get(v) for v in e.ins)
+    if x is None or w is None or s is None or b is None or x[1] not in ("bf16", "f16", "f32"):
+        return None
+    if len(w[0]) != 2 or w[1] != "u32" or s[1] != x[1] or b[1] != x[1]:
         return None
     if math.prod(x[0][:-1]) < MIN_ROWS:
         return None
