@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from device_time import CUDA, stamped
 
+from segc.dtypes import to_bytes
 from segc.lower import dequantized as segc_dequantized
 
 Weights = tuple[mx.array, ...]
@@ -85,14 +86,15 @@ def device_s(x: mx.array, body: Callable[[mx.array], list[mx.array]], repeats: i
 
 
 def dequantized(x: mx.array, w: Weights, bits: int) -> mx.array:
+    """The form segc lowers such a product to (``segc.lower.dequantized.product``)."""
     if not bits:
         return product(x, w, bits)
-    return x @ mx.dequantize(*w, group_size=64, bits=bits).T
+    return segc_dequantized.product(x, *w, 64, bits, True)
 
 
 def same(a: mx.array, b: mx.array) -> bool:
     mx.eval(a, b)
-    return bytes(memoryview(a.view(mx.uint16))) == bytes(memoryview(b.view(mx.uint16)))
+    return to_bytes(a) == to_bytes(b)
 
 
 def row(spec: str, tokens: int, a: argparse.Namespace, empty: dict[tuple[int, int], float]) -> tuple[str, float, float]:

@@ -16,6 +16,8 @@ import json
 from dataclasses import fields, replace
 from pathlib import Path
 
+from bench_experiment import check, fast_mode
+
 from segc.ir import parse
 from segc.passes.costmodel import CPU, H200, MachineModel
 from segc.passes.plan import Plan, apply_plan
@@ -97,7 +99,7 @@ def main() -> None:
             f"({s['heldout_plans']}) {s['spearman_heldout']:.2f}; fastest calls {_f(s['spearman_min'])}, held out "
             f"{_f(s['spearman_min_heldout'])}; paired {_f(s['spearman_paired'])}, held out "
             f"{_f(s['spearman_paired_heldout'])} (ceiling {_f(s['noise'].get('ceiling_paired'))}, held out "
-            f"{_f(held.get('ceiling_paired'))}); {_modes(s)}ceiling {s['noise']['ceiling']:.2f} "
+            f"{_f(held.get('ceiling_paired'))}); {fast_mode(check(s))}ceiling {s['noise']['ceiling']:.2f} "
             f"(held out {held.get('ceiling', float('nan')):.2f}) -> {s['verdict']}; fastest measured "
             f"{s['fastest_measured']}, predicted {s['fastest_predicted']}; predicted time off by "
             f"{_f(s['time_error_mean'], '{:.1%}')} on average (at most {_f(s['time_error_max'], '{:.1%}')}, "
@@ -121,19 +123,6 @@ def main() -> None:
             )
     if args.json:
         Path(args.json).write_text(json.dumps({"summary": summary, "fitted": fitted}, indent=1, default=str))
-
-
-def _modes(s: dict) -> str:
-    """The fastest mode's figures where the processes fell into modes (``noise.py``)."""
-    m = s["noise"].get("modes")
-    if not m:
-        return ""
-    held = (s["noise"].get("heldout") or {}).get("fast_mode") or {}
-    return (
-        f"fastest mode (processes {m['fast']}, the others {m['step']:.2f}x slower or more) "
-        f"{_f(s['spearman_fast'])}, held out {_f(s['spearman_fast_heldout'])} (ceiling "
-        f"{_f(s['noise']['fast_mode'].get('ceiling'))}, held out {_f(held.get('ceiling'))}); "
-    )
 
 
 def _f(x: float | None, fmt: str = "{:.2f}") -> str:

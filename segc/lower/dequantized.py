@@ -40,7 +40,7 @@ DEQUANTIZED_PRODUCTS = "auto"  # read when a graph is lowered
 MIN_ROWS = 64  # below this the dequantized weight's bytes can cost more than the product saves
 DRAWS = 6  # half random normal, half of mixed powers of two
 _KNOWN: dict[tuple, bool] = {}
-SPENT = [0.0]  # seconds the checks took in this process (MLX's compilation of both forms' kernels included)
+SPENT = 0.0  # seconds the checks took in this process (MLX's compilation of both forms' kernels included)
 
 Key = tuple[tuple[int, ...], tuple[int, ...], str, str, int, int, bool]
 Product = Callable[[mx.array, mx.array, mx.array, mx.array, int, int, bool], mx.array]
@@ -124,11 +124,12 @@ def agree(key: Key, f: Product, g: Product) -> bool:
 def same_bits(key: Key) -> bool:
     """Whether :func:`product` gives ``quantized_matmul``'s bytes at ``key``'s shapes on
     the default device (the answer kept for the process)."""
+    global SPENT
     full = (*key, str(mx.default_device()))  # an mx.Device compares by value but hashes by identity
     if full not in _KNOWN:
         t = time.perf_counter()
         _KNOWN[full] = agree(key, reference, product)
-        SPENT[0] += time.perf_counter() - t
+        SPENT += time.perf_counter() - t
     return _KNOWN[full]
 
 
