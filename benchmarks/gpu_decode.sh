@@ -6,7 +6,7 @@
 #
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_decode.sh [PARTS]
 #
-# PARTS: any of  dense quant moe concat isolated runtime kernels select products check generate device ablate commits census kv attn kvattn prefill prefillproducts dequantized experiment paging hostcost segment plandevice argcost hostkinds perf
+# PARTS: any of  dense quant moe concat isolated runtime kernels select products check generate device ablate commits census kv attn kvattn prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
 # (default: dense runtime). kernels: fewer_kernels.py (what each kernel and each of the
 # dynamic cache's differences costs); select: segc's one-position KV write as a select
 # against MLX's, three models; products: segc's product kernels (segc.lower.products)
@@ -21,7 +21,10 @@
 # to $OUT. dequantized: the 4-bit prefill with its quantized products as the dequantized
 # weights' products (segc.lower.dequantized): its tests, prefill_qmm.py (each product's device
 # time, its bytes, the prefill's peak memory), 512 tokens with the form on and off
-# (SEGC_DEQUANTIZED_PRODUCTS=0), 2048 tokens. experiment: issue 15's harness on the reference llama, every strategy, decode
+# (SEGC_DEQUANTIZED_PRODUCTS=0), 2048 tokens. experts: the mixtral's prefill with its sorted
+# expert products as every token's products (segc.lower.experts): its tests, prefill_moe.py (each
+# product's forms, their bytes, the prefill's peak memory), 512 tokens on and off (SEGC_DENSE_EXPERTS=0),
+# 2048 tokens. experiment: issue 15's harness on the reference llama, every strategy, decode
 # and prefill 512 (docs/experiments.md, "On the H200"; about 4 minutes; its plans and traced graphs
 # come back as $OUT/experiment.tgz for benchmarks/repredict.py);
 # paging: bench_paging.py on the reference llama's sizes, budgets 0.25, 0.5, 0.75
@@ -115,8 +118,8 @@ for p in $parts; do
     done
     ;;
   check)
-    timeout 300 $PY -m pytest -q -p no:benchmark -p no:cacheprovider -n 8 tests/test_products_cuda.py tests/test_gather_cuda.py tests/test_kvwrite_cuda.py tests/test_attention_cuda.py tests/test_dequantized_cuda.py tests/test_kvwrite.py \
-      tests/test_products.py tests/test_dequantized.py tests/test_freeze_params.py tests/test_select_write.py tests/test_fused_attention.py \
+    timeout 300 $PY -m pytest -q -p no:benchmark -p no:cacheprovider -n 8 tests/test_products_cuda.py tests/test_gather_cuda.py tests/test_kvwrite_cuda.py tests/test_attention_cuda.py tests/test_dequantized_cuda.py tests/test_experts_cuda.py tests/test_kvwrite.py \
+      tests/test_products.py tests/test_dequantized.py tests/test_experts.py tests/test_freeze_params.py tests/test_select_write.py tests/test_fused_attention.py \
       >"$OUT/check.txt" 2>&1
     echo "check: rc=$?"
     ;;
@@ -182,6 +185,19 @@ for p in $parts; do
       bench prefill4_512_off --prefill 512 --no-decode --first-call-layers 0 --no-dispatch --bits 4)
     VARIANTS=eager,segc,frozen REPEATS=10 BENCH_LIMIT=120 \
       bench prefill4_2048 --prefill 2048 --no-decode --first-call-layers 0 --no-dispatch --bits 4
+    ;;
+  experts)  # the mixtral prefill's expert products over every token (segc.lower.experts), and without
+    timeout 240 $PY -m pytest -q -p no:benchmark -p no:cacheprovider tests/test_experts_cuda.py tests/test_experts.py \
+      >"$OUT/experts_tests.txt" 2>&1
+    echo "experts tests: rc=$?"
+    timeout 150 $PY benchmarks/prefill_moe.py --tokens 512,2048 --repeats 10 --peak 512 >"$OUT/prefill_moe.txt" 2>&1
+    echo "prefill_moe: rc=$?"
+    VARIANTS=eager,compile,segc,frozen REPEATS=20 BENCH_LIMIT=150 \
+      bench moe_prefill512 --prefill 512 --no-decode --first-call-layers 0 --no-dispatch --arch mixtral
+    (export SEGC_DENSE_EXPERTS=0 && VARIANTS=segc,frozen REPEATS=20 BENCH_LIMIT=90 \
+      bench moe_prefill512_off --prefill 512 --no-decode --first-call-layers 0 --no-dispatch --arch mixtral)
+    VARIANTS=eager,segc,frozen REPEATS=10 BENCH_LIMIT=150 \
+      bench moe_prefill2048 --prefill 2048 --no-decode --first-call-layers 0 --no-dispatch --arch mixtral
     ;;
   experiment)  # issue 15: predicted against measured, every plan (a device call of its own)
     timeout "${BENCH_LIMIT:-575}" $PY benchmarks/bench_experiment.py --model reference --workloads decode:1024,prefill:512 \

@@ -126,6 +126,18 @@ def row(spec: str, tokens: int, a: argparse.Namespace, empty: dict[tuple[int, in
     return line, alone, deq
 
 
+def peak_of(f: Callable[[mx.array], mx.array], prompt: mx.array) -> tuple[mx.array, int]:
+    """``f(prompt)`` once to warm up, then its output and peak memory (bytes) in a second
+    call (``mx.get_peak_memory`` from a reset)."""
+    mx.eval(f(prompt))
+    mx.synchronize()
+    mx.reset_peak_memory()
+    out = f(prompt)
+    mx.eval(out)
+    mx.synchronize()
+    return out, mx.get_peak_memory()
+
+
 def model_peak(bits: int, tokens: int) -> None:
     """The reference llama's prefill (``bits``): eager's and segc's (a segment per layer,
     concatenated, frozen) peak memory and whether segc gave eager's bytes."""
@@ -138,13 +150,7 @@ def model_peak(bits: int, tokens: int) -> None:
     jitted = segc.jit(model, boundaries="layers.*", concat_projections=True, freeze_params=True)
     peaks, outs = {}, {}
     for name, f in (("eager", model), ("segc", jitted), ("eager again", model)):
-        outs[name] = f(prompt)
-        mx.eval(outs[name])
-        mx.synchronize()
-        mx.reset_peak_memory()
-        mx.eval(f(prompt))
-        mx.synchronize()
-        peaks[name] = mx.get_peak_memory()
+        outs[name], peaks[name] = peak_of(f, prompt)
     gb = ", ".join(f"{k} {v / 1e9:.3f} GB" for k, v in peaks.items())
     print(f"prefill {tokens}, peak memory: {gb}; segc eager's bytes: {same(outs['segc'], outs['eager'])}")
 

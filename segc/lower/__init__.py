@@ -17,6 +17,7 @@ from . import elementwise, fast, indexing, matmul, reductions, refused, shapes  
 from .attention import ATTENTION as ATTENTION
 from .attention import attention_kernel as attention_kernel
 from .dequantized import wanted as dequantized_wanted
+from .experts import wanted as experts_wanted
 from .kvwrite import kv_write_kernel as kv_write_kernel
 from .prim import PRIMS as PRIMS
 from .prim import Prim as Prim
@@ -48,6 +49,7 @@ __all__ = [
     "compile_loses",
     "dequantized_wanted",
     "describe",
+    "experts_wanted",
     "kv_write_kernel",
     "lookup",
     "product_kernel",

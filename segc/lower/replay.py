@@ -15,7 +15,7 @@ import mlx.core as mx
 
 from ..errors import UnsupportedPrimitive
 from ..ir import Const, Eqn, Graph, Segment
-from . import dequantized
+from . import dequantized, experts
 from .attention import AttentionMatch
 from .attention import Kernel as Attention
 from .fused import find_all
@@ -63,6 +63,7 @@ def segment_fn(
     products: Products | None = None,
     kv_write: KVWrite | None = None,
     dequantize: bool = False,
+    dense_experts: bool = False,
 ) -> Callable[..., list[mx.array]]:
     """A function of the segment's inputs, then of the constants named in ``const_args``,
     returning its outputs by replaying its equations; other constants are captured.
@@ -72,12 +73,13 @@ def segment_fn(
     KV-cache write (``kvwrite.py``), and where that kernel has a ``with_attention``, the
     write with the attention reading it as one step (``fused.py``); with ``dequantize``,
     each quantized product of many rows whose dequantized weight's product keeps its
-    bytes here (``dequantized.py``)."""
+    bytes here (``dequantized.py``); with ``dense_experts``, each sorted expert product
+    whose product over every token keeps its bytes here (``experts.py``)."""
     consts = {c.var.name: c.value for c in g.consts if c.var.name not in const_args}
     fused = attention is not None or products is not None or kv_write is not None
-    vs = g.vars() if fused or dequantize else {}
+    vs = g.vars() if fused or dequantize or dense_experts else {}
     shapes = {n: v.shape for n, v in vs.items()}
-    typed = products is not None or kv_write is not None or dequantize
+    typed = products is not None or kv_write is not None or dequantize or dense_experts
     avals = {n: (v.shape, v.dtype) for n, v in vs.items()} if typed else None
     return replay_fn(
         seg.eqns(g),
@@ -91,6 +93,7 @@ def segment_fn(
         avals,
         kv_write,
         dequantize,
+        dense_experts,
     )
 
 
@@ -167,6 +170,7 @@ def replay_fn(
     avals: Mapping[str, tuple] | None = None,
     kv_write: KVWrite | None = None,
     dequantize: bool = False,
+    dense_experts: bool = False,
 ) -> Callable[..., list[mx.array]]:
     with_attention: WithAttention | None = getattr(kv_write, "with_attention", None)
     av = dict(avals or {})
@@ -191,6 +195,9 @@ def replay_fn(
     paired = {id(w) for w, _ in pairs}
     write_at = {w.eqns[-1].id: w for w in writes if id(w) not in paired}
     pair_at = {m.last: (w, m) for w, m in pairs}
+    rewrites, lifts = experts.find(eqns, out_names, av) if dense_experts else ({}, set())
+    if (set(rewrites) | lifts) & (skip | set(pair_at) | set(write_at) | set(at) | set(prod_at)):
+        rewrites, lifts = {}, set()  # a fused kernel took part of it: MLX's products stay
     plan: list[Step] = []
     for e in eqns:
         if e.id in pair_at:
@@ -209,10 +216,16 @@ def replay_fn(
             p = prod_at[e.id]
             assert products is not None
             plan.append((fused_rule(p, products), e, p.ins, (p.out,)))
+        elif e.id in rewrites:
+            x = rewrites[e.id]
+            plan.append((experts.rule(x), e, x.ins, x.outs))
         elif e.id not in skip:
             key = dequantized.candidate(e, av) if dequantize else None
             r = dequantized.rule if key is not None and dequantized.same_bits(key) else _rule(e)
             plan.append((r, e, e.ins, tuple(o.name for o in e.outs)))
+            if e.id in lifts:  # also on the (E, T, N) forms of its inputs
+                lifted = tuple(v + experts.SUFFIX for v in e.ins)
+                plan.append((r, e, lifted, tuple(o.name + experts.SUFFIX for o in e.outs)))
     if writes:
         plan = _in_order(plan, {*consts, *in_names})
 

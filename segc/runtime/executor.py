@@ -42,6 +42,7 @@ from ..lower import (
     check_types,
     compile_loses,
     dequantized_wanted,
+    experts_wanted,
     kv_write_kernel,
     product_kernel,
     segment_fn,
@@ -180,6 +181,7 @@ class Executor:
         kernel = attention_kernel(attention)
         products = product_kernel()  # segc.lower.products.FUSED_PRODUCTS, read now
         dequantize = dequantized_wanted()  # segc.lower.dequantized.DEQUANTIZED_PRODUCTS, read now
+        dense_experts = experts_wanted()  # segc.lower.experts.DENSE_EXPERTS, read now
         # segc.lower.kvwrite.FUSED_KV_WRITE, read now; a caller's attention kernel is not
         # taken into segc's write-with-attention kernel
         kv_write = kv_write_kernel(own_attention=not callable(attention))
@@ -187,7 +189,9 @@ class Executor:
         for s in self.segments:
             used = dict.fromkeys(v for e in s.eqns(g) for v in e.ins if v in fragile)
             const_args.append(tuple(used))
-            fn = segment_fn(g, s, const_args[-1], kernel, products, kv_write, dequantize=dequantize)
+            fn = segment_fn(
+                g, s, const_args[-1], kernel, products, kv_write, dequantize=dequantize, dense_experts=dense_experts
+            )
             if compile and not _touches_empty(g, s, vs):
                 fn = mx.compile(fn)
             for o in s.outputs:
