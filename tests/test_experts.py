@@ -158,3 +158,19 @@ def test_the_cpus_check_lets_the_first_size_through() -> None:
     """Without this the forced test above would compare eager with itself only."""
     assert experts.same_bits(("leaf", 8, 40, 64, 128, 2, "f32"))
     assert experts.same_bits(("down", 8, 40, 128, 64, 2, "f32"))
+
+
+@pytest.mark.parametrize("arch", ["deepseek_v3", "qwen3_moe"])
+def test_other_moe_architectures_keep_eagers_bytes(arch: str) -> None:
+    """mlx-lm's other ``SwitchGLU`` users (deepseek_v3 with its shared experts and first
+    dense layer, qwen3_moe), forced on: eager's bytes with their products rewritten."""
+    model = build(arch, seed=0, dtype=mx.float32, num_hidden_layers=2)
+    taken: list[str] = []
+    leaf, down = experts.leaf, experts.down
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(executor, "experts_wanted", lambda: True)
+        m.setattr(experts, "leaf", lambda *a: (taken.append("leaf"), leaf(*a))[1])
+        m.setattr(experts, "down", lambda *a: (taken.append("down"), down(*a))[1])
+        got = segc.jit(model, boundaries="layers.*")(prompt(48))
+    assert_same_bits([got], [model(prompt(48))], arch)
+    assert "leaf" in taken and "down" in taken, taken
