@@ -24,7 +24,7 @@
 # (SEGC_DEQUANTIZED_PRODUCTS=0), 2048 tokens. experts: the mixtral's prefill with its sorted
 # expert products as every token's products (segc.lower.experts): its tests, prefill_moe.py (each
 # product's forms, their bytes, the prefill's peak memory), 512 tokens on and off (SEGC_DENSE_EXPERTS=0),
-# 2048 tokens. experiment: issue 15's harness on the reference llama, every strategy, decode
+# 2048 tokens, and the 4-bit mixtral's at 512 (gather_qmm). experiment: issue 15's harness on the reference llama, every strategy, decode
 # and prefill 512 (docs/experiments.md, "On the H200"; about 4 minutes; its plans and traced graphs
 # come back as $OUT/experiment.tgz for benchmarks/repredict.py);
 # paging: bench_paging.py on the reference llama's sizes, budgets 0.25, 0.5, 0.75
@@ -198,6 +198,8 @@ for p in $parts; do
       bench moe_prefill512_off --prefill 512 --no-decode --first-call-layers 0 --no-dispatch --arch mixtral)
     VARIANTS=eager,segc,frozen REPEATS=10 BENCH_LIMIT=150 \
       bench moe_prefill2048 --prefill 2048 --no-decode --first-call-layers 0 --no-dispatch --arch mixtral
+    VARIANTS=eager,segc,frozen REPEATS=10 BENCH_LIMIT=200 \
+      bench moe4_prefill512 --prefill 512 --no-decode --first-call-layers 0 --no-dispatch --arch mixtral --bits 4
     ;;
   experiment)  # issue 15: predicted against measured, every plan (a device call of its own)
     timeout "${BENCH_LIMIT:-575}" $PY benchmarks/bench_experiment.py --model reference --workloads decode:1024,prefill:512 \

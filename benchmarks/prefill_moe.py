@@ -20,7 +20,11 @@ to 2048; 8 experts, 2 a token) and each of ``--tokens``: the device's time of ea
 sorted ``gather_mm``'s, on a normal draw and on a draw of mixed powers of two (where a
 change of summation order shows).
 
-    python benchmarks/prefill_moe.py [--tokens 512,2048] [--repeats 10] [--blocks 64,128] [--dtype float32] [--peak 512]
+    python benchmarks/prefill_moe.py [--tokens 512,2048] [--repeats 10] [--blocks 64,128] [--bits 4] [--dtype float32] [--peak 512]
+
+With ``--bits``: quantized experts (mlx-lm's ``QuantizedSwitchLinear``, ``gather_qmm``), and
+the forms ``dense`` (the dequantized weights' product over every token) and ``grouped``
+(the sorted ``gather_mm`` of the dequantized weights).
 
 With ``--peak N``: the mixtral preset's prefill of N tokens, eager's and segc's peak memory
 (``mx.get_peak_memory``; segc's defaults, concatenated and frozen, and that with the
@@ -71,14 +75,35 @@ def draw(shape: tuple[int, ...], seed: int, powers: bool, dtype: mx.Dtype = mx.b
     return (sign * mx.power(2.0, e) / 64).astype(dtype)
 
 
-def eager(x: mx.array, tok: mx.array, idx: mx.array, w: mx.array) -> mx.array:
+Weights = mx.array | tuple[mx.array, ...]  # bf16, or quantized (w, scales, biases) with --bits
+
+
+def full(w: Weights) -> mx.array:
+    """The experts' weights, dequantized if quantized (group size 64)."""
+    if isinstance(w, mx.array):
+        return w
+    bits = w[0].shape[-1] * 32 // w[1].shape[-1] // 64
+    return mx.dequantize(*w, group_size=64, bits=bits, dtype=w[1].dtype)
+
+
+def eager(x: mx.array, tok: mx.array, idx: mx.array, w: Weights) -> mx.array:
     rows = x[:, None, :][tok]  # as mlx-lm's rows: a gather's own (R, 1, K) array (see the module's note)
-    return mx.gather_mm(rows, w.swapaxes(-1, -2), rhs_indices=idx, sorted_indices=True).reshape(tok.size, -1)
+    if isinstance(w, mx.array):
+        out = mx.gather_mm(rows, w.swapaxes(-1, -2), rhs_indices=idx, sorted_indices=True)
+    else:
+        bits = w[0].shape[-1] * 32 // w[1].shape[-1] // 64
+        out = mx.gather_qmm(rows, *w, rhs_indices=idx, transpose=True, group_size=64, bits=bits, sorted_indices=True)
+    return out.reshape(tok.size, -1)
 
 
-def dense(x: mx.array, tok: mx.array, idx: mx.array, w: mx.array) -> mx.array:
-    every = x @ w.swapaxes(-1, -2)  # (E, T, N)
+def dense(x: mx.array, tok: mx.array, idx: mx.array, w: Weights) -> mx.array:
+    every = x @ full(w).swapaxes(-1, -2)  # (E, T, N)
     return every[idx, tok]
+
+
+def grouped(x: mx.array, tok: mx.array, idx: mx.array, w: Weights) -> mx.array:
+    """The sorted ``gather_mm`` of the dequantized weights (MLX's grouped GEMM)."""
+    return eager(x, tok, idx, full(w))
 
 
 def blocks(b: int) -> Callable[[mx.array, mx.array, mx.array, mx.array], mx.array]:
@@ -146,17 +171,26 @@ def main() -> None:
     ap.add_argument("--shapes", default=SHAPES)
     ap.add_argument("--top", type=int, default=2)
     ap.add_argument("--peak", type=int, default=0, help="the mixtral preset's prefill of this many tokens: peak memory")
+    ap.add_argument("--bits", type=int, default=0, help="quantized experts (gather_qmm), 4 or 8")
     ap.add_argument("--dtype", default="bfloat16", help="float32 on the CPU (its gather_mm takes no other)")
     a = ap.parse_args()
     dt = getattr(mx, a.dtype)
     forms: dict[str, Callable[..., mx.array]] = {"eager": eager, "dense": dense}
-    forms.update({f"blocks:{b}": blocks(int(b)) for b in a.blocks.split(",") if b})
+    if a.bits:
+        forms["grouped"] = grouped
+    else:
+        forms.update({f"blocks:{b}": blocks(int(b)) for b in a.blocks.split(",") if b})
+
+    def weights(seed: int, n: int, k: int, powers: bool) -> Weights:
+        w = draw((a.experts, n, k), seed, powers, dt) * (k**-0.5 if not powers else 1)
+        return tuple(mx.quantize(w, group_size=64, bits=a.bits)) if a.bits else w
+
     print(f"{'product':>7} {'tokens':>6} " + "  ".join(f"{n:>22}" for n in forms), flush=True)
     for tokens in (int(t) for t in a.tokens.split(",")):
         tok, idx = routing(tokens, a.experts, a.top, seed=tokens)
         for spec in a.shapes.split(","):
             name, k, n = spec.split(":")[0], int(spec.split(":")[1]), int(spec.split(":")[2])
-            w = draw((a.experts, n, k), 1, False, dt) * k**-0.5
+            w = weights(1, n, k, False)
             x = draw((tokens, k), 2, False, dt)
             mx.eval(tok, idx, w, x)
             cells = []
@@ -164,7 +198,7 @@ def main() -> None:
                 t = device_s(x, lambda y, f=f, tok=tok, idx=idx, w=w: [f(y, tok, idx, w)], a.repeats)
                 same = []
                 for powers in (False, True):
-                    xd, wd = draw((tokens, k), 3, powers, dt), draw((a.experts, n, k), 4, powers, dt)
+                    xd, wd = draw((tokens, k), 3, powers, dt), weights(4, n, k, powers)
                     ref, got = eager(xd, tok, idx, wd), f(xd, tok, idx, wd)
                     mx.eval(ref, got)
                     same.append(to_bytes(ref) == to_bytes(got))

@@ -76,7 +76,7 @@ def test_each_layer_has_two_leaves_and_a_down_product(monkeypatch: pytest.Monkey
     for i, w in rewrites.items():
         e = by_id[i]
         assert e.prim == "GatherMM" and w.outs[0] == e.outs[0].name
-        assert w.ins[1] == e.ins[1] and w.ins[2] == e.ins[3]  # the weight's transpose, the sorted experts
+        assert w.ins[3] == e.ins[1] and w.ins[1] == e.ins[3]  # the weight's transpose, the sorted experts
     srcs = {w.ins[0] for w in rewrites.values() if w.kind == "leaf"}
     assert all(g.vars()[s].shape == (40, 1, 64) for s in srcs)  # every token once
 
@@ -104,9 +104,9 @@ def test_an_activation_with_a_constant_keeps_the_down_product(monkeypatch: pytes
     assert [w.kind for w in rewrites.values()] == ["leaf", "leaf"] and lifts == set()
 
 
-def _halves(x: mx.array, bt: mx.array, idx: mx.array, tok: mx.array, shape) -> mx.array:
+def _halves(x: mx.array, idx: mx.array, tok: mx.array, ws, quant, shape) -> mx.array:
     """The leaf's product with its inner dimension summed in two halves: another order."""
-    rows = x[tok]
+    rows, bt = x[tok], ws[0]
     h = rows.shape[-1] // 2
     lo = mx.gather_mm(rows[..., :h], bt[:, :h], rhs_indices=idx, sorted_indices=True)
     hi = mx.gather_mm(rows[..., h:], bt[:, h:], rhs_indices=idx, sorted_indices=True)
@@ -114,10 +114,10 @@ def _halves(x: mx.array, bt: mx.array, idx: mx.array, tok: mx.array, shape) -> m
 
 
 def test_the_check_tells_another_summation_order() -> None:
-    key = ("leaf", 8, 64, 256, 32, 2, "f32")
-    assert experts.agree(key, lambda x, bt, idx, tok, shape: mx.gather_mm(x[tok], bt, rhs_indices=idx))
+    key = ("leaf", 8, 64, 256, 32, 2, "f32", 0, 0)
+    assert experts.agree(key, lambda x, idx, tok, ws, q, shape: mx.gather_mm(x[tok], ws[0], rhs_indices=idx))
     assert not experts.agree(key, _halves)
-    wrong = experts.agree(key, lambda x, bt, idx, tok, shape: experts.leaf(x, bt, idx, mx.zeros_like(tok), shape)[0])
+    wrong = experts.agree(key, lambda x, idx, tok, ws, q, shape: experts.leaf(x, idx, 0 * tok, ws, q, shape)[0])
     assert not wrong  # rows picked from the wrong token
 
 
@@ -150,21 +150,24 @@ def test_forced_a_prefill_keeps_eagers_bytes(tokens: int, n_experts: int, top: i
     want = model(prompt(tokens))
     assert_same_bits([got], [want], f"{tokens} tokens, {n_experts} experts, {top} a token, {boundaries}")
     sorted_ = tokens * top >= 64 and n_experts <= experts.MAX_WORK * top
-    key = ("leaf", n_experts, tokens, 64, 128, top, "f32")
+    key = ("leaf", n_experts, tokens, 64, 128, top, "f32", 0, 0)
     assert ("leaf" in taken) == (sorted_ and experts.same_bits(key)), (taken, sorted_)
 
 
 def test_the_cpus_check_lets_the_first_size_through() -> None:
     """Without this the forced test above would compare eager with itself only."""
-    assert experts.same_bits(("leaf", 8, 40, 64, 128, 2, "f32"))
-    assert experts.same_bits(("down", 8, 40, 128, 64, 2, "f32"))
+    assert experts.same_bits(("leaf", 8, 40, 64, 128, 2, "f32", 0, 0))
+    assert experts.same_bits(("down", 8, 40, 128, 64, 2, "f32", 0, 0))
 
 
-@pytest.mark.parametrize("arch", ["deepseek_v3", "qwen3_moe"])
+@pytest.mark.parametrize("arch", ["deepseek_v3", "qwen3_moe", "mixtral:4", "mixtral:8"])
 def test_other_moe_architectures_keep_eagers_bytes(arch: str) -> None:
     """mlx-lm's other ``SwitchGLU`` users (deepseek_v3 with its shared experts and first
-    dense layer, qwen3_moe), forced on: eager's bytes with their products rewritten."""
-    model = build(arch, seed=0, dtype=mx.float32, num_hidden_layers=2)
+    dense layer, qwen3_moe) and a quantized mixtral (``gather_qmm``, 4 and 8 bits), forced
+    on: eager's bytes with their products rewritten."""
+    name, _, bits = arch.partition(":")
+    quant = {"bits": int(bits), "group_size": 64} if bits else {}
+    model = build(name, seed=0, dtype=mx.float32, num_hidden_layers=2, **quant)
     taken: list[str] = []
     leaf, down = experts.leaf, experts.down
     with pytest.MonkeyPatch.context() as m:

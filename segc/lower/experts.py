@@ -10,9 +10,13 @@ cuBLAS product of every token by every expert, four times the work, takes 262 us
 (``benchmarks/prefill_moe.py``). Both accumulate each output element in float32 over the
 inner dimension in the same order, so the picked rows have the same bytes at the
 reference shapes; each shape is still checked (:func:`same_bits`) before it is taken.
+A quantized model's sorted ``gather_qmm`` is worse off: MLX runs it a slot at a time
+(6.8 ms for that gate product at 4 bits), and MLX's dequantize of the experts' weights
+then the same batched product gives its bytes in 0.25 ms.
 
 Two rewrites, each of one ``GatherMM`` (sorted, one row a slot, ``lhs`` the slots' arange,
-the weight a transposed ``(E, N, K)`` array):
+the weight a transposed ``(E, N, K)`` array) or ``GatherQMM`` (the same, affine, with
+biases; ``W`` its weights dequantized):
 
 - a *leaf*, whose rows are gathered from ``src`` (``(T, 1, K)``, mlx-lm's flattened
   tokens) by ``tok``: ``every = src @ W.T`` (``(E, T, N)``), its rows ``every[idx, tok]``;
@@ -54,7 +58,8 @@ LIFTED = frozenset(
 _KNOWN: dict[tuple, bool] = {}
 SPENT = 0.0  # seconds the checks took in this process
 
-Key = tuple[str, int, int, int, int, int, str]  # (kind, E, T, K, N, slots a token, dtype)
+# (kind, E, T, K, N, slots a token, dtype, group size, bits): the last two 0 for unquantized
+Key = tuple[str, int, int, int, int, int, str, int, int]
 
 
 def wanted(setting: str | None = None) -> bool:
@@ -67,26 +72,44 @@ def clear() -> None:
     _KNOWN.clear()
 
 
+Quant = tuple[int, int] | None  # (group size, bits) of affine-quantized experts, or None
+
+
 @dataclass(frozen=True)
 class Rewrite:
-    """One ``GatherMM`` rewritten: its rule's inputs (``(src or every_h, W.T, idx, tok)``)
-    and outputs (a leaf also names its ``every``)."""
+    """One expert product rewritten: its rule's inputs (``(src or every_h, idx, tok,
+    *weights)``: ``W.T`` for a ``GatherMM``, ``(w, scales, biases)`` for a ``GatherQMM``),
+    outputs (a leaf also names its ``every``) and quantization."""
 
     kind: str  # "leaf" or "down"
-    ins: tuple[str, str, str, str]
+    ins: tuple[str, ...]
     outs: tuple[str, ...]
+    quant: Quant = None
 
 
-def leaf(src: mx.array, bt: mx.array, idx: mx.array, tok: mx.array, shape: Sequence[int]) -> list[mx.array]:
+def weight(ws: Sequence[mx.array], quant: Quant, dt: mx.Dtype) -> mx.array:
+    """The experts' weights as ``(E, K, N)`` of type ``dt``: ``W.T`` itself, or the
+    quantized weights dequantized (MLX's ``dequantize``) and transposed."""
+    if quant is None:
+        return ws[0]
+    w, scales, biases = ws
+    return mx.dequantize(w, scales, biases, group_size=quant[0], bits=quant[1], dtype=dt).swapaxes(-1, -2)
+
+
+def leaf(
+    src: mx.array, idx: mx.array, tok: mx.array, ws: Sequence[mx.array], quant: Quant, shape: Sequence[int]
+) -> list[mx.array]:
     """Every expert's product over every token (``src`` of ``(T, 1, K)``) and the rows
-    ``(idx, tok)`` of it, shaped as the ``GatherMM``'s output."""
-    every = src.reshape(src.shape[0], src.shape[-1]) @ bt
+    ``(idx, tok)`` of it, shaped as the product's output."""
+    every = src.reshape(src.shape[0], src.shape[-1]) @ weight(ws, quant, src.dtype)
     return [every[idx, tok].reshape(shape), every]
 
 
-def down(h: mx.array, bt: mx.array, idx: mx.array, tok: mx.array, shape: Sequence[int]) -> mx.array:
+def down(
+    h: mx.array, idx: mx.array, tok: mx.array, ws: Sequence[mx.array], quant: Quant, shape: Sequence[int]
+) -> mx.array:
     """Each expert's product over its own ``(T, K)`` rows of ``h`` (``(E, T, K)``), picked."""
-    return (h @ bt)[idx, tok].reshape(shape)
+    return (h @ weight(ws, quant, h.dtype))[idx, tok].reshape(shape)
 
 
 def _arange(g: SegmentGraph, v: str, n: int) -> bool:
@@ -94,21 +117,36 @@ def _arange(g: SegmentGraph, v: str, n: int) -> bool:
     return e is not None and e.prim == "Arange" and [float(x) for x in e.args[:3]] == [0.0, float(n), 1.0]
 
 
-def _sorted_mm(g: SegmentGraph, e: Eqn) -> tuple[str, str, str, int, int, int, int] | None:
-    """``(a, W.T, idx, R, E, K, N)`` of a sorted ``GatherMM`` of one row a slot."""
-    if e.prim != "GatherMM" or len(e.ins) != 4 or list(e.args[:2]) != [False, True]:
+def _sorted_mm(g: SegmentGraph, e: Eqn) -> tuple[str, tuple[str, ...], str, int, int, int, int, Quant] | None:
+    """``(a, weights, idx, R, E, K, N, quant)`` of a sorted ``GatherMM`` (of a transposed
+    ``(E, N, K)`` weight) or ``GatherQMM`` (affine, transposed, with biases) of one row a
+    slot."""
+    weights: tuple[str, ...]
+    quant: Quant
+    if e.prim == "GatherMM" and len(e.ins) == 4 and list(e.args[:2]) == [False, True]:
+        a, bt, lhs, idx = e.ins
+        tr = g.anywhere.get(bt)
+        if tr is None or tr.prim != "Transpose" or list(tr.args[0]) != [0, 2, 1]:
+            return None
+        ws, weights, quant = g.shape.get(tr.ins[0], ()), (bt,), None
+    elif e.prim == "GatherQMM" and len(e.ins) == 6 and list(e.args[2:]) == [0, True, False, True]:
+        a, w, sc, bi, lhs, idx = e.ins
+        if g.dtype.get(w) != "u32" or not g.dtype.get(a) == g.dtype.get(sc) == g.dtype.get(bi):
+            return None
+        ws, weights, quant = g.shape.get(w, ()), (w, sc, bi), (int(e.args[0]), int(e.args[1]))
+    else:
         return None
-    a, bt, lhs, idx = e.ins
-    tr = g.anywhere.get(bt)
-    xs, ws, out = g.shape.get(a, ()), g.shape.get(tr.ins[0], ()) if tr else (), e.outs[0].shape
-    if tr is None or tr.prim != "Transpose" or list(tr.args[0]) != [0, 2, 1] or len(ws) != 3 or len(xs) != 3:
+    xs, out = g.shape.get(a, ()), tuple(e.outs[0].shape)
+    if len(ws) != 3 or len(xs) != 3:
         return None
-    r, (n_e, n, k) = xs[0], ws
-    if xs != (r, 1, k) or tuple(out) != (r, 1, n) or g.shape.get(idx) != (r,) or not _arange(g, lhs, r):
+    r, n_e, n, k = xs[0], ws[0], ws[1], xs[2]
+    if quant is None and ws[2] != k:
+        return None
+    if xs != (r, 1, k) or out != (r, 1, n) or g.shape.get(idx) != (r,) or not _arange(g, lhs, r):
         return None
     if g.dtype.get(idx) != "u32" or not {g.dtype.get(a), e.outs[0].dtype} <= {"bf16", "f16", "f32"}:
         return None
-    return a, bt, idx, r, n_e, k, n
+    return a, weights, idx, r, n_e, k, n, quant
 
 
 def _gathered_rows(g: SegmentGraph, a: str, r: int, k: int) -> tuple[str, str, int] | None:
@@ -124,8 +162,11 @@ def _gathered_rows(g: SegmentGraph, a: str, r: int, k: int) -> tuple[str, str, i
     return src, tok, ss[0]
 
 
-def _fits(n_e: int, t: int, r: int, n: int, dt: str) -> bool:
-    return r % t == 0 and n_e * t <= MAX_WORK * r and n_e * t * n * dtypes.itemsize(dt) <= MAX_BYTES
+def _fits(n_e: int, t: int, r: int, k: int, n: int, dt: str) -> bool:
+    """Work at most :data:`MAX_WORK` times the rows', the ``(E, T, N)`` array and the
+    experts' weights (dequantized) at most :data:`MAX_BYTES` each."""
+    size = dtypes.itemsize(dt)
+    return r % t == 0 and n_e * t <= MAX_WORK * r and n_e * max(t, k) * n * size <= MAX_BYTES
 
 
 def find(
@@ -145,21 +186,23 @@ def find(
         mm = _sorted_mm(g, e)
         if mm is None:
             continue
-        a, bt, idx, r, n_e, k, n = mm
+        a, weights, idx, r, n_e, k, n, quant = mm
         dt = e.outs[0].dtype
+        q = quant or (0, 0)
         rows = _gathered_rows(g, a, r, k)
         if rows is not None:
             src, tok, t = rows
-            if _fits(n_e, t, r, n, dt) and same_bits(("leaf", n_e, t, k, n, r // t, dt)):
-                out[e.id] = Rewrite("leaf", (src, bt, idx, tok), (e.outs[0].name, e.outs[0].name + SUFFIX))
+            if _fits(n_e, t, r, k, n, dt) and same_bits(("leaf", n_e, t, k, n, r // t, dt, *q)):
+                names = (e.outs[0].name, e.outs[0].name + SUFFIX)
+                out[e.id] = Rewrite("leaf", (src, idx, tok, *weights), names, quant)
                 leaves[e.outs[0].name] = (idx, tok, t)
             continue
         chain = _chain(g, a, leaves, idx)
         if chain is None:
             continue
         tok, t, lifted = chain
-        if _fits(n_e, t, r, n, dt) and same_bits(("down", n_e, t, k, n, r // t, dt)):
-            out[e.id] = Rewrite("down", (a + SUFFIX, bt, idx, tok), (e.outs[0].name,))
+        if _fits(n_e, t, r, k, n, dt) and same_bits(("down", n_e, t, k, n, r // t, dt, *q)):
+            out[e.id] = Rewrite("down", (a + SUFFIX, idx, tok, *weights), (e.outs[0].name,), quant)
             for x in lifted:
                 out.setdefault(x.id, Rewrite("lift", tuple(v + SUFFIX for v in x.ins), (x.outs[0].name + SUFFIX,)))  # type: ignore[arg-type]
     lifts = {i for i, w in out.items() if w.kind == "lift"}
@@ -214,26 +257,45 @@ def _values(shape: tuple[int, ...], dt: mx.Dtype, key: mx.array, powers: bool) -
     return (mx.where(mx.random.bernoulli(0.5, shape, key=k[1]), 1.0, -1.0) * mx.power(2.0, e - 6)).astype(dt)
 
 
+def inputs_of(key: Key, w: mx.array) -> tuple[list[mx.array], Quant]:
+    """``w`` (``(E, N, K)``) as the product's weight inputs for ``key``."""
+    gs, bits = key[7], key[8]
+    if not bits:
+        return [w.swapaxes(-1, -2)], None
+    return list(mx.quantize(w, group_size=gs, bits=bits)), (gs, bits)
+
+
+def reference(rows: mx.array, idx: mx.array, ws: Sequence[mx.array], quant: Quant) -> mx.array:
+    """MLX's sorted product (``gather_mm`` or ``gather_qmm``): the bytes to keep."""
+    if quant is None:
+        return mx.gather_mm(rows, ws[0], rhs_indices=idx, sorted_indices=True)
+    gs, bits = quant
+    w, scales, biases = ws
+    return mx.gather_qmm(
+        rows, w, scales, biases, rhs_indices=idx, transpose=True, group_size=gs, bits=bits, sorted_indices=True
+    )
+
+
 def agree(key: Key, form: Callable[..., mx.array] | None = None) -> bool:
-    """Whether the rewrite of ``key``'s kind (or ``form(x, bt, idx, tok, shape)``) gives
-    the sorted ``gather_mm``'s bytes on ``DRAWS`` draws at ``key``'s shapes."""
-    kind, n_e, t, k, n, top, dt_name = key
+    """Whether the rewrite of ``key``'s kind (or ``form(x, idx, tok, weights, quant,
+    shape)``) gives the sorted product's bytes on ``DRAWS`` draws at ``key``'s shapes."""
+    kind, n_e, t, k, n, top, dt_name = key[:7]
     dt = dtypes.to_mx(dt_name)
     for seed in range(DRAWS):
         idx, tok = _routing(t, n_e, top, seed)
         ks = mx.random.split(mx.random.key(1000 + seed), 2)
-        w = _values((n_e, n, k), dt, ks[0], seed // 2 % 2 == 1) * (k**-0.5 if seed // 2 % 2 == 0 else 1)
-        bt = w.swapaxes(-1, -2)
+        powers = seed // 2 % 2 == 1
+        ws, quant = inputs_of(key, _values((n_e, n, k), dt, ks[0], powers) * (1 if powers else k**-0.5))
         shape = (t * top, 1, n)
         if kind == "leaf":
-            x = _values((t, 1, k), dt, ks[1], seed // 2 % 2 == 1)
+            x = _values((t, 1, k), dt, ks[1], powers)
             rows = x[tok]
-            got = form(x, bt, idx, tok, shape) if form else leaf(x, bt, idx, tok, shape)[0]
+            got = form(x, idx, tok, ws, quant, shape) if form else leaf(x, idx, tok, ws, quant, shape)[0]
         else:
-            x = _values((n_e, t, k), dt, ks[1], seed // 2 % 2 == 1)
+            x = _values((n_e, t, k), dt, ks[1], powers)
             rows = x[idx, tok].reshape(t * top, 1, k)
-            got = form(x, bt, idx, tok, shape) if form else down(x, bt, idx, tok, shape)
-        want = mx.gather_mm(rows, bt, rhs_indices=idx, sorted_indices=True)
+            got = form(x, idx, tok, ws, quant, shape) if form else down(x, idx, tok, ws, quant, shape)
+        want = reference(rows, idx, ws, quant)
         mx.eval(want, got)
         if dtypes.to_bytes(want) != dtypes.to_bytes(got):
             return False
@@ -241,7 +303,7 @@ def agree(key: Key, form: Callable[..., mx.array] | None = None) -> bool:
 
 
 def same_bits(key: Key) -> bool:
-    """Whether the rewrite gives the sorted ``gather_mm``'s bytes at ``key``'s shapes on
+    """Whether the rewrite gives the sorted product's bytes at ``key``'s shapes on
     the default device (the answer kept for the process)."""
     global SPENT
     full = (*key, str(mx.default_device()))
@@ -253,7 +315,7 @@ def same_bits(key: Key) -> bool:
 
 
 def rule(w: Rewrite) -> Callable[[list[mx.array], tuple, Eqn], Any]:
-    """The replay rule of rewrite ``w`` of a ``GatherMM``."""
+    """The replay rule of rewrite ``w``."""
     if w.kind == "leaf":
-        return lambda ins, args, e: leaf(ins[0], ins[1], ins[2], ins[3], e.outs[0].shape)
-    return lambda ins, args, e: down(ins[0], ins[1], ins[2], ins[3], e.outs[0].shape)
+        return lambda ins, args, e: leaf(ins[0], ins[1], ins[2], ins[3:], w.quant, e.outs[0].shape)
+    return lambda ins, args, e: down(ins[0], ins[1], ins[2], ins[3:], w.quant, e.outs[0].shape)
