@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
-from conftest import assert_same_bits
+from conftest import assert_same_bits, trace_graph
 from hypothesis import given, settings
 from hypothesis import strategies as hst
 
@@ -177,3 +177,25 @@ def test_other_moe_architectures_keep_eagers_bytes(arch: str) -> None:
         got = segc.jit(model, boundaries="layers.*")(prompt(48))
     assert_same_bits([got], [model(prompt(48))], arch)
     assert "leaf" in taken and "down" in taken, taken
+
+
+def test_rows_made_as_a_view_keep_mlxs_product(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLX 0.32's CUDA grouped GEMM steps between rows by the middle axis's stride, so
+    rows made as a view (``x[tok][:, None, :]``) get other sums there than mlx-lm's rows
+    (a gather's own array): only mlx-lm's form is rewritten, so segc keeps eager's bytes
+    either way."""
+    monkeypatch.setattr(experts, "same_bits", lambda key: True)
+    r = 64
+    tok = mx.array([i // 2 for i in range(r)], dtype=mx.uint32)
+    idx = mx.sort(mx.array([(5 * i) % 8 for i in range(r)], dtype=mx.uint32))
+    w = mx.random.normal((8, 32, 16), key=mx.random.key(0))
+
+    def product(x: mx.array, view: bool) -> mx.array:
+        rows = x[tok][:, None, :] if view else x[:, None, :][tok]
+        return mx.gather_mm(rows, w.swapaxes(-1, -2), rhs_indices=idx, sorted_indices=True)
+
+    for view, taken in ((False, 1), (True, 0)):
+        g = trace_graph(lambda x, view=view: product(x, view), mx.random.normal((32, 16), key=mx.random.key(1)))
+        av = {n: (v.shape, v.dtype) for n, v in g.vars().items()}
+        rewrites, _ = experts.find(g.eqns, g.outputs, av)
+        assert len(rewrites) == taken, (view, rewrites)
