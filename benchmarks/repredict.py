@@ -6,7 +6,14 @@ every plan and held out, the ceiling and the verdict. Run it under another check
 graphs the run saved (``graphs/``: a GPU run's trace, predicted again on this machine),
 or to a trace made here (``--retrace``, or a run that saved none).
 
-    python benchmarks/repredict.py out/cpu-decode [--no-queue] [--calibration a,b,c] [--set value_s=5e-6] [--json FILE]
+    python benchmarks/repredict.py out/cpu-decode [--no-queue] [--calibration a,b,c] [--set value_s=5e-6] [--json FILE] [--repeats]
+
+``--repeats`` asks whether a term the cost model lacks would order the plans better: a
+time per *repeated* segment (one whose equations, by primitive, shape and type, an
+earlier segment of the call already had: a plan cut at every layer repeats all but a
+few), fitted with an offset to the calibration plans' residuals (measured minus
+predicted; the fastest mode's processes where they fell into modes), then every plan's
+Spearman with it, over every plan and held out. An analysis, not the cost model.
 """
 
 from __future__ import annotations
@@ -16,14 +23,16 @@ import json
 from dataclasses import fields, replace
 from pathlib import Path
 
+import numpy as np
 from bench_experiment import check, fast_mode
 
-from segc.ir import parse
+from segc.ir import Graph, parse, segments
 from segc.passes.costmodel import CPU, H200, MachineModel
 from segc.passes.plan import Plan, apply_plan
 from segc.research.calibrated import Prepared, calibrate, mark_held_out, predict_row
 from segc.research.models import load_model, make_workload
 from segc.research.report import Results
+from segc.research.sweep import spearman
 from segc.staging import jit
 
 
@@ -33,6 +42,7 @@ def main() -> None:
     ap.add_argument("--machine", help="a machine model JSON (default: the run's, as this checkout reads it)")
     ap.add_argument("--no-queue", action="store_true", help="an unbounded host queue")
     ap.add_argument("--json", help="write the summary here")
+    ap.add_argument("--repeats", action="store_true", help="fit a time per repeated segment (see above)")
     ap.add_argument("--retrace", action="store_true", help="trace here even where the run saved its graphs")
     ap.add_argument("--host-weight", type=float, default=0.0, help="fit the measured host times too (fit.py)")
     ap.add_argument("--overheads", default="group", choices=("group", "shared", "device"), help="calibrate.py's")
@@ -70,6 +80,7 @@ def main() -> None:
         for r in rows:
             r["calibration"] = r["strategy"] in chosen
     fitted = {}
+    cuts: dict[int, Graph] = {}
     for mspec in dict.fromkeys(r["model"] for r in rows):
         model = load_model(mspec)
         preps = []
@@ -90,6 +101,7 @@ def main() -> None:
             if args.calibration is not None:
                 mark_held_out(prep)
             preps.append(prep)
+            cuts.update(prep.cuts)
         fitted[mspec] = calibrate(machine, policy, preps, args.overheads, host_weight=args.host_weight)
     summary = Results(machine=machine, rows=rows).summary()
     for s in summary:
@@ -106,6 +118,10 @@ def main() -> None:
             f"held out {_f(s['time_error_heldout_mean'], '{:.1%}')}); largest peak-memory error "
             f"{_f(s['max_peak_error'], '{:.1%}')}"
         )
+    if args.repeats:
+        for s in summary:
+            plans = [r for r in rows if r["workload"] == s["workload"] and r["model"] == s["model"] and id(r) in cuts]
+            print(repeat_term(s["workload"], plans, cuts))
     for mspec, f in fitted.items():
         for w, m in f["machines"].items():
             figs = {
@@ -123,6 +139,38 @@ def main() -> None:
             )
     if args.json:
         Path(args.json).write_text(json.dumps({"summary": summary, "fitted": fitted}, indent=1, default=str))
+
+
+def repeated(g: Graph) -> int:
+    """Segments of ``g`` whose equations (primitive, output shapes and types) an earlier
+    segment already had."""
+    sigs = [
+        tuple((e.prim, tuple((o.shape, o.dtype) for o in e.outs)) for e in s.eqns(g) if not e.is_pseudo)
+        for s in segments(g)
+    ]
+    return len(sigs) - len(set(sigs))
+
+
+def repeat_term(workload: str, plans: list[dict], cuts: dict[int, Graph]) -> str:
+    """The line ``--repeats`` prints for one workload's plans."""
+    key = "measured_fast_s" if all(r.get("measured_fast_s") for r in plans) else "measured_median_s"
+    reps = {id(r): repeated(cuts[id(r)]) for r in plans}
+    cal = [r for r in plans if r.get("calibration")]
+    xs = np.array([reps[id(r)] for r in cal], dtype=float)
+    ys = np.array([r[key] - r["predicted_s"] for r in cal])
+    if len(cal) < 2 or np.ptp(xs) == 0:
+        return f"{workload}: no repeat term (the calibration plans repeat no segment, or all alike)"
+    beta = min(float(np.polyfit(xs, ys, 1)[0]), 0.0)  # a saving, or nothing
+    held = [r for r in plans if r.get("held_out")]
+
+    def rho(rs: list[dict], b: float) -> str:
+        return _f(spearman([r["predicted_s"] + b * reps[id(r)] for r in rs], [r[key] for r in rs]))
+
+    return (
+        f"{workload}: repeat term {beta * 1e6:+.1f} us per repeated segment (fitted to the calibration plans' "
+        f"{key}); Spearman {rho(plans, 0.0)} -> {rho(plans, beta)}, held out ({len(held)}) {rho(held, 0.0)} -> "
+        f"{rho(held, beta)}; repeated segments per plan: " + ", ".join(f"{r['strategy']} {reps[id(r)]}" for r in plans)
+    )
 
 
 def _f(x: float | None, fmt: str = "{:.2f}") -> str:

@@ -315,3 +315,29 @@ def test_repredict_sets_a_figure_and_refuses_an_unknown_one(sweep: tuple[Path, o
     assert bad.returncode == 2 and "nonsense=1" in bad.stderr, bad.stderr
     nan = subprocess.run([*cmd, "--set", "commit_s=soon"], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert nan.returncode == 2 and "'soon' is not a number" in nan.stderr, nan.stderr
+
+
+def test_repredict_counts_repeated_segments_and_fits_their_term(sweep: tuple[Path, object]) -> None:
+    """``repredict.py --repeats``: four identical blocks cut apart are one segment and
+    three repeats of it (a different last segment repeats nothing), and the run prints
+    one repeat line per workload, its term a saving or nothing."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from repredict import repeated
+
+    ws = [mx.full((4,), float(i + 1)) for i in range(4)]
+
+    def blocks(x: mx.array) -> mx.array:
+        for i, w in enumerate(ws):
+            x = segc.boundary(mx.sin(x * w) + 1.0, f"b{i}")
+        return x.sum()
+
+    assert repeated(segc.jit(blocks).trace(mx.ones((4,))).graph) == 3
+    out, _ = sweep
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "repredict.py"), str(out), "--calibration", "none,markers"]
+    p = subprocess.run([*cmd, "--repeats"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = [ln for ln in p.stdout.splitlines() if "repeat term" in ln or "no repeat term" in ln]
+    assert [ln.split(":")[0] for ln in lines] == ["decode", "prefill"], p.stdout
+    for ln in lines:
+        if "repeat term" in ln and "no repeat" not in ln:
+            assert float(ln.split("repeat term ")[1].split(" us")[0]) <= 0.0, ln
