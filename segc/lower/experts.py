@@ -176,10 +176,12 @@ def find(
     the ids of the elementwise equations to replay on ``every`` arrays too (``avals``:
     every value's shape and type, the segment's inputs' included)."""
     g = SegmentGraph(eqns, keep)
-    for v, (shape, dt) in avals.items():
-        g.shape.setdefault(v, tuple(shape))
-        if dt is not None:
-            g.dtype.setdefault(v, str(dt))
+    for v in {v for e in eqns for v in e.ins} - g.shape.keys():  # the segment's inputs
+        if v in avals:
+            shape, dt = avals[v]
+            g.shape[v] = tuple(shape)
+            if dt is not None:
+                g.dtype[v] = str(dt)
     out: dict[int, Rewrite] = {}
     leaves: dict[str, tuple[str, str, int]] = {}  # output -> (idx, tok, T)
     for e in eqns:
