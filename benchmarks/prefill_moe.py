@@ -54,6 +54,7 @@ from device_time import stamped
 from prefill_qmm import peak_of
 
 from segc.dtypes import to_bytes
+from segc.lower import checked, experts
 
 SHAPES = "gate:2048:8192,down:8192:2048"  # name:inputs:outputs, the mixtral preset's
 
@@ -75,40 +76,30 @@ def draw(shape: tuple[int, ...], seed: int, powers: bool, dtype: mx.Dtype = mx.b
     return (sign * mx.power(2.0, e) / 64).astype(dtype)
 
 
-Weights = mx.array | tuple[mx.array, ...]  # bf16, or quantized (w, scales, biases) with --bits
-
-
-def full(w: Weights) -> mx.array:
-    """The experts' weights, dequantized if quantized (group size 64)."""
-    if isinstance(w, mx.array):
-        return w
-    bits = w[0].shape[-1] * 32 // w[1].shape[-1] // 64
-    return mx.dequantize(*w, group_size=64, bits=bits, dtype=w[1].dtype)
+Weights = tuple[list[mx.array], experts.Quant]  # the product's weight inputs as segc's rewrite takes them
 
 
 def eager(x: mx.array, tok: mx.array, idx: mx.array, w: Weights) -> mx.array:
+    """MLX's sorted product (``gather_mm``, or ``gather_qmm`` with ``--bits``)."""
     rows = x[:, None, :][tok]  # as mlx-lm's rows: a gather's own (R, 1, K) array (see the module's note)
-    if isinstance(w, mx.array):
-        out = mx.gather_mm(rows, w.swapaxes(-1, -2), rhs_indices=idx, sorted_indices=True)
-    else:
-        bits = w[0].shape[-1] * 32 // w[1].shape[-1] // 64
-        out = mx.gather_qmm(rows, *w, rhs_indices=idx, transpose=True, group_size=64, bits=bits, sorted_indices=True)
-    return out.reshape(tok.size, -1)
+    return experts.reference(rows, idx, *w).reshape(tok.size, -1)
 
 
 def dense(x: mx.array, tok: mx.array, idx: mx.array, w: Weights) -> mx.array:
-    every = x @ full(w).swapaxes(-1, -2)  # (E, T, N)
-    return every[idx, tok]
+    """segc's rewrite (``segc.lower.experts.leaf``): every token's product, picked."""
+    ws, quant = w
+    return experts.leaf(x[:, None, :], idx, tok, ws, quant, (tok.size, -1))[0]
 
 
 def grouped(x: mx.array, tok: mx.array, idx: mx.array, w: Weights) -> mx.array:
     """The sorted ``gather_mm`` of the dequantized weights (MLX's grouped GEMM)."""
-    return eager(x, tok, idx, full(w))
+    return eager(x, tok, idx, ([experts.weight(*w, x.dtype)], None))
 
 
-def blocks(b: int) -> Callable[[mx.array, mx.array, mx.array, mx.array], mx.array]:
-    def form(x: mx.array, tok: mx.array, idx: mx.array, w: mx.array) -> mx.array:
-        e, r = w.shape[0], tok.size
+def blocks(b: int) -> Callable[[mx.array, mx.array, mx.array, Weights], mx.array]:
+    def form(x: mx.array, tok: mx.array, idx: mx.array, w: Weights) -> mx.array:
+        bt = w[0][0]  # (E, K, N)
+        e, r = bt.shape[0], tok.size
         nb = -(-r // b) + e  # enough blocks for any routing
         experts = mx.arange(e, dtype=mx.uint32)
         counts = (idx[:, None] == experts[None]).sum(0).astype(mx.int32)
@@ -120,7 +111,7 @@ def blocks(b: int) -> Callable[[mx.array, mx.array, mx.array, mx.array], mx.arra
         padded = mx.zeros((nb * b, x.shape[-1]), x.dtype).at[pos].add(x[tok])
         first = mx.arange(nb, dtype=mx.int32) * b
         block_expert = mx.minimum((end_pad[None] <= first[:, None]).sum(1), e - 1).astype(mx.uint32)
-        out = mx.gather_mm(padded.reshape(nb, b, -1), w.swapaxes(-1, -2), rhs_indices=block_expert)
+        out = mx.gather_mm(padded.reshape(nb, b, -1), bt, rhs_indices=block_expert)
         return out.reshape(nb * b, -1)[pos]
 
     return form
@@ -139,7 +130,6 @@ def model_peak(tokens: int) -> None:
     from bench_llama import make_model
 
     import segc
-    from segc.lower import experts
 
     model = make_model("reference", arch="mixtral")
     prompt = mx.random.randint(0, 32000, (1, tokens))
@@ -159,7 +149,7 @@ def model_peak(tokens: int) -> None:
     for name, peak in peaks.items():
         same = to_bytes(outs[name]) == to_bytes(outs["eager"])
         print(f"prefill {tokens}, {name:<20} peak {peak / 1e9:7.3f} GB, eager's bytes {same}")
-    print(f"the checks took {experts.SPENT:.2f} s")
+    print(f"the checks took {checked.SPENT:.2f} s")
 
 
 def main() -> None:
@@ -183,7 +173,9 @@ def main() -> None:
 
     def weights(seed: int, n: int, k: int, powers: bool) -> Weights:
         w = draw((a.experts, n, k), seed, powers, dt) * (k**-0.5 if not powers else 1)
-        return tuple(mx.quantize(w, group_size=64, bits=a.bits)) if a.bits else w
+        return (
+            (list(mx.quantize(w, group_size=64, bits=a.bits)), (64, a.bits)) if a.bits else ([w.swapaxes(-1, -2)], None)
+        )
 
     print(f"{'product':>7} {'tokens':>6} " + "  ".join(f"{n:>22}" for n in forms), flush=True)
     for tokens in (int(t) for t in a.tokens.split(",")):
@@ -192,7 +184,7 @@ def main() -> None:
             name, k, n = spec.split(":")[0], int(spec.split(":")[1]), int(spec.split(":")[2])
             w = weights(1, n, k, False)
             x = draw((tokens, k), 2, False, dt)
-            mx.eval(tok, idx, w, x)
+            mx.eval(tok, idx, w[0], x)
             cells = []
             for f in forms.values():
                 t = device_s(x, lambda y, f=f, tok=tok, idx=idx, w=w: [f(y, tok, idx, w)], a.repeats)

@@ -14,6 +14,7 @@ once, into ``$TMPDIR/mlx``) are marked ``slow``: ``make test-fast`` leaves them 
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 # the pass pipeline verifies the graph after every pass (segc/passes/pipeline.py)
@@ -560,3 +561,21 @@ def ref_boundary_bytes(g: Graph) -> int:
     os_, spans = _op_spans(g)
     life = _lifetimes(g, os_, holder)
     return sum(size[b] for b, (made, last) in life.items() if any(made < s.start <= last for s in spans[1:]))
+
+
+@contextlib.contextmanager
+def expert_rewrites(force: bool = False) -> Iterator[list[str]]:
+    """The kinds (``"leaf"``, ``"down"``) of ``segc.lower.experts`` rewrites replayed in
+    the block, in order; with ``force``, lowering looks for them on any device (each
+    still taken only where its check agrees)."""
+    from segc.lower import experts
+    from segc.runtime import executor
+
+    taken: list[str] = []
+    leaf, down = experts.leaf, experts.down
+    with pytest.MonkeyPatch.context() as m:
+        if force:
+            m.setattr(executor, "experts_wanted", lambda: True)
+        m.setattr(experts, "leaf", lambda *a: (taken.append("leaf"), leaf(*a))[1])
+        m.setattr(experts, "down", lambda *a: (taken.append("down"), down(*a))[1])
+        yield taken

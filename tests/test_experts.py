@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
-from conftest import assert_same_bits, trace_graph
+from conftest import assert_same_bits, expert_rewrites, trace_graph
 from hypothesis import given, settings
 from hypothesis import strategies as hst
 
@@ -24,7 +24,6 @@ import segc
 from segc.errors import UsageError
 from segc.lower import experts
 from segc.models.zoo import build
-from segc.runtime import executor
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -140,12 +139,7 @@ def test_forced_a_prefill_keeps_eagers_bytes(tokens: int, n_experts: int, top: i
     """Forced on, segc's prefill gives eager mlx-lm's bytes wherever the CPU's check lets
     the rewrite through; it is let through at least at the first size."""
     model = mixtral(n_experts, top)
-    taken: list[str] = []
-    leaf, down = experts.leaf, experts.down
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(executor, "experts_wanted", lambda: True)
-        m.setattr(experts, "leaf", lambda *a: (taken.append("leaf"), leaf(*a))[1])
-        m.setattr(experts, "down", lambda *a: (taken.append("down"), down(*a))[1])
+    with expert_rewrites(force=True) as taken:
         got = segc.jit(model, boundaries=boundaries)(prompt(tokens))
     want = model(prompt(tokens))
     assert_same_bits([got], [want], f"{tokens} tokens, {n_experts} experts, {top} a token, {boundaries}")
@@ -168,12 +162,7 @@ def test_other_moe_architectures_keep_eagers_bytes(arch: str) -> None:
     name, _, bits = arch.partition(":")
     quant = {"bits": int(bits), "group_size": 64} if bits else {}
     model = build(name, seed=0, dtype=mx.float32, num_hidden_layers=2, **quant)
-    taken: list[str] = []
-    leaf, down = experts.leaf, experts.down
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(executor, "experts_wanted", lambda: True)
-        m.setattr(experts, "leaf", lambda *a: (taken.append("leaf"), leaf(*a))[1])
-        m.setattr(experts, "down", lambda *a: (taken.append("down"), down(*a))[1])
+    with expert_rewrites(force=True) as taken:
         got = segc.jit(model, boundaries="layers.*")(prompt(48))
     assert_same_bits([got], [model(prompt(48))], arch)
     assert "leaf" in taken and "down" in taken, taken

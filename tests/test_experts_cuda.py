@@ -10,7 +10,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import assert_same_bits, examples, same_bits
+from conftest import assert_same_bits, examples, expert_rewrites, same_bits
 from hypothesis import given, settings
 from hypothesis import strategies as hst
 
@@ -57,7 +57,7 @@ def test_where_the_check_agrees_other_values_agree(tokens, k, n, n_experts, kind
 
 
 @pytest.mark.parametrize("tokens,bits", [(64, 0), (300, 0), (300, 4)])
-def test_a_mixtral_prefill_keeps_eagers_bytes(tokens: int, bits: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_mixtral_prefill_keeps_eagers_bytes(tokens: int, bits: int) -> None:
     quant = {"bits": bits, "group_size": 64} if bits else {}
     model = build(
         "mixtral",
@@ -73,14 +73,10 @@ def test_a_mixtral_prefill_keeps_eagers_bytes(tokens: int, bits: int, monkeypatc
         num_experts_per_tok=2,
         **quant,
     )
-    taken: list[str] = []
-    leaf, down = experts.leaf, experts.down
-    monkeypatch.setattr(experts, "leaf", lambda *a: (taken.append("leaf"), leaf(*a))[1])
-    monkeypatch.setattr(experts, "down", lambda *a: (taken.append("down"), down(*a))[1])
     prompt = mx.array([[(7 * i + 3) % 500 for i in range(tokens)]], dtype=mx.int32)
     want = model(prompt)
     for boundaries in ("layers.*", None):
-        taken.clear()
-        got = segc.jit(model, boundaries=boundaries, concat_projections=True)(prompt)
+        with expert_rewrites() as taken:
+            got = segc.jit(model, boundaries=boundaries, concat_projections=True)(prompt)
         assert_same_bits([got], [want], f"{tokens} tokens, boundaries {boundaries}")
         assert "leaf" in taken and "down" in taken, "nothing was rewritten: the test would not show it keeps the bytes"

@@ -26,7 +26,6 @@ the check was built on, unless ``SEGC_DEQUANTIZED_PRODUCTS=0``) or ``"never"``.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -34,13 +33,12 @@ import mlx.core as mx
 
 from .. import dtypes
 from ..ir import Eqn
+from . import checked
 from .products import cuda_wanted
 
 DEQUANTIZED_PRODUCTS = "auto"  # read when a graph is lowered
 MIN_ROWS = 64  # below this the dequantized weight's bytes can cost more than the product saves
 DRAWS = 6  # half random normal, half of mixed powers of two
-_KNOWN: dict[tuple, bool] = {}
-SPENT = 0.0  # seconds the checks took in this process (MLX's compilation of both forms' kernels included)
 
 Key = tuple[tuple[int, ...], tuple[int, ...], str, str, int, int, bool]
 Product = Callable[[mx.array, mx.array, mx.array, mx.array, int, int, bool], mx.array]
@@ -50,10 +48,6 @@ def wanted(setting: str | None = None) -> bool:
     """Whether lowering asks :func:`same_bits` at all (``setting`` defaults to
     :data:`DEQUANTIZED_PRODUCTS`)."""
     return cuda_wanted(DEQUANTIZED_PRODUCTS if setting is None else setting, "DEQUANTIZED_PRODUCTS")
-
-
-def clear() -> None:
-    _KNOWN.clear()
 
 
 def candidate(e: Eqn, avals: dict[str, tuple[tuple[int, ...], Any]]) -> Key | None:
@@ -124,13 +118,7 @@ def agree(key: Key, f: Product, g: Product) -> bool:
 def same_bits(key: Key) -> bool:
     """Whether :func:`product` gives ``quantized_matmul``'s bytes at ``key``'s shapes on
     the default device (the answer kept for the process)."""
-    global SPENT
-    full = (*key, str(mx.default_device()))  # an mx.Device compares by value but hashes by identity
-    if full not in _KNOWN:
-        t = time.perf_counter()
-        _KNOWN[full] = agree(key, reference, product)
-        SPENT += time.perf_counter() - t
-    return _KNOWN[full]
+    return checked.once("dequantized", key, lambda: agree(key, reference, product))
 
 
 def rule(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:

@@ -34,7 +34,6 @@ built on, unless ``SEGC_DENSE_EXPERTS=0``) or ``"never"``.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +42,7 @@ import mlx.core as mx
 
 from .. import dtypes
 from ..ir import Eqn
+from . import checked
 from .pattern import SegmentGraph
 from .products import cuda_wanted
 
@@ -55,8 +55,6 @@ LIFTED = frozenset(
     {"Abs", "Add", "AsType", "Divide", "Erf", "Exp", "Maximum", "Minimum", "Multiply", "Negative", "Sigmoid"}
     | {"Square", "Subtract", "Tanh"}
 )
-_KNOWN: dict[tuple, bool] = {}
-SPENT = 0.0  # seconds the checks took in this process
 
 # (kind, E, T, K, N, slots a token, dtype, group size, bits): the last two 0 for unquantized
 Key = tuple[str, int, int, int, int, int, str, int, int]
@@ -66,10 +64,6 @@ def wanted(setting: str | None = None) -> bool:
     """Whether lowering looks for expert products at all (``setting`` defaults to
     :data:`DENSE_EXPERTS`)."""
     return cuda_wanted(DENSE_EXPERTS if setting is None else setting, "DENSE_EXPERTS")
-
-
-def clear() -> None:
-    _KNOWN.clear()
 
 
 Quant = tuple[int, int] | None  # (group size, bits) of affine-quantized experts, or None
@@ -183,6 +177,7 @@ def find(
             if dt is not None:
                 g.dtype[v] = str(dt)
     out: dict[int, Rewrite] = {}
+    lifts: set[int] = set()
     leaves: dict[str, tuple[str, str, int]] = {}  # output -> (idx, tok, T)
     for e in eqns:
         mm = _sorted_mm(g, e)
@@ -205,19 +200,16 @@ def find(
         tok, t, lifted = chain
         if _fits(n_e, t, r, k, n, dt) and same_bits(("down", n_e, t, k, n, r // t, dt, *q)):
             out[e.id] = Rewrite("down", (a + SUFFIX, idx, tok, *weights), (e.outs[0].name,), quant)
-            for x in lifted:
-                out.setdefault(x.id, Rewrite("lift", tuple(v + SUFFIX for v in x.ins), (x.outs[0].name + SUFFIX,)))  # type: ignore[arg-type]
-    lifts = {i for i, w in out.items() if w.kind == "lift"}
-    return {i: w for i, w in out.items() if w.kind != "lift"}, lifts
+            lifts |= lifted
+    return out, lifts
 
 
 def _chain(
     g: SegmentGraph, a: str, leaves: dict[str, tuple[str, str, int]], idx: str
-) -> tuple[str, int, list[Eqn]] | None:
-    """``(tok, T, equations)`` where ``a`` is an elementwise function (of :data:`LIFTED`
+) -> tuple[str, int, set[int]] | None:
+    """``(tok, T, equation ids)`` where ``a`` is an elementwise function (of :data:`LIFTED`
     primitives, each of ``a``'s shape) of leaves of rows ``(idx, tok)``."""
-    shape, found, seen = g.shape.get(a), set(), set()
-    lifted: list[Eqn] = []
+    shape, found, lifted = g.shape.get(a), set(), set()
     stack = [a]
     while stack:
         v = stack.pop()
@@ -229,14 +221,13 @@ def _chain(
         e = g.prod.get(v)
         if e is None or e.prim not in LIFTED or len(e.outs) != 1 or e.outs[0].shape != shape:
             return None
-        if e.id not in seen:
-            seen.add(e.id)
-            lifted.append(e)
+        if e.id not in lifted:
+            lifted.add(e.id)
             stack.extend(e.ins)
     if len(found) != 1:
         return None
     ((tok, t),) = found
-    return tok, t, sorted(lifted, key=lambda e: g.pos[e.id])
+    return tok, t, lifted
 
 
 def _routing(t: int, n_e: int, top: int, seed: int) -> tuple[mx.array, mx.array]:
@@ -307,13 +298,7 @@ def agree(key: Key, form: Callable[..., mx.array] | None = None) -> bool:
 def same_bits(key: Key) -> bool:
     """Whether the rewrite gives the sorted product's bytes at ``key``'s shapes on
     the default device (the answer kept for the process)."""
-    global SPENT
-    full = (*key, str(mx.default_device()))
-    if full not in _KNOWN:
-        t0 = time.perf_counter()
-        _KNOWN[full] = agree(key)
-        SPENT += time.perf_counter() - t0
-    return _KNOWN[full]
+    return checked.once("experts", key, lambda: agree(key))
 
 
 def rule(w: Rewrite) -> Callable[[list[mx.array], tuple, Eqn], Any]:
