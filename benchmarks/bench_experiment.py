@@ -73,6 +73,11 @@ def main() -> int:
         "--commit", default="auto", help="the runtime's commit policy (auto, segment, fences, geometric); a comma list "
         "runs the experiment once per policy"
     )  # fmt: skip
+    p.add_argument(
+        "--order", default="rounds", choices=("rounds", "blocks", "interleaved"),
+        help="rounds of short blocks, each plan's calls back to back, or round-robin (segc.research.timing)"
+    )  # fmt: skip
+    p.add_argument("--host-weight", type=float, default=1.0, help="calibration: the measured host times' weight")
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--machine", metavar="FILE", help="a saved machine model instead of the built-in one")
@@ -106,6 +111,8 @@ def main() -> int:
             calibration=_list(args.calibration),
             overheads=args.overheads,
             processes=args.processes,
+            order=args.order,
+            host_weight=args.host_weight,
             commit=commit,
             repeats=args.repeats,
             warmup=args.warmup,

@@ -45,7 +45,7 @@
 # 4 minutes a model on the H200, so MODELS=llama: (or llama_4bit:--bits,4 or
 # mixtral:--arch,mixtral) runs one model in a device call.
 # VARIANTS (default eager,compile,segc,each,whole,drain), REPEATS (40), ROUNDS (1),
-# BENCH_LIMIT (400 s); experiment: PROCESSES (4), OVERHEADS (group; device: calibrate the
+# BENCH_LIMIT (400 s); experiment: PROCESSES (4), ORDER (rounds; blocks, interleaved: the timing order), OVERHEADS (group; device: calibrate the
 # device's figures alone), MACHINE (a machine model JSON, e.g. with host_kinds.py's figures).
 set -u
 OUT="${OUT:-/tmp/segc-gpu-out}"
@@ -206,7 +206,7 @@ for p in $parts; do
       --strategies none,markers,every:2,every:4,balanced:2..18:4,memory:1x..2x:1x,optimal,optimal:1x,min_boundary_bytes \
       --calibration none,min_boundary_bytes,every:4,balanced:2 --processes "${PROCESSES:-4}" --repeats 10 --warmup 2 \
       --overheads "${OVERHEADS:-group}" ${MACHINE:+--machine "$MACHINE"} \
-      --commit "${COMMIT:-auto}" --plots "" --out "$OUT/experiment" --json "$OUT/experiment.json" >"$OUT/experiment.txt" 2>&1
+      --commit "${COMMIT:-auto}" --order "${ORDER:-rounds}" --plots "" --out "$OUT/experiment" --json "$OUT/experiment.json" >"$OUT/experiment.txt" 2>&1
     echo "experiment: rc=$?"
     # one file: the device call brings back only a few files (plans and graphs would be left out)
     tar czf "$OUT/experiment.tgz" -C "$OUT" experiment && rm -rf "$OUT/experiment"

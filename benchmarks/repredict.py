@@ -44,7 +44,9 @@ def main() -> None:
     ap.add_argument("--json", help="write the summary here")
     ap.add_argument("--repeats", action="store_true", help="fit a time per repeated segment (see above)")
     ap.add_argument("--retrace", action="store_true", help="trace here even where the run saved its graphs")
-    ap.add_argument("--host-weight", type=float, default=0.0, help="fit the measured host times too (fit.py)")
+    ap.add_argument(
+        "--host-weight", type=float, help="the measured host times' weight in the fit (fit.py; default: the run's)"
+    )
     ap.add_argument("--overheads", default="group", choices=("group", "shared", "device"), help="calibrate.py's")
     ap.add_argument("--calibration", help="calibration plans (comma list of strategies) in place of the run's")
     ap.add_argument(
@@ -74,6 +76,8 @@ def main() -> None:
     if args.no_queue:
         machine = replace(machine, **{f: 0 for f in ("queue_s", "queue_kernels") if hasattr(machine, f)})
     policy = res["experiment"].get("commit_policy", "segment")
+    if args.host_weight is None:  # the run's own (0 before the twenty-seventh session)
+        args.host_weight = float(res["experiment"].get("host_weight", 0.0))
     rows = [dict(r) for r in res["rows"]]
     if args.calibration is not None:  # the held-out plans follow (mark_held_out)
         chosen = set(args.calibration.split(","))

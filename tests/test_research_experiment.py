@@ -112,12 +112,14 @@ def test_calibrated_sweep_timed_in_processes(tmp_path: Path) -> None:
     assert [rows[p]["commits"] for p in plans] == [rows[p]["segments"] for p in plans]  # a commit per segment
     fit = res.fitted[MODEL]
     assert fit["plans"] == ["markers", "none"] and fit["observations"] == 2 and "commit_s" not in fit["free"]
+    assert fit["host_weight"] == 1.0  # the measured host times are fitted too (Experiment.host_weight)
     assert all("prior_predicted_s" in rows[p] for p in plans)
     (s,) = res.summary()
     assert s["heldout_plans"] == 1 and s["spearman_heldout"] is None  # one plan ranks nothing
     d = json.loads((tmp_path / "results.json").read_text())
     assert d["fitted"][MODEL]["machines"]["prefill:8"]["device"] == ("gpu" if mx.default_device() == mx.gpu else "cpu")
     assert d["experiment"]["commit_policy"] == "segment"
+    assert d["experiment"]["order"] == "rounds" and d["experiment"]["host_weight"] == 1.0
 
 
 def test_the_fit_reads_calibration_plans_only() -> None:
@@ -219,6 +221,7 @@ def test_cli_experiment_and_calibrate(tmp_path: Path) -> None:
         (["--processes", "0"], "processes must be >= 1"),
         (["--commit", "every"], "commit must be one of"),
         (["--overheads", "hostly"], "invalid choice: 'hostly'"),
+        (["--order", "shuffled"], "invalid choice: 'shuffled'"),
     ],
 )
 def test_cli_experiment_bad_input(args: list[str], msg: str) -> None:

@@ -30,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--workload", action="append", help="decode:C or prefill:L (repeatable; default decode:128, prefill:128)"
     )
     p.add_argument("--strategy", action="append", help="a strategy or a range (repeatable; default: a sweep of all)")
-    p.add_argument("--repeats", type=int, default=20, help="timed calls per plan (round-robin)")
+    p.add_argument("--repeats", type=int, default=20, help="timed calls per plan (and process)")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls per plan first")
     p.add_argument("--boundaries", default="layers.*", help="marker globs ('' for none)")
     p.add_argument("--machine", metavar="FILE", help="a machine model from segc calibrate (default: built in)")
@@ -48,7 +48,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="calibration fits each workload's overheads to its own plans, one set for all, or the device's "
         "figures alone (the host's kept as the machine model has them: segc calibrate --fit none on a GPU)",
     )
+    p.add_argument(
+        "--host-weight",
+        type=float,
+        default=1.0,
+        help="calibration: the weight of the measured host times in the fit (0: whole calls only)",
+    )
     p.add_argument("--processes", type=int, default=1, help="time in this many fresh processes, one after another")
+    p.add_argument(
+        "--order",
+        default="rounds",
+        choices=["rounds", "blocks", "interleaved"],
+        help="rounds of short blocks (each timed call after one of its own plan), each plan's calls back to back, "
+        "or round-robin over the plans (segc.research.timing)",
+    )
     p.add_argument("--commit", default="auto", help="the runtime's commit policy: auto, segment, fences, geometric")
     p.add_argument("--out", metavar="DIR", help="results.csv, results.json, plans/ and plots here")
     p.add_argument("--plots", default="png,svg", help="plot formats (comma list; '' for none)")
@@ -83,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
             eager=not args.no_eager,
             commit=args.commit,
             processes=args.processes,
+            order=args.order,
+            host_weight=args.host_weight,
             calibration=args.calibration or (),
             overheads=args.overheads,
         )

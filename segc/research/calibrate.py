@@ -265,10 +265,10 @@ def fit_overheads(
 ) -> MachineModel:
     """``machine`` with its per-kernel (``launch_s``, ``host_op_s``), per-segment
     (``dispatch_s``) and per-commit (``commit_s``) figures and one factor on its rates
-    fitted to whole calls of a real model under a few plans, timed round-robin in this
-    process under the runtime's ``commit`` policy (``fit.fit_machine``). Small kernels
-    on a real model cost more than a chain of tiny products shows (on the CPU about ten
-    times more). To fit to the model under study, with the fit's plans held apart from
+    fitted to whole calls of a real model under a few plans, timed in this process in
+    rounds of short blocks (``timing.py``) under the runtime's ``commit`` policy
+    (``fit.fit_machine``). Small kernels on a real model cost more than a chain of tiny
+    products shows (on the CPU about ten times more). To fit to the model under study, with the fit's plans held apart from
     the ones evaluated, use ``Experiment(calibration=...)``."""
     from ..passes import make_plan
     from ..passes.costmodel import predict_time
@@ -277,7 +277,7 @@ def fit_overheads(
     from ..staging import jit
     from .fit import Observation, fit_machine
     from .models import load_model, make_workload
-    from .timing import round_robin, warm
+    from .timing import timed_calls, warm
 
     net = load_model(model)
     policy = resolve_commit(commit)
@@ -294,7 +294,7 @@ def fit_overheads(
             fns.append(jit(net, boundaries=boundaries, strategy=plan, validate=False, commit=commit))
         for fn in fns:
             warm(fn, wl, 2)
-        timed = round_robin(fns, wl, repeats)
+        timed = timed_calls(fns, wl, repeats)
         for spec, cut, t in zip(strategies, cuts, timed):
             segs = predict_time(cut, machine, policy).segments
             obs.append(Observation(w, segs, statistics.median(t.times), spec))

@@ -10,7 +10,8 @@ model predicts (``segc.passes.costmodel``). Then every plan runs through ``segc.
 real asynchronous pipeline: its first call (trace, passes, lowering, MLX's compile and
 the run) is the compile time; its output is compared bit for bit with eager MLX's; its
 peak memory is ``mx.get_peak_memory()`` over one call with nothing else alive but the
-model, its inputs and caches; then the plans are timed round-robin (``timing.py``), in
+model, its inputs and caches; then the plans are timed, by default in rounds of short
+blocks, each timed call after one of its own plan (``order``; ``timing.py`` says why), in
 this process or in ``processes`` fresh ones (the median over processes of each one's
 median; ``noise.py`` says whether the differences exceed the noise), each call
 ``y = f(); mx.eval(y, caches)`` under the runtime's ``commit`` policy. An ``eager`` row
@@ -19,8 +20,9 @@ times are whole calls (median, quartiles) and the host's share (until the call r
 
 With ``calibration`` plans (strategies, timed like the others and added to the sweep
 where it lacks them), the machine model's overheads and throughput are fitted per model
-to those plans' measured times (``fit.py``; ``overheads``: each workload's to its own
-plans, or one set for all) and every plan is
+to those plans' measured times, whole calls and the host's share (``fit.py``;
+``overheads``: each workload's to its own plans, or one set for all; ``host_weight``)
+and every plan is
 predicted again with the fitted model; the plans that are none of the calibration plans
 (nor the same cuts as one) are the held-out ones, whose rank correlation the summary
 reports apart. An ``optimal`` plan is made with the machine model given, before the
@@ -55,7 +57,7 @@ from .models import load_model, make_workload
 from .noise import measured
 from .report import Results
 from .sweep import expand_all, spread
-from .timing import Job, Timed, round_robin, time_in_processes, warm
+from .timing import ORDERS, Job, Timed, time_in_processes, timed_calls, warm
 
 DEFAULT_STRATEGIES = ("none", "markers", "every:2", "balanced:2..18:4", "memory:0.5x..2x:0.5x", "optimal", "optimal:1x")
 
@@ -81,6 +83,9 @@ class Experiment:
     overheads: str = (
         "group"  # calibration: each workload's its own ("group"), one set ("shared"), the device's only ("device")
     )
+    order: str = "rounds"  # the timing order (timing.ORDERS): rounds of short blocks, whole blocks, or interleaved
+    # calibration: the weight of the plans' measured host times in the fit (fit.py; 0: whole calls only)
+    host_weight: float = 1.0
     log: Callable[[str], None] | None = field(default=None, repr=False)
 
     def check(self) -> None:
@@ -92,6 +97,10 @@ class Experiment:
             raise SegcError(f"processes must be >= 1, got {self.processes}")
         if self.commit not in COMMITS:
             raise SegcError(f"commit must be one of {COMMITS}, not {self.commit!r}")
+        if not self.host_weight >= 0:
+            raise SegcError(f"host_weight must be >= 0, got {self.host_weight}")
+        if self.order not in ORDERS:
+            raise SegcError(f"order must be one of {ORDERS}, not {self.order!r}")
         if self.overheads not in ("group", "shared", "device"):
             raise SegcError(f"overheads must be 'group', 'shared' or 'device', not {self.overheads!r}")
 
@@ -156,7 +165,7 @@ def run_experiment(exp: Experiment) -> Results:
             if exp.processes > 1:
                 _time_apart(exp, mspec, preps, bar)
             if calib:
-                res.fitted[mspec] = calibrate(machine, policy, preps, exp.overheads)
+                res.fitted[mspec] = calibrate(machine, policy, preps, exp.overheads, exp.host_weight)
             for prep in preps:
                 res.rows.extend(prep.rows)
             del model, preps
@@ -258,10 +267,12 @@ def _prepare(
 
 def _time_here(exp: Experiment, prep: Prepared, bar: Progress) -> None:
     rows = [r for r, _ in prep.runs]
-    timed = round_robin(
+    timed = timed_calls(
         [fn for _, fn in prep.runs],
         prep.workload,
         exp.repeats,
+        exp.order,
+        warmup=max(exp.warmup, 1),
         step=lambda i: bar.step(f"{prep.workload.name} {rows[i]['strategy']}: timing"),
     )
     for row, t in zip(rows, timed):
@@ -280,7 +291,7 @@ def _time_apart(exp: Experiment, mspec: str, preps: list[Prepared], bar: Progres
     gc.collect()
     mx.synchronize()
     mx.clear_cache()
-    job = Job(mspec, exp.boundaries, exp.commit, exp.repeats, exp.warmup, wls)
+    job = Job(mspec, exp.boundaries, exp.commit, exp.repeats, exp.warmup, wls, order=exp.order)
     got = time_in_processes(
         job, exp.processes, done=lambda p, s: bar.step(f"timing process {p + 1}/{exp.processes} ({s:.0f} s)")
     )

@@ -36,9 +36,11 @@ An observation may carry the host's measured time until the call returns
 (``Observation.host``); with ``host_weight > 0`` each one's squared log error, times
 that weight, joins the loss (:func:`predict_host_many`: every segment's dispatch and
 kernels and every commit), which pins the host's figures where whole calls show them
-only through the first commit's delay (a device-bound workload). Off by default: on
-the H200 it gives the host's own figures but ranks decode plans worse
-(docs/experiments.md, "The sixth and seventh runs").
+only through the first commit's delay (a device-bound workload). Off in
+:func:`fit_machine` by default; the experiment's calibration weighs them 1
+(``Experiment.host_weight``) since its plans are no longer timed interleaved: measured
+interleaved on the H200 it ranked decode plans worse (docs/experiments.md, "The sixth
+and seventh runs"), measured as in use it ranks them better ("The seventeenth run").
 
 A figure the observations cannot tell apart is left at the base model's value:
 ``commit_s`` when every segment of every observation is committed (it then only adds

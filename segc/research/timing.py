@@ -1,13 +1,28 @@
-"""Timing plans: whole calls ``y = f(); mx.eval(y, caches)``, round-robin over the plans
-(each round calls every plan once, so drift hits all alike), in this process or in
-fresh ones.
+"""Timing plans: whole calls ``y = f(); mx.eval(y, caches)``, in this process or in fresh
+ones, in one of three orders (``ORDERS``):
+
+- ``"rounds"`` (the default): rounds of short blocks; in each round every plan in
+  turn makes one untimed call, then ``ROUND_BLOCK`` timed ones (:func:`blocks` with
+  ``size``). Each timed call follows a call of its own plan, as in use, and drift
+  within a process still hits every plan alike.
+- ``"blocks"``: each plan's calls back to back after its own warm-up, the plans one
+  after another: a plan runs as in use, but drift within a process (on the H200 a
+  prefill switching between two speeds, 4 and 6 ms, midway) lands on whole plans.
+- ``"interleaved"``: round-robin, each round calling every plan once
+  (:func:`round_robin`; the order before 2026-12-04). Plans timed in one process share
+  MLX's process-wide state: on CUDA, for one, an instantiated graph per command buffer
+  *topology* (its kinds of node and their edges, not its kernels), updated by every
+  buffer of that topology. Interleaved on an H200, every plan's decode step measured
+  0.15-0.7 ms slower a call than alone, the plans that cut inside a layer the most, so
+  that interleaving ranked the plans as they do not rank alone (docs/experiments.md,
+  "The seventeenth run").
 
 On a GPU the same compiled variant can run tens of percent faster or slower from one
 process to the next (docs/performance.md), more than plans differ; so
-:func:`time_in_processes` runs the round-robin in ``processes`` fresh Python processes
+:func:`time_in_processes` runs the timing in ``processes`` fresh Python processes
 one after another (``python -m segc.research.timing JOB OUT``), each loading the model,
 re-applying the saved plans to its own trace, compiling and warming them up, starting
-its rounds at a different plan; the experiment reports the median over processes of
+at a different plan; the experiment reports the median over processes of
 each process's median (``noise.py``).
 """
 
@@ -45,6 +60,71 @@ def warm(fn: Callable[..., Any], wl: Workload, calls: int) -> None:
         mx.eval(fn(*a, **k), wl.sync())
 
 
+ORDERS = ("rounds", "blocks", "interleaved")
+ROUND_BLOCK = 2  # "rounds": timed calls per plan and round, after one untimed call
+
+
+def blocks(
+    fns: Sequence[Callable[..., Any]],
+    wl: Workload,
+    repeats: int,
+    *,
+    warmup: int = 1,
+    size: int | None = None,
+    rotate: int = 0,
+    step: Callable[[int], None] | None = None,
+) -> list[Timed]:
+    """Each function's ``repeats`` timed calls in blocks of ``size`` (``None``: one block
+    of all), each block after ``warmup`` untimed calls of its own; in each round every
+    function's block in turn, starting at ``rotate``."""
+    out = [Timed() for _ in fns]
+    size = repeats if size is None else max(size, 1)
+    order = [(rotate + k) % len(fns) for k in range(len(fns))]
+    left = repeats
+    while left > 0:
+        n = min(size, left)
+        for i in order:
+            warm(fns[i], wl, warmup)
+            for _ in range(n):
+                _call(fns[i], wl, out[i])
+                if step is not None:
+                    step(i)
+        left -= n
+    return out
+
+
+def timed_calls(
+    fns: Sequence[Callable[..., Any]],
+    wl: Workload,
+    repeats: int,
+    order: str = "rounds",
+    *,
+    warmup: int = 1,
+    rotate: int = 0,
+    step: Callable[[int], None] | None = None,
+) -> list[Timed]:
+    """Time ``fns`` in ``order`` (``ORDERS``; ``warmup``: untimed calls before each of a
+    plan's blocks in ``"blocks"``; one in ``"rounds"``)."""
+    if order == "rounds":
+        return blocks(fns, wl, repeats, warmup=1, size=ROUND_BLOCK, rotate=rotate, step=step)
+    if order == "blocks":
+        return blocks(fns, wl, repeats, warmup=warmup, rotate=rotate, step=step)
+    if order == "interleaved":
+        return round_robin(fns, wl, repeats, rotate=rotate, step=step)
+    raise SegcError(f"timing order must be one of {ORDERS}, not {order!r}")
+
+
+def _call(fn: Callable[..., Any], wl: Workload, into: Timed) -> None:
+    a, k = wl.args()
+    t0 = time.perf_counter()
+    y = fn(*a, **k)
+    t1 = time.perf_counter()
+    mx.eval(y, wl.sync())
+    t2 = time.perf_counter()
+    into.times.append(t2 - t0)
+    into.host.append(t1 - t0)
+
+
 def round_robin(
     fns: Sequence[Callable[..., Any]],
     wl: Workload,
@@ -58,15 +138,7 @@ def round_robin(
     order = [(rotate + i) % len(fns) for i in range(len(fns))] if fns else []
     for _ in range(repeats):
         for i in order:
-            a, k = wl.args()
-            t0 = time.perf_counter()
-            y = fns[i](*a, **k)
-            t1 = time.perf_counter()
-            mx.eval(y, wl.sync())
-            t2 = time.perf_counter()
-            out[i].times.append(t2 - t0)
-            out[i].host.append(t1 - t0)
-            del y
+            _call(fns[i], wl, out[i])
             if step is not None:
                 step(i)
     return out
@@ -84,6 +156,7 @@ class Job:
     warmup: int
     workloads: list[tuple[str, list[str | None]]]
     rotate: int = 0
+    order: str = "rounds"  # ORDERS
 
 
 def time_in_processes(
@@ -140,7 +213,7 @@ def run_job(job: Job) -> dict[str, Any]:
             fns.append(jit(model, boundaries=job.boundaries or None, strategy=plan, validate=False, commit=job.commit))
         for fn in fns:
             warm(fn, wl, 1 + job.warmup)  # the first call traces and compiles
-        timed = round_robin(fns, wl, job.repeats, rotate=job.rotate)
+        timed = timed_calls(fns, wl, job.repeats, job.order, warmup=max(job.warmup, 1), rotate=job.rotate)
         out.append([{"times": t.times, "host": t.host} for t in timed])
         del fns
     return {"workloads": out, "pid": os.getpid()}
