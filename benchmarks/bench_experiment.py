@@ -78,6 +78,10 @@ def main() -> int:
         help="rounds of short blocks, each plan's calls back to back, or round-robin (segc.research.timing)"
     )  # fmt: skip
     p.add_argument("--host-weight", type=float, default=1.0, help="calibration: the measured host times' weight")
+    p.add_argument(
+        "--time-limit", type=float, metavar="SECONDS",
+        help="per policy: timing processes that would end past it are not started (fewer processes, not none)"
+    )  # fmt: skip
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--machine", metavar="FILE", help="a saved machine model instead of the built-in one")
@@ -113,6 +117,8 @@ def main() -> int:
             processes=args.processes,
             order=args.order,
             host_weight=args.host_weight,
+            time_limit=args.time_limit,
+            log=lambda m: print(m, flush=True),
             commit=commit,
             repeats=args.repeats,
             warmup=args.warmup,

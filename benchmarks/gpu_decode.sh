@@ -206,7 +206,7 @@ for p in $parts; do
       --strategies none,markers,every:2,every:4,balanced:2..18:4,memory:1x..2x:1x,optimal,optimal:1x,min_boundary_bytes \
       --calibration none,min_boundary_bytes,every:4,balanced:2 --processes "${PROCESSES:-4}" --repeats 10 --warmup 2 \
       --overheads "${OVERHEADS:-group}" ${MACHINE:+--machine "$MACHINE"} \
-      --commit "${COMMIT:-auto}" --order "${ORDER:-rounds}" --plots "" --out "$OUT/experiment" --json "$OUT/experiment.json" >"$OUT/experiment.txt" 2>&1
+      --commit "${COMMIT:-auto}" --order "${ORDER:-rounds}" --time-limit "$(( ${BENCH_LIMIT:-575} - 20 ))" --plots "" --out "$OUT/experiment" --json "$OUT/experiment.json" >"$OUT/experiment.txt" 2>&1
     echo "experiment: rc=$?"
     # one file: the device call brings back only a few files (plans and graphs would be left out)
     tar czf "$OUT/experiment.tgz" -C "$OUT" experiment && rm -rf "$OUT/experiment"

@@ -222,6 +222,7 @@ def test_cli_experiment_and_calibrate(tmp_path: Path) -> None:
         (["--commit", "every"], "commit must be one of"),
         (["--overheads", "hostly"], "invalid choice: 'hostly'"),
         (["--order", "shuffled"], "invalid choice: 'shuffled'"),
+        (["--time-limit", "0"], "time_limit must be > 0"),
     ],
 )
 def test_cli_experiment_bad_input(args: list[str], msg: str) -> None:

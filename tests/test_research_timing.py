@@ -10,7 +10,7 @@ import mlx.core as mx
 import pytest
 
 from segc.errors import SegcError
-from segc.research import Experiment, load_model, make_workload
+from segc.research import Experiment, load_model, make_workload, run_experiment
 from segc.research.timing import ORDERS, Job, blocks, round_robin, timed_calls
 
 
@@ -68,4 +68,20 @@ def test_an_unknown_order_is_refused(workload) -> None:
         Experiment(order="shuffled").check()
     with pytest.raises(SegcError, match="host_weight must be >= 0"):
         Experiment(host_weight=-1.0).check()
+    with pytest.raises(SegcError, match="time_limit must be > 0"):
+        Experiment(time_limit=0).check()
+
+
+def test_a_time_limit_leaves_fewer_timing_processes_not_none() -> None:
+    """A limit already past when timing starts: the first process runs, no other does;
+    every row says so and the log tells why."""
+    said: list[str] = []
+    exp = Experiment(
+        models=["llama:layers=1,hidden=32"], workloads=["prefill:4"], strategies=["none", "balanced:2"],
+        processes=3, repeats=2, warmup=0, plots=(), progress=False, time_limit=1e-3, log=said.append,
+    )  # fmt: skip
+    res = run_experiment(exp)
+    assert [r["processes"] for r in res.rows] == [1, 1, 1]  # two plans and eager
+    assert all(len(r["times_s"]) == 1 and len(r["times_s"][0]) == 2 for r in res.rows)
+    assert said == ["llama:layers=1,hidden=32: 1 of 3 timing processes within the time limit"]
     assert Experiment().order == "rounds" and Job("m", "", "auto", 1, 0, []).order == "rounds"

@@ -54,6 +54,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=1.0,
         help="calibration: the weight of the measured host times in the fit (0: whole calls only)",
     )
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        metavar="SECONDS",
+        help="a limit for the whole run: timing processes that would end past it are not started",
+    )
     p.add_argument("--processes", type=int, default=1, help="time in this many fresh processes, one after another")
     p.add_argument(
         "--order",
@@ -98,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
             processes=args.processes,
             order=args.order,
             host_weight=args.host_weight,
+            time_limit=args.time_limit,
+            log=lambda m: print(m, file=sys.stderr),
             calibration=args.calibration or (),
             overheads=args.overheads,
         )

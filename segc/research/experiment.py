@@ -86,6 +86,9 @@ class Experiment:
     order: str = "rounds"  # the timing order (timing.ORDERS): rounds of short blocks, whole blocks, or interleaved
     # calibration: the weight of the plans' measured host times in the fit (fit.py; 0: whole calls only)
     host_weight: float = 1.0
+    # seconds for the whole run: timing processes that would end past it are not started
+    # (timing.time_in_processes: fewer processes, each row saying how many); None: no limit
+    time_limit: float | None = None
     log: Callable[[str], None] | None = field(default=None, repr=False)
 
     def check(self) -> None:
@@ -97,6 +100,8 @@ class Experiment:
             raise SegcError(f"processes must be >= 1, got {self.processes}")
         if self.commit not in COMMITS:
             raise SegcError(f"commit must be one of {COMMITS}, not {self.commit!r}")
+        if self.time_limit is not None and not self.time_limit > 0:
+            raise SegcError(f"time_limit must be > 0 seconds, got {self.time_limit}")
         if not self.host_weight >= 0:
             raise SegcError(f"host_weight must be >= 0, got {self.host_weight}")
         if self.order not in ORDERS:
@@ -136,6 +141,8 @@ def _bits(x: Any) -> list[tuple]:
 def run_experiment(exp: Experiment) -> Results:
     """Run the sweep; write the results (and plans, plots) to ``exp.out`` if given."""
     exp.check()
+    # timing processes end by 90% of the time limit: the rest for the fit and the files
+    deadline = None if exp.time_limit is None else time.monotonic() + 0.9 * exp.time_limit
     policy = resolve_commit(exp.commit)
     gpu = mx.default_device() == mx.gpu
     machine = exp.machine or default_model()
@@ -163,7 +170,7 @@ def run_experiment(exp: Experiment) -> Results:
                     _time_here(exp, prep, bar)
                 preps.append(prep)
             if exp.processes > 1:
-                _time_apart(exp, mspec, preps, bar)
+                _time_apart(exp, mspec, preps, bar, deadline)
             if calib:
                 res.fitted[mspec] = calibrate(machine, policy, preps, exp.overheads, exp.host_weight)
             for prep in preps:
@@ -279,8 +286,11 @@ def _time_here(exp: Experiment, prep: Prepared, bar: Progress) -> None:
         _record(row, [t])
 
 
-def _time_apart(exp: Experiment, mspec: str, preps: list[Prepared], bar: Progress) -> None:
-    """Time every workload's runs in ``exp.processes`` fresh processes (``timing.py``)."""
+def _time_apart(
+    exp: Experiment, mspec: str, preps: list[Prepared], bar: Progress, deadline: float | None = None
+) -> None:
+    """Time every workload's runs in ``exp.processes`` fresh processes (``timing.py``),
+    fewer where ``deadline`` comes first."""
     wls: list[tuple[str, list[str | None]]] = []
     runs = []
     for prep in preps:
@@ -293,8 +303,14 @@ def _time_apart(exp: Experiment, mspec: str, preps: list[Prepared], bar: Progres
     mx.clear_cache()
     job = Job(mspec, exp.boundaries, exp.commit, exp.repeats, exp.warmup, wls, order=exp.order)
     got = time_in_processes(
-        job, exp.processes, done=lambda p, s: bar.step(f"timing process {p + 1}/{exp.processes} ({s:.0f} s)")
+        job,
+        exp.processes,
+        done=lambda p, s: bar.step(f"timing process {p + 1}/{exp.processes} ({s:.0f} s)"),
+        deadline=deadline,
     )
+    ran = len(got[0][0]) if got and got[0] else exp.processes
+    if ran < exp.processes and exp.log is not None:
+        exp.log(f"{mspec}: {ran} of {exp.processes} timing processes within the time limit")
     for rows, timed in zip(runs, got):
         for row, t in zip(rows, timed):
             _record(row, t)

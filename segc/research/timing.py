@@ -13,9 +13,9 @@ ones, in one of three orders (``ORDERS``):
   MLX's process-wide state: on CUDA, for one, an instantiated graph per command buffer
   *topology* (its kinds of node and their edges, not its kernels), updated by every
   buffer of that topology. Interleaved on an H200, every plan's decode step measured
-  0.15-0.7 ms slower a call than alone, the plans that cut inside a layer the most, so
-  that interleaving ranked the plans as they do not rank alone (docs/experiments.md,
-  "The seventeenth run").
+  0.15-0.7 ms slower a call than alone, by different amounts, so that interleaving
+  ranked the plans as they do not rank alone (docs/experiments.md, "The seventeenth
+  run").
 
 On a GPU the same compiled variant can run tens of percent faster or slower from one
 process to the next (docs/performance.md), more than plans differ; so
@@ -160,17 +160,27 @@ class Job:
 
 
 def time_in_processes(
-    job: Job, processes: int, *, done: Callable[[int, float], None] | None = None, timeout: float = 900.0
+    job: Job,
+    processes: int,
+    *,
+    done: Callable[[int, float], None] | None = None,
+    timeout: float = 900.0,
+    deadline: float | None = None,
 ) -> list[list[list[Timed]]]:
     """Run ``job`` in ``processes`` fresh processes, one after another; per workload, per
     plan, per process: its calls. ``done(process, seconds)`` after each. A process that
     outlasts ``timeout`` seconds (a hang: far longer than a sweep's process takes) is killed
-    and raises a ``SegcError``."""
+    and raises a ``SegcError``. ``deadline`` (``time.monotonic()`` seconds): no further
+    process is started where the longest one so far would end past it, so a time limit
+    leaves fewer processes rather than none (the first always runs)."""
     root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
     res: list[list[list[Timed]]] = [[[] for _ in plans] for _, plans in job.workloads]
+    longest = 0.0
     with tempfile.TemporaryDirectory(prefix="segc-timing-") as tmp:
         for p in range(processes):
+            if p and deadline is not None and time.monotonic() + longest > deadline:
+                break
             spec, out = Path(tmp) / f"job{p}.json", Path(tmp) / f"times{p}.json"
             spec.write_text(json.dumps(asdict(job) | {"rotate": p}))
             t0 = time.perf_counter()
@@ -188,6 +198,7 @@ def time_in_processes(
             for w, per_plan in enumerate(got["workloads"]):
                 for i, t in enumerate(per_plan):
                     res[w][i].append(Timed(t["times"], t["host"]))
+            longest = max(longest, time.perf_counter() - t0)
             if done is not None:
                 done(p, time.perf_counter() - t0)
     return res
