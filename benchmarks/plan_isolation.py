@@ -1,4 +1,4 @@
-"""Does timing plans round-robin in one process, as the experiment does, change what
+"""Does timing plans round-robin in one process, as the experiment did, change what
 they measure? (issue 15: plans that cut inside a layer measured 0.1-0.4 ms slower than
 predicted on run AR, those whose segments repeat a layer's did not.)
 
@@ -19,7 +19,9 @@ of its own, ``--processes`` each, interleaved:
 - ``rounds`` (not in the default ``--modes``): rounds of short blocks, each timed call
   after one of its own plan (the ``"rounds"`` order, the experiment's since).
 
-Prints each plan's median over processes of each process's median, per mode, and
+The plans are made here, as the experiment makes them; each process is one of the
+experiment's timing processes (``segc.research.timing``'s ``Job``) in that mode's
+order. Prints each plan's median over processes of each process's median, per mode, and
 the Spearman of each mode against the others; ``--json`` writes them.
 
     python benchmarks/plan_isolation.py [--workloads decode:1024,prefill:512] [--processes 3] [--repeats 10] [--json F]
@@ -31,9 +33,8 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -42,37 +43,25 @@ from segc import jit
 from segc.passes import make_plan
 from segc.passes.costmodel import default_model
 from segc.research import expand, load_model, make_workload, spearman
-from segc.research.timing import timed_calls
+from segc.research.timing import Job, time_in_processes
 
 STRATEGIES = "none,markers,every:2,every:4,balanced:2..18:4,memory:1x..2x:1x,optimal,optimal:1x,min_boundary_bytes"
 MODES = ("rr", "alone", "rrcache", "rounds")
 ORDER = {"rr": "interleaved", "alone": "blocks", "rrcache": "interleaved", "rounds": "rounds"}
 
 
-def child(a: argparse.Namespace) -> dict:
+def plans(a: argparse.Namespace) -> tuple[list[str], list[tuple[str, list[str | None]]]]:
+    """The plans' names (eager first) and, per workload, the plans as JSON (``None``:
+    eager), made here on the model's trace as the experiment makes them."""
     model = load_model(a.model)
     specs = [s for spec in a.strategies.split(",") for s in expand(spec)]
-    machine = default_model()
-    out: dict = {}
+    wls: list[tuple[str, list[str | None]]] = []
     for wspec in a.workloads.split(","):
         wl = make_workload(wspec, model)
-        wl.fresh = None
         args, kw = wl.args()
         g = jit(model, boundaries="layers.*").trace(*args, **kw).graph
-        names, fns = ["eager"], [model]
-        for spec in specs:
-            plan = make_plan(g, spec, model=machine)
-            names.append(spec)
-            fns.append(jit(model, boundaries="layers.*", strategy=plan, validate=False, commit="auto"))
-        for fn in fns:  # the first call traces and compiles
-            for _ in range(1 + a.warmup):
-                args, kw = wl.args()
-                mx.eval(fn(*args, **kw), wl.sync())
-        got = timed_calls(fns, wl, a.repeats, ORDER[a.child], warmup=a.warmup, rotate=a.rotate)
-        times = [t.times for t in got]
-        out[wspec] = {name: statistics.median(t) for name, t in zip(names, times)}
-        del fns
-    return out
+        wls.append((wspec, [None, *(make_plan(g, s, model=default_model()).to_json() for s in specs)]))
+    return ["eager", *specs], wls
 
 
 def main() -> None:
@@ -85,42 +74,39 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--modes", default="rr,alone,rrcache")
     ap.add_argument("--json")
-    ap.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
-    ap.add_argument("--rotate", type=int, default=0, help=argparse.SUPPRESS)
-    ap.add_argument("--result", help=argparse.SUPPRESS)
     a = ap.parse_args()
-    if a.child:
-        Path(a.result).write_text(json.dumps(child(a)))
-        return
     modes = a.modes.split(",")
-    got: dict[str, list[dict]] = {m: [] for m in modes}
+    names, wls = plans(a)
+    job = Job(a.model, "layers.*", "auto", a.repeats, a.warmup, wls)
+    # per mode, per workload, per plan: each process's median
+    got: dict[str, list[list[list[float]]]] = {m: [[[] for _ in names] for _ in wls] for m in modes}
     t_all = time.perf_counter()
     for p in range(a.processes):
         for m in modes:
-            env = dict(os.environ)
-            if m == "rrcache":
-                env["MLX_CUDA_GRAPH_CACHE_SIZE"] = "100000"
-            res = Path(f"/tmp/plan_isolation_{os.getpid()}_{m}_{p}.json")
-            cmd = [sys.executable, __file__, "--child", m, "--rotate", str(p), "--result", str(res)]
-            cmd += ["--model", a.model, "--workloads", a.workloads, "--strategies", a.strategies]
-            cmd += ["--repeats", str(a.repeats), "--warmup", str(a.warmup)]
+            before = os.environ.get("MLX_CUDA_GRAPH_CACHE_SIZE")
+            if m == "rrcache":  # read by the timing process's MLX
+                os.environ["MLX_CUDA_GRAPH_CACHE_SIZE"] = "100000"
             t0 = time.perf_counter()
-            r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-            if r.returncode != 0:
-                sys.exit(f"{m} process {p} failed:\n{r.stderr[-3000:]}")
-            got[m].append(json.loads(res.read_text()))
-            res.unlink()
+            try:
+                timed = time_in_processes(replace(job, order=ORDER[m], rotate=p), 1)
+            finally:
+                if before is None:
+                    os.environ.pop("MLX_CUDA_GRAPH_CACHE_SIZE", None)
+                else:
+                    os.environ["MLX_CUDA_GRAPH_CACHE_SIZE"] = before
+            for w, per_plan in enumerate(timed):
+                for i, (t,) in enumerate(per_plan):
+                    got[m][w][i].append(statistics.median(t.times))
             print(f"process {p} {m}: {time.perf_counter() - t0:.0f} s", flush=True)
     summary: dict = {"device": str(mx.default_device()), "modes": {}}
-    for w in a.workloads.split(","):
-        names = list(got[modes[0]][0][w])
-        med = {m: {n: statistics.median(run[w][n] for run in got[m]) for n in names} for m in modes}
-        summary["modes"][w] = med
-        print(f"\n{w}: median over {a.processes} processes of each one's median, ms")
+    for w, (wspec, _) in enumerate(wls):
+        med = {m: {n: statistics.median(got[m][w][i]) for i, n in enumerate(names)} for m in modes}
+        summary["modes"][wspec] = med
+        print(f"\n{wspec}: median over {a.processes} processes of each one's median, ms")
         print(f"{'plan':22s}" + "".join(f"{m:>10s}" for m in modes))
         for n in names:
             print(f"{n:22s}" + "".join(f"{1e3 * med[m][n]:10.3f}" for m in modes))
-        planned = [n for n in names if n != "eager"]
+        planned = names[1:]
         for i, m1 in enumerate(modes):
             for m2 in modes[i + 1 :]:
                 rho = spearman([med[m1][n] for n in planned], [med[m2][n] for n in planned])

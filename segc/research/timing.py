@@ -133,15 +133,9 @@ def round_robin(
     rotate: int = 0,
     step: Callable[[int], None] | None = None,
 ) -> list[Timed]:
-    """``repeats`` rounds, each calling every function once, starting at ``rotate``."""
-    out = [Timed() for _ in fns]
-    order = [(rotate + i) % len(fns) for i in range(len(fns))] if fns else []
-    for _ in range(repeats):
-        for i in order:
-            _call(fns[i], wl, out[i])
-            if step is not None:
-                step(i)
-    return out
+    """``repeats`` rounds, each calling every function once, starting at ``rotate``:
+    :func:`blocks` of one call, with no warm-up between them."""
+    return blocks(fns, wl, repeats, warmup=0, size=1, rotate=rotate, step=step)
 
 
 @dataclass
@@ -170,7 +164,7 @@ def time_in_processes(
     """Run ``job`` in ``processes`` fresh processes, one after another; per workload, per
     plan, per process: its calls. ``done(process, seconds)`` after each. A process that
     outlasts ``timeout`` seconds (a hang: far longer than a sweep's process takes) is killed
-    and raises a ``SegcError``. ``deadline`` (``time.monotonic()`` seconds): no further
+    and raises a ``SegcError``. Process ``p`` starts at plan ``job.rotate + p``. ``deadline`` (``time.monotonic()`` seconds): no further
     process is started where the longest one so far would end past it, so a time limit
     leaves fewer processes rather than none (the first always runs)."""
     root = str(Path(__file__).resolve().parents[2])
@@ -182,7 +176,7 @@ def time_in_processes(
             if p and deadline is not None and time.monotonic() + longest > deadline:
                 break
             spec, out = Path(tmp) / f"job{p}.json", Path(tmp) / f"times{p}.json"
-            spec.write_text(json.dumps(asdict(job) | {"rotate": p}))
+            spec.write_text(json.dumps(asdict(job) | {"rotate": job.rotate + p}))
             t0 = time.perf_counter()
             try:
                 r = subprocess.run(
