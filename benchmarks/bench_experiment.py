@@ -79,6 +79,10 @@ def main() -> int:
     )  # fmt: skip
     p.add_argument("--host-weight", type=float, default=1.0, help="calibration: the measured host times' weight")
     p.add_argument(
+        "--no-host-adjust", action="store_true",
+        help="the calls' times as measured, not adjusted to the host's median speed (segc.research.timing.adjust)"
+    )  # fmt: skip
+    p.add_argument(
         "--time-limit", type=float, metavar="SECONDS",
         help="per policy: timing processes that would end past it are not started (fewer processes, not none)"
     )  # fmt: skip
@@ -117,6 +121,7 @@ def main() -> int:
             processes=args.processes,
             order=args.order,
             host_weight=args.host_weight,
+            host_adjust=not args.no_host_adjust,
             time_limit=args.time_limit,
             log=lambda m: print(m, flush=True),
             commit=commit,
@@ -186,6 +191,7 @@ def check(s: dict[str, Any]) -> dict[str, Any]:
         "separable_pairs": n.get("separable_pairs"),
         "plan_spread": n.get("plan_spread"),
         "process_spread": n.get("process_spread"),
+        "host_slope": s.get("host_slope"),
         "verdict": s["verdict"],
         "time_error_mean": s.get("time_error_mean"),
         "time_error_max": s.get("time_error_max"),
@@ -218,7 +224,7 @@ def line(c: dict[str, Any]) -> str:
         f"{f(c['ceiling_paired'])}, held out {f(c['heldout_ceiling_paired'])}); "
         f"{fast_mode(c)}noise: self-agreement {f(c['self_spearman'])}, ceiling {f(c['ceiling'])}, separable pairs "
         f"{f(c['separable_pairs'], '{:.0%}')}, plans spread {f(c['plan_spread'], '{:.1%}')}, processes spread "
-        f"{f(c['process_spread'], '{:.1%}')} -> {c['verdict']}; predicted time off by "
+        f"{f(c['process_spread'], '{:.1%}')}, host slope {f(c['host_slope'])} -> {c['verdict']}; predicted time off by "
         f"{f(c['time_error_mean'], '{:.1%}')} on average (at most {f(c['time_error_max'], '{:.1%}')}, held out "
         f"{f(c['time_error_heldout_mean'], '{:.1%}')}); largest peak-memory error "
         f"{f(c['max_peak_error'], '{:.1%}')} (<= 15%: {c['peak_ok']}), bit-identical {c['bit_identical']}, fastest "

@@ -6,7 +6,7 @@ every plan and held out, the ceiling and the verdict. Run it under another check
 graphs the run saved (``graphs/``: a GPU run's trace, predicted again on this machine),
 or to a trace made here (``--retrace``, or a run that saved none).
 
-    python benchmarks/repredict.py out/cpu-decode [--no-queue] [--calibration a,b,c] [--set value_s=5e-6] [--json FILE] [--repeats]
+    python benchmarks/repredict.py out/cpu-decode [--no-queue] [--calibration a,b,c] [--set value_s=5e-6] [--json FILE] [--repeats] [--host-adjust on|off]
 
 ``--repeats`` asks whether a term the cost model lacks would order the plans better: a
 time per *repeated* segment (one whose equations, by primitive, shape and type, an
@@ -30,9 +30,11 @@ from segc.ir import Graph, parse, segments
 from segc.passes.costmodel import CPU, H200, MachineModel
 from segc.passes.plan import Plan, apply_plan
 from segc.research.calibrated import Prepared, calibrate, mark_held_out, predict_row
+from segc.research.experiment import record_timings
 from segc.research.models import load_model, make_workload
 from segc.research.report import Results
 from segc.research.sweep import spearman
+from segc.research.timing import Timed
 from segc.staging import jit
 
 
@@ -47,6 +49,11 @@ def main() -> None:
     ap.add_argument(
         "--host-weight", type=float, help="the measured host times' weight in the fit (fit.py; default: the run's)"
     )
+    ap.add_argument(
+        "--host-adjust", choices=("on", "off"),
+        help="measure again from the run's calls, adjusted to the host's median speed or as measured "
+        "(segc.research.timing.adjust); default: the run's measured times as they are"
+    )  # fmt: skip
     ap.add_argument("--overheads", default="group", choices=("group", "shared", "device"), help="calibrate.py's")
     ap.add_argument("--calibration", help="calibration plans (comma list of strategies) in place of the run's")
     ap.add_argument(
@@ -79,6 +86,12 @@ def main() -> None:
     if args.host_weight is None:  # the run's own (0 before the twenty-seventh session)
         args.host_weight = float(res["experiment"].get("host_weight", 0.0))
     rows = [dict(r) for r in res["rows"]]
+    if args.host_adjust is not None:  # every call is in the run's rows (runs since the host probe)
+        for key in dict.fromkeys((r["model"], r["workload"]) for r in rows):
+            group = [r for r in rows if (r["model"], r["workload"]) == key and r.get("calls")]
+            if not group:
+                ap.error(f"--host-adjust: {key} has no calls with host probes (a run before them)")
+            record_timings(group, [[Timed(**c) for c in r["calls"]] for r in group], args.host_adjust == "on")
     if args.calibration is not None:  # the held-out plans follow (mark_held_out)
         chosen = set(args.calibration.split(","))
         for r in rows:

@@ -104,7 +104,14 @@ def test_calibrated_sweep_timed_in_processes(tmp_path: Path) -> None:
     assert list(rows) == ["none", "every:1", "balanced:2", "markers", "eager"]
     assert all(r["bit_identical"] for r in rows.values())
     for r in rows.values():
-        assert r["processes"] == 2 and [len(t) for t in r["times_s"]] == [2, 2] and r["repeats"] == 2
+        assert r["processes"] == 2 and [len(c["times"]) for c in r["calls"]] == [2, 2] and r["repeats"] == 2
+        # measured: the calls adjusted to the host's median speed (timing.adjust), each
+        # by the workload's slope times its probe's distance from the median probe
+        probes = sorted(x for q in rows.values() for c in q["calls"] for x in c["probe"])
+        mid = (probes[len(probes) // 2 - 1] + probes[len(probes) // 2]) / 2  # an even count
+        for t, c in zip(r["times_s"], r["calls"]):
+            want = [y - r["host_slope"] * (x - mid) for x, y in zip(c["probe"], c["times"])]
+            assert t == pytest.approx(want, rel=1e-12) and min(c["probe"]) > 0
         assert r["process_low_s"] <= r["measured_median_s"] <= r["process_high_s"]
     plans = ["none", "every:1", "balanced:2", "markers"]
     assert [rows[p]["calibration"] for p in plans] == [True, False, False, True]

@@ -11,7 +11,7 @@ import pytest
 
 from segc.errors import SegcError
 from segc.research import Experiment, load_model, make_workload, run_experiment
-from segc.research.timing import ORDERS, Job, blocks, round_robin, timed_calls
+from segc.research.timing import ORDERS, Job, Timed, adjust, blocks, round_robin, timed_calls
 
 
 def _recorders(n: int, log: list[int]) -> list:
@@ -37,6 +37,7 @@ def test_blocks_run_each_plan_back_to_back_after_its_own_warmup(workload) -> Non
     assert log == [1] * 6 + [2] * 6 + [0] * 6
     assert [len(t.times) for t in got] == [4, 4, 4]
     assert all(len(t.host) == 4 and all(h <= w for h, w in zip(t.host, t.times)) for t in got)
+    assert all(len(t.probe) == 4 and min(t.probe) > 0 for t in got)  # the host's speed before each call
 
 
 def test_interleaved_calls_every_plan_once_a_round(workload) -> None:
@@ -72,6 +73,27 @@ def test_an_unknown_order_is_refused(workload) -> None:
         Experiment(time_limit=0).check()
 
 
+def test_adjust_puts_every_call_at_the_hosts_median_speed() -> None:
+    """By hand: within plan a's first process the time rises 2 s per second of probe,
+    within b's too, the host share 1 s per second in both: slopes 2 and 1. a's second
+    process is slower and probed slower throughout, but varies not within itself, so it
+    sets no slope. Median probe 3: each call less slope x (probe - 3)."""
+    a0 = Timed([10.0, 12.0, 14.0], [1.0, 2.0, 3.0], [1.0, 2.0, 3.0])
+    a1 = Timed([100.0, 100.0], [9.0, 9.0], [5.0, 5.0])
+    b0 = Timed([20.0, 24.0], [1.0, 3.0], [1.0, 3.0])
+    ((ka0, ka1), (kb0,)), slopes = adjust([[a0, a1], [b0]])
+    assert slopes == (2.0, 1.0)
+    assert (ka0.times, ka1.times, kb0.times) == ([14.0, 14.0, 14.0], [96.0, 96.0], [24.0, 24.0])
+    assert (ka0.host, ka1.host, kb0.host) == ([3.0, 3.0, 3.0], [7.0, 7.0], [3.0, 3.0])
+    assert ka0.probe == a0.probe  # the probes as measured
+    # a slope of 1 with t = 2.5 on 3 degrees of freedom (r^2 = 100/148): below SLOPE_T, none
+    weak = Timed([2.0, 1.0, 4.0, 3.0, 6.0], [0.0] * 5, [1.0, 2.0, 3.0, 4.0, 5.0])
+    assert adjust([[weak]]) == ([[weak]], (0.0, 0.0))
+    # calls timed without probes (runs before them): unchanged, no slope
+    bare = Timed([1.0, 2.0], [0.1, 0.2])
+    assert adjust([[bare]]) == ([[bare]], (0.0, 0.0))
+
+
 def test_a_time_limit_leaves_fewer_timing_processes_not_none() -> None:
     """A limit already past when timing starts: the first process runs, no other does;
     every row says so and the log tells why."""
@@ -82,6 +104,6 @@ def test_a_time_limit_leaves_fewer_timing_processes_not_none() -> None:
     )  # fmt: skip
     res = run_experiment(exp)
     assert [r["processes"] for r in res.rows] == [1, 1, 1]  # two plans and eager
-    assert all(len(r["times_s"]) == 1 and len(r["times_s"][0]) == 2 for r in res.rows)
+    assert all(len(r["calls"]) == 1 and len(r["calls"][0]["times"]) == 2 for r in res.rows)
     assert said == ["llama:layers=1,hidden=32: 1 of 3 timing processes within the time limit"]
     assert Experiment().order == "rounds" and Job("m", "", "auto", 1, 0, []).order == "rounds"

@@ -55,6 +55,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="calibration: the weight of the measured host times in the fit (0: whole calls only)",
     )
     p.add_argument(
+        "--no-host-adjust",
+        action="store_true",
+        help="the calls' times as measured, not adjusted to the host's median speed (a probe before each call)",
+    )
+    p.add_argument(
         "--time-limit",
         type=float,
         metavar="SECONDS",
@@ -104,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
             processes=args.processes,
             order=args.order,
             host_weight=args.host_weight,
+            host_adjust=not args.no_host_adjust,
             time_limit=args.time_limit,
             log=lambda m: print(m, file=sys.stderr),
             calibration=args.calibration or (),

@@ -37,7 +37,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +57,7 @@ from .models import load_model, make_workload
 from .noise import measured
 from .report import Results
 from .sweep import expand_all, spread
-from .timing import ORDERS, Job, Timed, time_in_processes, timed_calls, warm
+from .timing import ORDERS, Job, Timed, adjust, time_in_processes, timed_calls, warm
 
 DEFAULT_STRATEGIES = ("none", "markers", "every:2", "balanced:2..18:4", "memory:0.5x..2x:0.5x", "optimal", "optimal:1x")
 
@@ -86,6 +86,9 @@ class Experiment:
     order: str = "rounds"  # the timing order (timing.ORDERS): rounds of short blocks, whole blocks, or interleaved
     # calibration: the weight of the plans' measured host times in the fit (fit.py; 0: whole calls only)
     host_weight: float = 1.0
+    # each call's time adjusted to the host's median speed (timing.adjust: the host CPU's
+    # speed, probed before each call, as a covariate); False: the times as measured
+    host_adjust: bool = True
     # seconds for the whole run: timing processes that would end past it are not started
     # (timing.time_in_processes: fewer processes, each row saying how many); None: no limit
     time_limit: float | None = None
@@ -282,8 +285,7 @@ def _time_here(exp: Experiment, prep: Prepared, bar: Progress) -> None:
         warmup=max(exp.warmup, 1),
         step=lambda i: bar.step(f"{prep.workload.name} {rows[i]['strategy']}: timing"),
     )
-    for row, t in zip(rows, timed):
-        _record(row, [t])
+    record_timings(rows, [[t] for t in timed], exp.host_adjust)
 
 
 def _time_apart(
@@ -312,8 +314,18 @@ def _time_apart(
     if ran < exp.processes and exp.log is not None:
         exp.log(f"{mspec}: {ran} of {exp.processes} timing processes within the time limit")
     for rows, timed in zip(runs, got):
-        for row, t in zip(rows, timed):
-            _record(row, t)
+        record_timings(rows, timed, exp.host_adjust)
+
+
+def record_timings(rows: list[dict[str, Any]], timed: list[list[Timed]], host_adjust: bool) -> None:
+    """Each row's measured time from its calls (per process), with ``host_adjust`` as
+    if made at the host's median speed (``timing.adjust``; ``host_slope``: seconds of
+    call per second of probe); the calls as measured kept in ``calls``, so that a run
+    can be read again either way (``benchmarks/repredict.py --host-adjust``)."""
+    used, (slope, _) = adjust(timed) if host_adjust else (timed, (None, None))
+    for row, raw, t in zip(rows, timed, used):
+        _record(row, t)
+        row["calls"], row["repeats"], row["host_slope"] = [asdict(c) for c in raw], len(raw[0].times), slope
 
 
 def _record(row: dict[str, Any], timed: list[Timed]) -> None:

@@ -138,6 +138,7 @@ class Results:
                     **_noise(plans),
                     **_time_error(plans),
                     "max_peak_error": max(errs, default=None),
+                    "host_slope": next((r["host_slope"] for r in rows if r.get("host_slope") is not None), None),
                     "bit_identical": all(r.get("bit_identical") for r in rows if "error" not in r),
                     "fastest_measured": min(plans, key=lambda r: r["measured_median_s"])["strategy"] if plans else None,
                     "fastest_predicted": min(plans, key=lambda r: r["predicted_s"])["strategy"] if plans else None,

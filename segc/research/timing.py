@@ -29,7 +29,9 @@ each process's median (``noise.py``).
 from __future__ import annotations
 
 import json
+import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -47,11 +49,76 @@ from .models import Workload
 
 @dataclass
 class Timed:
-    """One plan's calls in one process: whole-call seconds and the host's share (until
-    the call returned)."""
+    """One plan's calls in one process: whole-call seconds, the host's share (until
+    the call returned) and the host's speed just before (:func:`host_probe`)."""
 
     times: list[float] = field(default_factory=list)
     host: list[float] = field(default_factory=list)
+    probe: list[float] = field(default_factory=list)
+
+
+PROBE_LOOP = 20_000  # about 0.6 ms on the H200's host at full speed
+
+
+def host_probe() -> float:
+    """Seconds for a fixed loop of pure Python: the host CPU's speed just now. On the
+    H200's virtual machine the host switches between two speeds (this probe about 0.6
+    and 1.1 ms) for seconds at a time, and a host-bound call with it
+    (``benchmarks/host_jitter.py``; docs/experiments.md, "The host's speed")."""
+    t0 = time.perf_counter()
+    s = 0
+    for i in range(PROBE_LOOP):
+        s += i
+    return time.perf_counter() - t0
+
+
+SLOPE_T = 3.0  # adjust(): a slope whose t statistic is smaller is taken as none
+
+
+def adjust(plans: Sequence[Sequence[Timed]]) -> tuple[list[list[Timed]], tuple[float, float]]:
+    """Per plan, per process: the calls as if made with the host at its median speed,
+    and the slopes used (seconds of call, and of host, per second of probe). Each call's
+    time less ``slope * (its probe - the median probe)``, the slope fitted by least
+    squares to every call's deviations from its own plan's and process's means, pooled:
+    a regression adjustment on a covariate, so that neither the plans' differences nor a
+    process's level set it, and the plans, timed in rounds alike, are shifted alike in
+    expectation. A slope whose t statistic is under :data:`SLOPE_T` is taken as 0: where
+    the probe does not track the calls (this CPU's, say) it would only add noise. Calls
+    without probes (runs before 2026-12-04): unchanged."""
+    if any(len(p.probe) != len(p.times) or not p.probe for t in plans for p in t):
+        return [list(t) for t in plans], (0.0, 0.0)
+    groups = [p for t in plans for p in t]
+    xs, ys, hs = ([d for p in groups for d in _centred(getattr(p, f))] for f in ("probe", "times", "host"))
+    bt, bh = (_slope(xs, v, len(xs) - len(groups) - 1) for v in (ys, hs))
+    ref = statistics.median(x for p in groups for x in p.probe)
+    out = [
+        [
+            Timed(
+                [y - bt * (x - ref) for x, y in zip(p.probe, p.times)],
+                [h - bh * (x - ref) for x, h in zip(p.probe, p.host)],
+                list(p.probe),
+            )
+            for p in t
+        ]
+        for t in plans
+    ]
+    return out, (bt, bh)
+
+
+def _centred(v: list[float]) -> list[float]:
+    m = statistics.fmean(v)
+    return [x - m for x in v]
+
+
+def _slope(xs: list[float], ys: list[float], df: int) -> float:
+    """The least-squares slope of ``ys`` on ``xs`` (both centred), 0 unless its t
+    statistic on ``df`` degrees of freedom reaches :data:`SLOPE_T`."""
+    xx, yy, xy = (sum(a * b for a, b in zip(u, v)) for u, v in ((xs, xs), (ys, ys), (xs, ys)))
+    if xx <= 0 or yy <= 0 or df < 1:
+        return 0.0
+    r2 = min(xy * xy / (xx * yy), 1.0)
+    t = math.inf if r2 >= 1 else math.sqrt(r2 * df / (1 - r2))
+    return xy / xx if t >= SLOPE_T else 0.0
 
 
 def warm(fn: Callable[..., Any], wl: Workload, calls: int) -> None:
@@ -116,6 +183,7 @@ def timed_calls(
 
 def _call(fn: Callable[..., Any], wl: Workload, into: Timed) -> None:
     a, k = wl.args()
+    into.probe.append(host_probe())
     t0 = time.perf_counter()
     y = fn(*a, **k)
     t1 = time.perf_counter()
@@ -191,7 +259,7 @@ def time_in_processes(
             got = json.loads(out.read_text())
             for w, per_plan in enumerate(got["workloads"]):
                 for i, t in enumerate(per_plan):
-                    res[w][i].append(Timed(t["times"], t["host"]))
+                    res[w][i].append(Timed(t["times"], t["host"], t.get("probe", [])))
             longest = max(longest, time.perf_counter() - t0)
             if done is not None:
                 done(p, time.perf_counter() - t0)
@@ -205,7 +273,7 @@ def run_job(job: Job) -> dict[str, Any]:
     from .models import load_model, make_workload
 
     model = load_model(job.model)
-    out: list[list[dict[str, list[float]]]] = []
+    out: list[list[dict[str, Any]]] = []
     for wspec, plans in job.workloads:
         wl = make_workload(wspec, model)
         wl.fresh = None
@@ -219,7 +287,7 @@ def run_job(job: Job) -> dict[str, Any]:
         for fn in fns:
             warm(fn, wl, 1 + job.warmup)  # the first call traces and compiles
         timed = timed_calls(fns, wl, job.repeats, job.order, warmup=max(job.warmup, 1), rotate=job.rotate)
-        out.append([{"times": t.times, "host": t.host} for t in timed])
+        out.append([asdict(t) for t in timed])
         del fns
     return {"workloads": out, "pid": os.getpid()}
 
