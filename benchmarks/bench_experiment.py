@@ -79,6 +79,10 @@ def main() -> int:
     )  # fmt: skip
     p.add_argument("--host-weight", type=float, default=1.0, help="calibration: the measured host times' weight")
     p.add_argument(
+        "--fit-repeats", action=argparse.BooleanOptionalAction, default=True,
+        help="calibration: fit the host's saving on a segment that repeats an earlier one's equations too"
+    )  # fmt: skip
+    p.add_argument(
         "--no-host-adjust", action="store_true",
         help="the calls' times as measured, not adjusted to the host's median speed (segc.research.timing.adjust)"
     )  # fmt: skip
@@ -122,6 +126,7 @@ def main() -> int:
             order=args.order,
             host_weight=args.host_weight,
             host_adjust=not args.no_host_adjust,
+            fit_repeats=args.fit_repeats,
             time_limit=args.time_limit,
             log=lambda m: print(m, flush=True),
             commit=commit,

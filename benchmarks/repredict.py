@@ -54,6 +54,10 @@ def main() -> None:
         help="measure again from the run's calls, adjusted to the host's median speed or as measured "
         "(segc.research.timing.adjust); default: the run's measured times as they are"
     )  # fmt: skip
+    ap.add_argument(
+        "--fit-repeats", action=argparse.BooleanOptionalAction,
+        help="fit the host's saving on a repeated segment too (costmodel 'Repeats'; default: as the run did)"
+    )  # fmt: skip
     ap.add_argument("--overheads", default="group", choices=("group", "shared", "device"), help="calibrate.py's")
     ap.add_argument("--calibration", help="calibration plans (comma list of strategies) in place of the run's")
     ap.add_argument(
@@ -83,6 +87,8 @@ def main() -> None:
     if args.no_queue:
         machine = replace(machine, **{f: 0 for f in ("queue_s", "queue_kernels") if hasattr(machine, f)})
     policy = res["experiment"].get("commit_policy", "segment")
+    if args.fit_repeats is None:  # the run's own (off before the twenty-eighth session)
+        args.fit_repeats = bool(res["experiment"].get("fit_repeats", False))
     if args.host_weight is None:  # the run's own (0 before the twenty-seventh session)
         args.host_weight = float(res["experiment"].get("host_weight", 0.0))
     rows = [dict(r) for r in res["rows"]]
@@ -119,7 +125,9 @@ def main() -> None:
                 mark_held_out(prep)
             preps.append(prep)
             cuts.update(prep.cuts)
-        fitted[mspec] = calibrate(machine, policy, preps, args.overheads, host_weight=args.host_weight)
+        fitted[mspec] = calibrate(
+            machine, policy, preps, args.overheads, host_weight=args.host_weight, repeats=args.fit_repeats
+        )
     summary = Results(machine=machine, rows=rows).summary()
     for s in summary:
         held = (s.get("noise") or {}).get("heldout") or {}
@@ -142,7 +150,9 @@ def main() -> None:
     for mspec, f in fitted.items():
         for w, m in f["machines"].items():
             figs = {
-                k: f"{m[k] * 1e6:.2f} us" for k in ("launch_s", "dispatch_s", "host_op_s", "segment_sq_s") if k in m
+                k: f"{m[k] * 1e6:.2f} us"
+                for k in ("launch_s", "dispatch_s", "host_op_s", "segment_sq_s", "repeat_s")
+                if k in m
             }
             print(mspec, w, "fitted", figs, f"scale {f['scales'][w]:.3g}")
     for r in rows:

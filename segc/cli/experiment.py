@@ -55,6 +55,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="calibration: the weight of the measured host times in the fit (0: whole calls only)",
     )
     p.add_argument(
+        "--fit-repeats",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="calibration: fit the host's saving on a segment that repeats an earlier one's equations too",
+    )
+    p.add_argument(
         "--no-host-adjust",
         action="store_true",
         help="the calls' times as measured, not adjusted to the host's median speed (a probe before each call)",
@@ -110,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
             order=args.order,
             host_weight=args.host_weight,
             host_adjust=not args.no_host_adjust,
+            fit_repeats=args.fit_repeats,
             time_limit=args.time_limit,
             log=lambda m: print(m, file=sys.stderr),
             calibration=args.calibration or (),

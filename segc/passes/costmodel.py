@@ -28,6 +28,14 @@ device
   So the term is 0 in the built-in models and left to calibration (``fit.py`` fits it),
   charged to the segment's span so that ``optimal`` stays an exact dynamic program.
 
+*Repeats*: a segment whose equations (primitive, output shapes and types, in order) an
+earlier segment of the call already had costs the host ``repeat`` less before the
+device may start it. On the H200, prefill plans whose segments repeat a layer's ran
+faster than the model without the term predicted, plans cut inside layers slower
+(docs/experiments.md, "The eighteenth run"). 0 in the built-in models, left to
+calibration (``fit.py``). ``optimal`` plans without it: whether a span repeats depends
+on the plan's other segments, which a span's cost cannot see.
+
 The device starts segment ``k`` when the host is ``p_k`` into it and segment ``k - 1``
 is done: ``H_k = H_{k-1} + h_k``, ``D_k = max(max(D_{k-1}, H_{k-1} + p_k) + d_k, H_k)``
 (``encode = 0``: ``max(D_{k-1}, H_k) + d_k``); the prediction is ``D_last``.
@@ -177,11 +185,14 @@ class SegmentTime:
     queue_n: float = 0.0  # of queue: the kernels in it
     light: int = 0  # of kernels: those of elementwise equations only (elementwise_host of host_op_s each)
     part: int = 0  # a segment past a GPU's command-buffer size comes in parts (``_buffers``): which one
+    repeat: bool = False  # an earlier segment of the call had the same equations (``repeat_s``)
 
     def retimed(self, m: MachineModel) -> SegmentTime:
         """The same segment with ``m``'s per-kernel and per-segment figures (its
         bandwidth and FLOP rate kept): what calibration fits."""
         pre = (m.dispatch_s if self.part == 0 else 0.0) + m.host_op_s * host_kernels(self, m.elementwise_host)
+        if self.repeat and self.part == 0:
+            pre = max(pre - m.repeat_s, 0.0)
         host = pre + m.encode_s * self.kernels
         dev = self.work + m.launch_s * self.kernels + m.segment_sq_s * self.kernels**2
         return replace(self, host=host, device=dev, pre=pre, queue=self.queue_work + m.launch_s * self.queue_n)
@@ -215,8 +226,12 @@ def predict_time(g: Graph, m: MachineModel | None = None, commit: str = "segment
     ends = command_buffers(g, oc.kernels, m.buffer_kernels, flags)[1] if m.buffer_kernels > 0 else []
     segs: list[SegmentTime] = []
     k = 0
+    seen: set[tuple] = set()
     for s, flag in zip(segments(g), flags):
         n = sum(1 for e in g.eqns[s.start : s.stop] if not e.is_pseudo)
+        sig = signature(g, s.start, s.stop)
+        repeat = sig in seen
+        seen.add(sig)
         a, b = k, k + n
         k = b
         in_b = _span_in_bytes(oc.lv, os_, a, b)
@@ -241,9 +256,16 @@ def predict_time(g: Graph, m: MachineModel | None = None, commit: str = "segment
             queue_work=qw[a],
             queue_n=qn[a],
             light=_light(oc, a, b),
+            repeat=repeat,
         )
         segs += _buffers(seg, oc, a, b, ends, m)
     return timed(segs, m)
+
+
+def signature(g: Graph, start: int, stop: int) -> tuple:
+    """Equations ``[start, stop)`` as a segment repeats them: primitive, output shapes
+    and types, in order (what ``repeat_s`` compares)."""
+    return tuple((e.prim, tuple((o.shape, o.dtype) for o in e.outs)) for e in g.eqns[start:stop] if not e.is_pseudo)
 
 
 def host_kernels(s: SegmentTime, elementwise: float) -> float:

@@ -16,7 +16,7 @@ from ..passes.analysis import analyze
 from ..passes.commits import commit_flags
 from ..passes.costmodel import MachineModel, predict_time
 from ..passes.memory import predict_memory
-from .fit import Observation, fit_machine
+from .fit import FREE, Observation, fit_machine
 from .models import Workload
 
 # what overheads="device" fits: the device's throughput, per-kernel launch and size terms
@@ -49,7 +49,12 @@ def mark_held_out(prep: Prepared) -> None:
 
 
 def calibrate(
-    machine: MachineModel, policy: str, preps: list[Prepared], overheads: str = "group", host_weight: float = 0.0
+    machine: MachineModel,
+    policy: str,
+    preps: list[Prepared],
+    overheads: str = "group",
+    host_weight: float = 0.0,
+    repeats: bool = False,
 ) -> dict[str, Any]:
     """Fit ``machine`` to the calibration rows of every workload, then predict every
     planned row with the fitted model (``prior_predicted_s``: the prediction before).
@@ -58,7 +63,9 @@ def calibrate(
     ``"group"``, each workload's overheads fitted to its own calibration
     rows, or ``"shared"``, one set for every workload (``fit.fit_machine``); ``host_weight``
     > 0 fits the rows' measured host times too (``fit.py``; off by default:
-    docs/experiments.md, "The sixth and seventh runs")."""
+    docs/experiments.md, "The sixth and seventh runs"); ``repeats`` fits the host's
+    saving on a repeated segment too (``repeat_s``: ``costmodel``, "Repeats"; not with
+    ``"device"``)."""
     obs = []
     for prep in preps:
         for r in prep.rows:
@@ -69,7 +76,8 @@ def calibrate(
     if overheads == "device":  # the host's figures are the machine model's (measured apart): only the device's fitted
         fit = fit_machine(machine, obs, overheads="group", host_weight=host_weight, free=DEVICE_FIGURES)
     else:
-        fit = fit_machine(machine, obs, overheads=overheads, host_weight=host_weight)
+        free = (*FREE, "repeat_s") if repeats else FREE
+        fit = fit_machine(machine, obs, overheads=overheads, host_weight=host_weight, free=free)
     for prep in preps:
         m = fit.machines.get(prep.workload.name)
         for r in prep.rows:
@@ -81,6 +89,7 @@ def calibrate(
         "free": list(fit.free),
         "overheads": overheads,
         "host_weight": host_weight,
+        "repeats": repeats,
         "scales": fit.scales,
         "loss": fit.loss,
         "plans": sorted({o.name for o in obs}),

@@ -16,7 +16,8 @@ this process or in ``processes`` fresh ones (the median over processes of each o
 median; ``noise.py`` says whether the differences exceed the noise), each call
 ``y = f(); mx.eval(y, caches)`` under the runtime's ``commit`` policy. An ``eager`` row
 times the model called directly. MLX gives no per-kernel device timer from Python, so
-times are whole calls (median, quartiles) and the host's share (until the call returns).
+times are whole calls (median, quartiles) and the host's share (until the call returns),
+by default adjusted to the host CPU's median speed (``host_adjust``; ``timing.adjust``).
 
 With ``calibration`` plans (strategies, timed like the others and added to the sweep
 where it lacks them), the machine model's overheads and throughput are fitted per model
@@ -86,6 +87,9 @@ class Experiment:
     order: str = "rounds"  # the timing order (timing.ORDERS): rounds of short blocks, whole blocks, or interleaved
     # calibration: the weight of the plans' measured host times in the fit (fit.py; 0: whole calls only)
     host_weight: float = 1.0
+    # calibration: fit the host's saving on a segment that repeats an earlier one's
+    # equations too (costmodel "Repeats"; docs/experiments.md, "The eighteenth run")
+    fit_repeats: bool = True
     # each call's time adjusted to the host's median speed (timing.adjust: the host CPU's
     # speed, probed before each call, as a covariate); False: the times as measured
     host_adjust: bool = True
@@ -175,7 +179,9 @@ def run_experiment(exp: Experiment) -> Results:
             if exp.processes > 1:
                 _time_apart(exp, mspec, preps, bar, deadline)
             if calib:
-                res.fitted[mspec] = calibrate(machine, policy, preps, exp.overheads, exp.host_weight)
+                res.fitted[mspec] = calibrate(
+                    machine, policy, preps, exp.overheads, exp.host_weight, repeats=exp.fit_repeats
+                )
             for prep in preps:
                 res.rows.extend(prep.rows)
             del model, preps

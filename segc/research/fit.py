@@ -44,7 +44,9 @@ and seventh runs"), measured as in use it ranks them better ("The seventeenth ru
 
 A figure the observations cannot tell apart is left at the base model's value:
 ``commit_s`` when every segment of every observation is committed (it then only adds
-to ``dispatch_s``). The host's queue (``queue_kernels``) is the base model's, not
+to ``dispatch_s``), ``repeat_s`` (the host's saving on a segment that repeats an earlier
+one's equations: ``costmodel``, "Repeats") when every observation repeats as many
+segments. The host's queue (``queue_kernels``) is the base model's, not
 fitted: MLX's source fixes it; its device time follows the fitted launches and scale.
 ``launch_s`` and a scale are told apart only by segments whose
 work per kernel differs (a shared scale over decode and prefill; with a scale per
@@ -74,8 +76,11 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "commit_s": (1e-7, 1e-2),
     "encode_s": (1e-9, 1e-4),
     "segment_sq_s": (1e-13, 1e-5),
+    "repeat_s": (1e-9, 1e-4),
 }
-FREE = ("scale", "launch_s", "dispatch_s", "host_op_s", "commit_s", "segment_sq_s")
+# figures at 0 in the built-in models, left to calibration: no prior pulls them to 0
+ONLY_FITTED = ("repeat_s",)
+FREE = ("scale", "launch_s", "dispatch_s", "host_op_s", "commit_s", "segment_sq_s")  # repeat_s: on request
 
 
 @dataclass(frozen=True)
@@ -118,15 +123,18 @@ def predict_many(obs: Sequence[Observation], base: MachineModel, values: dict[st
     the base model's; ``scale`` multiplies the work, ``scale:GROUP`` that group's)."""
     fig = _figures(base, values)
     p = len(fig("scale"))
-    names = ("launch_s", "dispatch_s", "host_op_s", "commit_s", "encode_s", "segment_sq_s")
-    ln, dp, ho, cm, en, sq = (fig(n) for n in names)
+    names = ("launch_s", "dispatch_s", "host_op_s", "commit_s", "encode_s", "segment_sq_s", "repeat_s")
+    ln, dp, ho, cm, en, sq, rp = (fig(n) for n in names)
     ew = base.elementwise_host
     out = np.empty((p, len(obs)))
     for j, o in enumerate(obs):
         sc = values.get(f"scale:{o.group}", fig("scale"))
         ks = [float(s.kernels) for s in o.segments]
         # a segment's later command buffers (SegmentTime.part) pay no dispatch of their own
-        pre = [dp * (s.part == 0) + ho * host_kernels(s, ew) for s in o.segments]
+        pre = [
+            np.maximum(dp * (s.part == 0) + ho * host_kernels(s, ew) - rp * (s.repeat and s.part == 0), 0.0)
+            for s in o.segments
+        ]
         host = [x + en * k for x, k in zip(pre, ks)]
         dev = [sc * s.work + ln * k + sq * k * k for s, k in zip(o.segments, ks)]
         flags = [s.commit for s in o.segments]
@@ -140,14 +148,18 @@ def predict_host_many(obs: Sequence[Observation], base: MachineModel, values: di
     segment's dispatch and kernels and every commit the loop makes), as
     :func:`predict_many` gives the whole call's."""
     fig = _figures(base, values)
-    dp, ho, cm, en = (fig(n) for n in ("dispatch_s", "host_op_s", "commit_s", "encode_s"))
+    dp, ho, cm, en, rp = (fig(n) for n in ("dispatch_s", "host_op_s", "commit_s", "encode_s", "repeat_s"))
     out = np.empty((len(dp), len(obs)))
     for j, o in enumerate(obs):
         k = float(sum(s.kernels for s in o.segments))
-        hk = float(sum(host_kernels(s, base.elementwise_host) for s in o.segments))
         commits = commit_count(tuple(s.commit for s in o.segments))
-        n = sum(s.part == 0 for s in o.segments)
-        out[:, j] = n * dp + ho * hk + en * k + commits * cm
+        pre = sum(
+            np.maximum(
+                dp * (s.part == 0) + ho * host_kernels(s, base.elementwise_host) - rp * (s.repeat and s.part == 0), 0.0
+            )
+            for s in o.segments
+        )
+        out[:, j] = pre + en * k + commits * cm
     return out
 
 
@@ -183,7 +195,8 @@ def loss(pred: np.ndarray, obs: Sequence[Observation], level_weight: float = 0.1
 def identifiable(obs: Sequence[Observation], free: Sequence[str], base: MachineModel) -> tuple[str, ...]:
     """``free`` less the figures the observations cannot determine (module docstring)."""
     every = all(s.commit for o in obs for s in o.segments)
-    return tuple(f for f in free if not (f == "commit_s" and every))
+    repeats = {sum(s.repeat for s in o.segments) for o in obs}
+    return tuple(f for f in free if not (f == "commit_s" and every) and not (f == "repeat_s" and len(repeats) < 2))
 
 
 def fit_machine(
@@ -253,7 +266,10 @@ def fit_machine(
     hi = np.log10([BOUNDS[n.partition(":")[0]][1] for n in names])
 
     # the prior: each overhead's log10 distance from the base model's figure, weighted
-    prior = [i for i, n in enumerate(names) if not n.startswith("scale")]
+    # (none for a figure the base model has at 0, which has no log10: ONLY_FITTED)
+    prior = [
+        i for i, n in enumerate(names) if not n.startswith("scale") and not (n in ONLY_FITTED and not getattr(base, n))
+    ]
     x0 = np.clip(np.log10([max(getattr(base, names[i]), 1e-300) for i in prior]), lo[prior], hi[prior])
 
     def res(x: np.ndarray) -> np.ndarray:

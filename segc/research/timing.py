@@ -24,6 +24,9 @@ one after another (``python -m segc.research.timing JOB OUT``), each loading the
 re-applying the saved plans to its own trace, compiling and warming them up, starting
 at a different plan; the experiment reports the median over processes of
 each process's median (``noise.py``).
+
+Before each timed call :func:`host_probe` times a fixed loop of pure Python, the host
+CPU's speed just then; :func:`adjust` puts every call at the host's median speed.
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ def host_probe() -> float:
     """Seconds for a fixed loop of pure Python: the host CPU's speed just now. On the
     H200's virtual machine the host switches between two speeds (this probe about 0.6
     and 1.1 ms) for seconds at a time, and a host-bound call with it
-    (``benchmarks/host_jitter.py``; docs/experiments.md, "The host's speed")."""
+    (``benchmarks/host_jitter.py``; docs/experiments.md, "The eighteenth run")."""
     t0 = time.perf_counter()
     s = 0
     for i in range(PROBE_LOOP):

@@ -153,3 +153,20 @@ def test_a_queue_of_kernels_exposes_a_segments_preparation() -> None:
         assert predict_time(g, replace(m, queue_kernels=q)).total == pytest.approx(free.total)
     whole = predict_time(run_pass("strip_cuts", g), replace(m, queue_kernels=1))
     assert whole.total == pytest.approx(603e-6 + 512e-6 + 256e-6 + 512e-6 + 3e-6)  # the first segment waits anyway
+
+
+def test_a_repeated_segment_costs_the_host_repeat_s_less() -> None:
+    """``TWO``'s second segment has the first's equation (a Matmul to f32[4,8]): its
+    host share is ``repeat_s`` less; a segment of other shapes repeats nothing; the
+    saving never makes a host share negative."""
+    m = replace(TOY, repeat_s=4e-6)
+    work, host = 512e-9, 1e-5 + 1e-6
+    dev0, dev1 = work + 1e-6, work + 1e-6 + 128e-9
+    h1, h2 = host, 2 * host - 4e-6
+    tp = predict_time(parse(TWO), m)
+    assert [s.repeat for s in tp.segments] == [False, True]
+    assert [s.host for s in tp.segments] == pytest.approx([host, host - 4e-6])
+    assert tp.total == pytest.approx(max(h1 + dev0, h2) + dev1) and tp.host == pytest.approx(h2)
+    other = TWO.replace("%v1: f32[4,8] = Matmul(%v0, %p0)", "%v1: f32[4,8] = Add(%v0, %v0)")
+    assert [s.repeat for s in predict_time(parse(other), m).segments] == [False, False]
+    assert predict_time(parse(TWO), replace(m, repeat_s=1.0)).segments[1].host == 0.0

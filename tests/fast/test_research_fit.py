@@ -225,3 +225,33 @@ def test_host_times_give_back_the_host_figures_of_a_device_bound_workload() -> N
     for f in ("dispatch_s", "host_op_s", "commit_s"):
         assert getattr(fit.machine, f) == pytest.approx(TRUE[f], rel=0.03), f
     assert fit.scales["prefill"] == pytest.approx(1.3, rel=0.02)
+
+
+def test_fit_recovers_the_hosts_saving_on_a_repeated_segment() -> None:
+    """Segments of equal size repeat the first of that size (``SegmentTime.repeat``):
+    from timings the cost model generated with ``repeat_s`` = 15 us (host-bound decode
+    layers), the fit finds it; the fitter's host times are the cost model's; with every
+    observation repeating as many segments it cannot be told from the dispatch and is
+    left alone."""
+    from segc.research.fit import predict_host_many
+
+    true = dict(TRUE, repeat_s=1.5e-5)
+    truth = _truth(1.3, **true)
+    obs = []
+    for per in (16, 8, 5, 4, 3, 2, 1):
+        segs, seen = [], set()
+        for s in _layers(16, per, 14, 3e-6):
+            segs.append(replace(s, repeat=s.ops in seen and s.name != "head"))
+            seen.add(s.ops)
+        sc = BASE.bytes_per_s / truth.bytes_per_s
+        tp = timed([replace(s, work=s.work * sc).retimed(truth) for s in segs], truth)
+        obs.append(Observation("decode", tuple(segs), tp.total, str(per), tp.host))
+    assert sum(s.repeat for s in obs[-1].segments) == 15  # a layer a segment: all but the first repeat
+    vals = {f: np.array([true[f]]) for f in ("dispatch_s", "host_op_s", "commit_s", "repeat_s")}
+    assert predict_host_many(obs, BASE, vals)[0] == pytest.approx([o.host for o in obs], rel=1e-9)
+    base = replace(BASE, launch_s=TRUE["launch_s"], segment_sq_s=TRUE["segment_sq_s"], commit_s=TRUE["commit_s"])
+    fit = fit_machine(base, obs, free=("scale", "dispatch_s", "host_op_s", "repeat_s"), host_weight=1.0, prior_weight=0)
+    for f in ("dispatch_s", "host_op_s", "repeat_s"):
+        assert getattr(fit.machine, f) == pytest.approx(true[f], rel=0.03), f
+    same = [replace(o, segments=tuple(replace(s, repeat=False) for s in o.segments)) for o in obs]
+    assert "repeat_s" not in fit_machine(base, same, free=("scale", "dispatch_s", "repeat_s")).free

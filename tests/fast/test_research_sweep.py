@@ -65,5 +65,9 @@ def test_machine_model_json(tmp_path) -> None:
         MachineModel.from_json('{"segc_machine": 1, "speed": 3}')
     with pytest.raises(ScheduleError, match="launch_s must be a positive number"):
         MachineModel.from_json('{"segc_machine": 1, "launch_s": -1}')
+    # the host's saving on a repeated segment: 0 allowed (the built-in models'), below refused
+    assert MachineModel.from_json('{"segc_machine": 1, "repeat_s": 0}').repeat_s == 0
+    with pytest.raises(ScheduleError, match="repeat_s must be a positive number"):
+        MachineModel.from_json('{"segc_machine": 1, "repeat_s": -1e-6}')
     with pytest.raises(ScheduleError, match="cannot read machine model"):
         MachineModel.load(tmp_path / "missing.json")
