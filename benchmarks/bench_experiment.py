@@ -79,8 +79,9 @@ def main() -> int:
     )  # fmt: skip
     p.add_argument("--host-weight", type=float, default=1.0, help="calibration: the measured host times' weight")
     p.add_argument(
-        "--fit-repeats", action=argparse.BooleanOptionalAction, default=True,
-        help="calibration: fit the host's saving on a segment that repeats an earlier one's equations too"
+        "--fit-repeats", action=argparse.BooleanOptionalAction,
+        help="calibration: fit the host's saving on a segment that repeats an earlier one's equations too "
+        "(default: on a GPU)"
     )  # fmt: skip
     p.add_argument(
         "--no-host-adjust", action="store_true",

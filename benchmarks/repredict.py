@@ -88,7 +88,7 @@ def main() -> None:
         machine = replace(machine, **{f: 0 for f in ("queue_s", "queue_kernels") if hasattr(machine, f)})
     policy = res["experiment"].get("commit_policy", "segment")
     if args.fit_repeats is None:  # the run's own (off before the twenty-eighth session)
-        args.fit_repeats = bool(res["experiment"].get("fit_repeats", False))
+        args.fit_repeats = any(f.get("repeats") for f in res.get("fitted", {}).values())
     if args.host_weight is None:  # the run's own (0 before the twenty-seventh session)
         args.host_weight = float(res["experiment"].get("host_weight", 0.0))
     rows = [dict(r) for r in res["rows"]]

@@ -57,8 +57,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--fit-repeats",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="calibration: fit the host's saving on a segment that repeats an earlier one's equations too",
+        help="calibration: fit the host's saving on a segment that repeats an earlier one's equations too "
+        "(default: on a GPU)",
     )
     p.add_argument(
         "--no-host-adjust",
