@@ -12,7 +12,8 @@ Each mode is a process of its own, the modes in turn, ``--rounds`` times:
 
 In each process, ``--calls`` rounds of: a fixed pure-Python loop (the host CPU's
 speed), a fixed device-bound matrix product (the GPU's speed), then two timed calls
-each of eager MLX and segc (its defaults, a segment per layer). Each call records the
+each of eager MLX and segc (its defaults, a segment per layer; its output checked
+against eager's, raw bytes, once per process). Each call records the
 CPU it ended on (``/proc/thread-self/stat``). ``nvidia-smi`` logs the SM clock, power
 and temperature every 100 ms meanwhile. Prints, per mode and function, the median and
 10th-90th percentiles of the calls, and the correlation of the calls' times with the
@@ -79,6 +80,7 @@ def child(mode: str, calls: int, out: str, model_spec: str, workload: str, size:
     import mlx.core as mx
 
     from segc import jit
+    from segc.dtypes import to_bytes
     from segc.research import load_model, make_workload
 
     model = load_model(model_spec)
@@ -92,9 +94,13 @@ def child(mode: str, calls: int, out: str, model_spec: str, workload: str, size:
         mx.eval(a @ a @ a @ a)
         return time.perf_counter() - t0
 
-    for fn in fns.values():
+    outs = {}
+    for name, fn in fns.items():
         for _ in range(3):
-            mx.eval(fn(*wl.args()[0]))
+            outs[name] = fn(*wl.args()[0])
+            mx.eval(outs[name])
+    same = to_bytes(outs["segc"]) == to_bytes(outs["eager"])
+    del outs
     gpu_probe()
     rows = []
     for r in range(calls):
@@ -109,7 +115,9 @@ def child(mode: str, calls: int, out: str, model_spec: str, workload: str, size:
                 t2 = time.perf_counter()
                 rows.append(dict(mode=mode, round=r, fn=name, k=k, at=time.time(), wall=t2 - t0, host=t1 - t0,
                                  cpu_probe=cp, gpu_probe=gp, cpu0=c0, cpu1=this_cpu()))  # fmt: skip
-    Path(out).write_text(json.dumps({"mode": mode, "affinity": sorted(os.sched_getaffinity(0)), "rows": rows}))
+    Path(out).write_text(
+        json.dumps({"mode": mode, "affinity": sorted(os.sched_getaffinity(0)), "same": same, "rows": rows})
+    )
 
 
 def corr(x: list[float], y: list[float]) -> float:
@@ -224,6 +232,7 @@ def main() -> None:
         gp = [x["gpu_probe"] * 1e3 for run in runs if run["mode"] == mode for x in run["rows"]]
         print(f"|   {mode} probes | cpu {statistics.median(cp):.2f} ({pct(cp, 0.1):.2f}-{pct(cp, 0.9):.2f}) ms, "
               f"gpu {statistics.median(gp):.2f} ({pct(gp, 0.1):.2f}-{pct(gp, 0.9):.2f}) ms |")  # fmt: skip
+    print("segc's output has eager's bytes in every process:", all(run["same"] for run in runs))
     for run in runs:
         seq = " ".join(f"{x['wall'] * 1e3:.1f}" for x in run["rows"] if x["fn"] == "segc")
         print(f"{run['mode']} segc: {seq}")

@@ -446,3 +446,22 @@ def test_host_by_plan_reads_a_run_by_hand(tmp_path: Path) -> None:
     assert re.search(r"every:4\s+5 seg\s+2\.300", p.stdout), p.stdout
     line = next(x for x in p.stdout.splitlines() if "a segment more" in x)
     assert "balanced:2->every:4 100, every:4->every:2 100, every:2->min_boundary_bytes -," in line, line
+
+
+def test_host_jitter_pins_each_mode_and_keeps_eagers_bytes() -> None:
+    """``benchmarks/host_jitter.py`` (issue 15: what makes an H200 prefill switch speeds)
+    on the CPU: every mode a process of its own, ``core`` pinned to one CPU, segc's
+    output eager's bytes in every process."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "host_jitter.py"), "--model", "small", "--workload", "prefill:8"]
+    args = ["--probe-size", "64", "--calls", "3", "--modes", "free,core"]
+    p = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=200, cwd=ROOT)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "core round 0: " in p.stdout and "affinity [" in p.stdout
+    core = re.search(r"core round 0: \d+ s, affinity \[(\d+)\]", p.stdout)
+    assert core is not None, p.stdout  # one CPU
+    rows = {
+        tuple(c.strip() for c in line.split("|")[1:3]): line for line in p.stdout.splitlines() if line.startswith("| ")
+    }
+    assert {("free", "segc"), ("core", "segc"), ("free", "eager"), ("core", "eager")} <= set(rows), p.stdout
+    assert rows[("core", "segc")].rstrip(" |").endswith("| 1"), rows[("core", "segc")]  # it ran on one CPU
+    assert "segc's output has eager's bytes in every process: True" in p.stdout
