@@ -31,7 +31,7 @@
 # (docs/performance.md, paging; the fenced pager's spread eviction); hostcost: host_cost.py
 # (MLX's host time per kernel, builtin and custom, eager, compiled, in 17 commits); segment:
 # segment_host.py (each segment's compiled call, commit and primitives; bf16, 4-bit, mixtral);
-# plandevice: plan_device.py (each prefill-512 plan's device span: its own, and in the pipeline);
+# plandevice: plan_device.py (each plan's device span, its own and in the pipeline: WORKLOAD, default prefill:512, or decode:1024);
 # argcost: arg_cost.py (the host's time per extra input of a compiled, committed segment);
 # hostkinds: host_kinds.py (the host's time per segment, per product and per elementwise kernel;
 # the H200 model with them in it: $OUT/host_kinds.json, so that
@@ -45,7 +45,7 @@
 # 4 minutes a model on the H200, so MODELS=llama: (or llama_4bit:--bits,4 or
 # mixtral:--arch,mixtral) runs one model in a device call.
 # VARIANTS (default eager,compile,segc,each,whole,drain), REPEATS (40), ROUNDS (1),
-# BENCH_LIMIT (400 s); experiment: PROCESSES (4), ORDER (rounds; blocks, interleaved: the timing order), OVERHEADS (group; device: calibrate the
+# BENCH_LIMIT (400 s); experiment: WORKLOADS (decode:1024,prefill:512; plandevice: WORKLOAD), PROCESSES (4), ORDER (rounds; blocks, interleaved: the timing order), OVERHEADS (group; device: calibrate the
 # device's figures alone), MACHINE (a machine model JSON, e.g. with host_kinds.py's figures).
 set -u
 OUT="${OUT:-/tmp/segc-gpu-out}"
@@ -202,7 +202,7 @@ for p in $parts; do
       bench moe4_prefill512 --prefill 512 --no-decode --first-call-layers 0 --no-dispatch --arch mixtral --bits 4
     ;;
   experiment)  # issue 15: predicted against measured, every plan (a device call of its own)
-    timeout "${BENCH_LIMIT:-575}" $PY benchmarks/bench_experiment.py --model reference --workloads decode:1024,prefill:512 \
+    timeout "${BENCH_LIMIT:-575}" $PY benchmarks/bench_experiment.py --model reference --workloads "${WORKLOADS:-decode:1024,prefill:512}" \
       --strategies none,markers,every:2,every:4,balanced:2..18:4,memory:1x..2x:1x,optimal,optimal:1x,min_boundary_bytes \
       --calibration none,min_boundary_bytes,every:4,balanced:2 --processes "${PROCESSES:-4}" --repeats 10 --warmup 2 \
       --overheads "${OVERHEADS:-group}" ${MACHINE:+--machine "$MACHINE"} \
@@ -221,9 +221,9 @@ for p in $parts; do
   plandevice)  # issue 15: each prefill plan's device span, its own (one CUDA graph) and in the pipeline
     all=none,markers,every:2,every:4,balanced:2,balanced:6,balanced:10,balanced:14,balanced:18,memory:1x,memory:2x,optimal,optimal:1x,min_boundary_bytes
     MLX_MAX_OPS_PER_BUFFER=100000 MLX_MAX_MB_PER_BUFFER=100000 timeout 200 $PY benchmarks/plan_device.py \
-      --strategies $all --commit fences >"$OUT/plan_device_own.txt" 2>&1
+      --workload "${WORKLOAD:-prefill:512}" --strategies $all --commit fences >"$OUT/plan_device_own.txt" 2>&1
     echo "plandevice own: rc=$?"
-    timeout 200 $PY benchmarks/plan_device.py --strategies $all --commit segment >"$OUT/plan_device_segment.txt" 2>&1
+    timeout 200 $PY benchmarks/plan_device.py --workload "${WORKLOAD:-prefill:512}" --strategies $all --commit segment >"$OUT/plan_device_segment.txt" 2>&1
     echo "plandevice segment: rc=$?"
     ;;
   hostkinds)  # the host per segment, per product kernel and per elementwise kernel: host_kinds.py

@@ -1,5 +1,6 @@
 """The device's own time for each plan of an experiment (issue 15: why prefill plans that
-cut inside layers measure slower than layer-aligned ones the cost model predicts alike).
+cut inside layers measure slower than layer-aligned ones the cost model predicts alike;
+for decode, why a plan's device finishes later after the host than predicted).
 
 Each plan of one workload (made here from ``--strategies`` on this device's trace) runs
 through ``segc.jit`` under a commit policy (``--commit``) between two kernels that read
@@ -15,6 +16,10 @@ CUDA the spans are wall-clock times (host and device together).
     MLX_MAX_OPS_PER_BUFFER=100000 MLX_MAX_MB_PER_BUFFER=100000 \\
         python benchmarks/plan_device.py --workload prefill:512 --commit fences
     python benchmarks/plan_device.py --workload prefill:512 --commit segment
+
+A decode workload (``decode:1024``) has its caches reset to the context before every
+call, as the experiment's calls have (``Workload.args``), and its caches' new buffers
+are among the outputs the span ends on.
 """
 
 from __future__ import annotations
@@ -52,23 +57,24 @@ def main() -> None:
 
     model = load_model(args.model)
     wl = make_workload(args.workload, model)
-    if wl.caches is not None:
-        raise SystemExit("a workload without caches (prefill:N): a decode call's caches are not reset here")
     want = dtypes.to_bytes(wl.reference(model))
-    g = segc.jit(model, boundaries="layers.*").trace(wl.tokens).graph
+    a, k = wl.args()
+    g = segc.jit(model, boundaries="layers.*").trace(*a, **k).graph
     fns = {}
     for spec in args.strategies.split(","):
         plan = make_plan(g, spec)
         fn = segc.jit(model, boundaries="layers.*", strategy=plan, validate=False, commit=args.commit)
-        out = fn(wl.tokens)
-        mx.eval(out)
+        a, k = wl.args()  # a decode call's caches reset to the context, as the experiment's calls are
+        out = fn(*a, **k)
+        mx.eval(out, wl.sync())
         fns[spec] = (fn, len(segments(apply_plan(g, plan))), dtypes.to_bytes(out) == want)
     spans: dict[str, list[float]] = {s: [] for s in fns}
     for _ in range(args.rounds):
         for spec, (fn, _, _) in fns.items():
 
             def body(y: mx.array, fn=fn) -> list[mx.array]:
-                return [fn(y)]
+                _, k = wl.args()
+                return [fn(y, **k), *wl.sync()]
 
             for _ in range(2):
                 stamped(wl.tokens, body)

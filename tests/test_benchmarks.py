@@ -302,11 +302,13 @@ def test_segment_host_counts_each_segments_primitives_and_keeps_the_executors_by
     assert len(rows) >= 2 and all(int(r[3]) > 0 and float(r[1]) > 0 and float(r[2]) > 0 for r in rows), p.stdout
 
 
-def test_plan_device_times_every_plan_and_keeps_eagers_bytes() -> None:
+@pytest.mark.parametrize("workload", ["prefill:8", "decode:16"])
+def test_plan_device_times_every_plan_and_keeps_eagers_bytes(workload: str) -> None:
     """``benchmarks/plan_device.py`` (issue 15: each plan's device span) on a small llama's
-    prefill: every plan's output is eager's (it exits 1 otherwise), and each plan has a
+    prefill and decode: every plan's output is eager's (it exits 1 otherwise; a decode
+    call whose caches were not reset to the context would not be), and each plan has a
     row with a positive span."""
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "plan_device.py"), "--model", "small", "--workload", "prefill:8"]
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "plan_device.py"), "--model", "small", "--workload", workload]
     args = ["--strategies", "none,every:2,balanced:3", "--repeats", "2", "--rounds", "1"]
     p = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=200, cwd=ROOT)
     assert p.returncode == 0, p.stdout + p.stderr
