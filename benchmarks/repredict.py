@@ -14,20 +14,29 @@ earlier segment of the call already had: a plan cut at every layer repeats all b
 few), fitted with an offset to the calibration plans' residuals (measured minus
 predicted; the fastest mode's processes where they fell into modes), then every plan's
 Spearman with it, over every plan and held out. An analysis, not the cost model.
+
+``--regimes`` asks whether the host's two speeds (docs/experiments.md, "The nineteenth
+run") set the plans' order: every call split at the median of the run's probes into the
+host's fast and slow halves; each plan measured as its two halves' medians weighted by
+the halves' shares of every call (post-stratified, so that no plan's figure turns on how
+many of its calls fell in a half); the calibration fitted to those; each plan predicted
+as the same weighting of the model at each half's host speed (the host figures scaled by
+the half's calls' host share over their plan's median, pooled). Prints each plan's
+halves and the Spearman. An analysis, not the harness's measurement.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
 from bench_experiment import check, fast_mode
 
 from segc.ir import Graph, parse, segments
-from segc.passes.costmodel import CPU, H200, MachineModel
+from segc.passes.costmodel import CPU, H200, MachineModel, predict_time
 from segc.passes.plan import Plan, apply_plan
 from segc.research.calibrated import Prepared, calibrate, mark_held_out, predict_row
 from segc.research.experiment import record_timings
@@ -45,6 +54,7 @@ def main() -> None:
     ap.add_argument("--no-queue", action="store_true", help="an unbounded host queue")
     ap.add_argument("--json", help="write the summary here")
     ap.add_argument("--repeats", action="store_true", help="fit a time per repeated segment (see above)")
+    ap.add_argument("--regimes", action="store_true", help="the host's fast and slow halves apart (see above)")
     ap.add_argument("--retrace", action="store_true", help="trace here even where the run saved its graphs")
     ap.add_argument(
         "--host-weight", type=float, help="the measured host times' weight in the fit (fit.py; default: the run's)"
@@ -98,6 +108,13 @@ def main() -> None:
             if not group:
                 ap.error(f"--host-adjust: {key} has no calls with host probes (a run before them)")
             record_timings(group, [[Timed(**c) for c in r["calls"]] for r in group], args.host_adjust == "on")
+    halves: dict[str, Halves] = {}
+    if args.regimes:
+        for w in dict.fromkeys(r["workload"] for r in rows):
+            group = [r for r in rows if r["workload"] == w and r.get("calls") and r.get("plan_file")]
+            if not group or not all(c.get("probe") for r in group for c in r["calls"]):
+                ap.error(f"--regimes: {w} has no calls with host probes (a run before them)")
+            halves[w] = split_halves(group)
     if args.calibration is not None:  # the held-out plans follow (mark_held_out)
         chosen = set(args.calibration.split(","))
         for r in rows:
@@ -143,6 +160,8 @@ def main() -> None:
             f"held out {_f(s['time_error_heldout_mean'], '{:.1%}')}); largest peak-memory error "
             f"{_f(s['max_peak_error'], '{:.1%}')}"
         )
+    for w, hv in halves.items():
+        print(regimes_report(w, hv, fitted, cuts, policy))
     if args.repeats:
         for s in summary:
             plans = [r for r in rows if r["workload"] == s["workload"] and r["model"] == s["model"] and id(r) in cuts]
@@ -198,6 +217,81 @@ def repeat_term(workload: str, plans: list[dict], cuts: dict[int, Graph]) -> str
         f"{key}); Spearman {rho(plans, 0.0)} -> {rho(plans, beta)}, held out ({len(held)}) {rho(held, 0.0)} -> "
         f"{rho(held, beta)}; repeated segments per plan: " + ", ".join(f"{r['strategy']} {reps[id(r)]}" for r in plans)
     )
+
+
+@dataclass
+class Halves:
+    """One workload's calls in the host's fast and slow halves (``--regimes``)."""
+
+    threshold: float  # seconds of probe: below it, the fast half
+    weights: tuple[float, float]  # each half's share of every call
+    factors: tuple[float, float]  # each half's host speed: its calls' host over their plan's median, pooled
+    rows: list[dict] = field(default_factory=list)
+    per_plan: dict[int, list[tuple[float, float, float]]] = field(default_factory=dict)  # (host, after, call)
+
+
+def split_halves(rows: list[dict]) -> Halves:
+    """Split ``rows``' calls at the median probe; set each row's measured time and host
+    share to its halves' medians weighted by the halves' shares (post-stratified)."""
+    calls = {id(r): [np.array([x for c in r["calls"] for x in c[k]]) for k in ("times", "host", "probe")] for r in rows}
+    thr = float(np.median(np.concatenate([v[2] for v in calls.values()])))
+    n = [sum(int(np.sum(f(v[2]))) for v in calls.values()) for f in (lambda p: p < thr, lambda p: p >= thr)]
+    w = (n[0] / sum(n), n[1] / sum(n))
+    out = Halves(thr, w, (1.0, 1.0), rows)
+    ratios: tuple[list, list] = ([], [])
+    for r in rows:
+        t, h, p = calls[id(r)]
+        sel = (p < thr, p >= thr)
+        if min(int(s.sum()) for s in sel) == 0:  # a plan with no call in one half: left as measured
+            continue
+        out.per_plan[id(r)] = [
+            (float(np.median(h[s])), float(np.median((t - h)[s])), float(np.median(t[s]))) for s in sel
+        ]
+        r["measured_median_s"] = sum(wk * hv[2] for wk, hv in zip(w, out.per_plan[id(r)]))
+        r["host_median_s"] = sum(wk * hv[0] for wk, hv in zip(w, out.per_plan[id(r)]))
+        for k, s in enumerate(sel):
+            ratios[k].extend(h[s] / np.median(h))
+    if out.per_plan:
+        out.factors = (float(np.median(ratios[0])), float(np.median(ratios[1])))
+    return out
+
+
+HOST_FIGURES = ("dispatch_s", "host_op_s", "encode_s", "commit_s", "repeat_s")
+
+
+def regimes_report(workload: str, hv: Halves, fitted: dict, cuts: dict[int, Graph], policy: str) -> str:
+    """``--regimes``' lines for one workload: each plan's halves, the model at each
+    half's host speed, and the Spearman of the weighted prediction with the weighted
+    measurement."""
+    known = {f.name for f in fields(MachineModel)}
+    (m,) = (
+        MachineModel(**{k: v for k, v in f["machines"][workload].items() if k in known})
+        for f in fitted.values()
+        if workload in f["machines"]
+    )
+    rows = [r for r in hv.rows if id(r) in hv.per_plan and id(r) in cuts]
+    lines = [
+        f"{workload}: halves at a probe of {hv.threshold * 1e3:.3f} ms, shares {hv.weights[0]:.2f} / "
+        f"{hv.weights[1]:.2f}, host speed {hv.factors[0]:.2f} / {hv.factors[1]:.2f} of the median"
+    ]
+    pred = {}
+    for r in rows:
+        each = [
+            predict_time(cuts[id(r)], replace(m, **{k: getattr(m, k) * f for k in HOST_FIGURES}), policy).total
+            for f in hv.factors
+        ]
+        pred[id(r)] = sum(w * t for w, t in zip(hv.weights, each))
+        lines.append(
+            f"  {r['strategy']:20s}"
+            + "".join(
+                f" | {name}: host {1e3 * h:.3f}, after {1e3 * a:.3f}, call {1e3 * c:.3f} ms, predicted {1e3 * p:.3f}"
+                for name, (h, a, c), p in zip(("fast", "slow"), hv.per_plan[id(r)], each)
+            )
+        )
+    held = [r for r in rows if r.get("held_out")]
+    rho = [_f(spearman([pred[id(r)] for r in rs], [r["measured_median_s"] for r in rs])) for rs in (rows, held)]
+    lines.append(f"{workload}: post-stratified, Spearman {rho[0]}, held out ({len(held)}) {rho[1]}")
+    return "\n".join(lines)
 
 
 def _f(x: float | None, fmt: str = "{:.2f}") -> str:

@@ -354,3 +354,43 @@ def test_repredict_counts_repeated_segments_and_fits_their_term(sweep: tuple[Pat
     for ln in lines:
         if "repeat term" in ln and "no repeat" not in ln:
             assert float(ln.split("repeat term ")[1].split(" us")[0]) <= 0.0, ln
+
+
+def test_repredict_regimes_post_stratify_each_plan_by_hand() -> None:
+    """``repredict.py --regimes``' split (``split_halves``), worked by hand: eight calls'
+    probes, median 2.15 s, so four calls a half; plan A's calls 10, 11, 12 (fast) and 20
+    (slow) measure 0.5 * 11 + 0.5 * 20 = 15.5 where their median is 11.5; B's 13 and 21,
+    23, 25 measure 18; the halves' host speeds are the pooled ratios of each call's host
+    share to its plan's median (fast 5/5.5, 5/5.5, 6/5.5, 6/10: 0.909; slow 0.9, 1.1,
+    1.2, 9/5.5: 1.15). Plans whose calls all fall in one half are left as measured."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from repredict import split_halves
+
+    def row(calls: list[tuple[list[float], list[float], list[float]]]) -> dict:
+        return {"measured_median_s": -1.0, "calls": [{"times": t, "host": h, "probe": p} for t, h, p in calls]}
+
+    a = row([([10, 11, 12, 20], [5, 5, 6, 9], [1.0, 1.1, 1.2, 3.0])])
+    b = row([([13, 21, 23], [6, 9, 11], [1.3, 3.1, 3.2]), ([25], [12], [3.3])])
+    hv = split_halves([a, b])
+    assert hv.threshold == pytest.approx(2.15) and hv.weights == (0.5, 0.5)
+    assert hv.factors == pytest.approx((10 / 11, 1.15))
+    assert a["measured_median_s"] == pytest.approx(15.5) and a["host_median_s"] == pytest.approx(7.0)
+    assert b["measured_median_s"] == pytest.approx(18.0) and b["host_median_s"] == pytest.approx(8.5)
+    assert hv.per_plan[id(a)] == [(5, 6, 11), (9, 11, 20)] and hv.per_plan[id(b)] == [(6, 7, 13), (11, 12, 23)]
+    d, e = row([([1, 2], [1, 1], [1.0, 2.0])]), row([([3, 4], [1, 1], [3.0, 4.0])])
+    hv = split_halves([d, e])
+    assert not hv.per_plan and d["measured_median_s"] == e["measured_median_s"] == -1.0
+
+
+def test_repredict_regimes_report_each_workloads_halves(sweep: tuple[Path, object]) -> None:
+    """``repredict.py --regimes`` on a run with host probes: a line of halves and a
+    post-stratified Spearman per workload."""
+    out, _ = sweep
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "repredict.py"), str(out), "--calibration", "none,markers"]
+    p = subprocess.run([*cmd, "--regimes"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert p.returncode == 0, p.stdout + p.stderr
+    heads = [
+        ln.split(":")[0] + ":" + ln.split(":")[1] for ln in p.stdout.splitlines() if ": halves at a probe of" in ln
+    ]
+    assert heads == ["decode:16", "prefill:8"], p.stdout
+    assert sum("post-stratified, Spearman" in ln for ln in p.stdout.splitlines()) == 2, p.stdout
