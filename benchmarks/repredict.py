@@ -108,13 +108,13 @@ def main() -> None:
             if not group:
                 ap.error(f"--host-adjust: {key} has no calls with host probes (a run before them)")
             record_timings(group, [[Timed(**c) for c in r["calls"]] for r in group], args.host_adjust == "on")
-    halves: dict[str, Halves] = {}
+    halves: dict[tuple[str, str], Halves] = {}
     if args.regimes:
-        for w in dict.fromkeys(r["workload"] for r in rows):
-            group = [r for r in rows if r["workload"] == w and r.get("calls") and r.get("plan_file")]
+        for key in dict.fromkeys((r["model"], r["workload"]) for r in rows):
+            group = [r for r in rows if (r["model"], r["workload"]) == key and r.get("calls") and r.get("plan_file")]
             if not group or not all(c.get("probe") for r in group for c in r["calls"]):
-                ap.error(f"--regimes: {w} has no calls with host probes (a run before them)")
-            halves[w] = split_halves(group)
+                ap.error(f"--regimes: {key} has no calls with host probes (a run before them)")
+            halves[key] = split_halves(group)
     if args.calibration is not None:  # the held-out plans follow (mark_held_out)
         chosen = set(args.calibration.split(","))
         for r in rows:
@@ -160,8 +160,8 @@ def main() -> None:
             f"held out {_f(s['time_error_heldout_mean'], '{:.1%}')}); largest peak-memory error "
             f"{_f(s['max_peak_error'], '{:.1%}')}"
         )
-    for w, hv in halves.items():
-        print(regimes_report(w, hv, fitted, cuts, policy))
+    for (mspec, w), hv in halves.items():
+        print(regimes_report(w, hv, fitted[mspec]["machines"][w], cuts, policy))
     if args.repeats:
         for s in summary:
             plans = [r for r in rows if r["workload"] == s["workload"] and r["model"] == s["model"] and id(r) in cuts]
@@ -260,15 +260,11 @@ HOST_FIGURES = ("dispatch_s", "host_op_s", "encode_s", "commit_s", "repeat_s")
 
 
 def regimes_report(workload: str, hv: Halves, fitted: dict, cuts: dict[int, Graph], policy: str) -> str:
-    """``--regimes``' lines for one workload: each plan's halves, the model at each
-    half's host speed, and the Spearman of the weighted prediction with the weighted
-    measurement."""
+    """``--regimes``' lines for one workload: each plan's halves, the model (``fitted``:
+    its calibrated machine's figures) at each half's host speed, and the Spearman of the
+    weighted prediction with the weighted measurement."""
     known = {f.name for f in fields(MachineModel)}
-    (m,) = (
-        MachineModel(**{k: v for k, v in f["machines"][workload].items() if k in known})
-        for f in fitted.values()
-        if workload in f["machines"]
-    )
+    m = MachineModel(**{k: v for k, v in fitted.items() if k in known})
     rows = [r for r in hv.rows if id(r) in hv.per_plan and id(r) in cuts]
     lines = [
         f"{workload}: halves at a probe of {hv.threshold * 1e3:.3f} ms, shares {hv.weights[0]:.2f} / "
