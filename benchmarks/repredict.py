@@ -102,19 +102,18 @@ def main() -> None:
     if args.host_weight is None:  # the run's own (0 before the twenty-seventh session)
         args.host_weight = float(res["experiment"].get("host_weight", 0.0))
     rows = [dict(r) for r in res["rows"]]
-    if args.host_adjust is not None:  # every call is in the run's rows (runs since the host probe)
-        for key in dict.fromkeys((r["model"], r["workload"]) for r in rows):
-            group = [r for r in rows if (r["model"], r["workload"]) == key and r.get("calls")]
-            if not group:
-                ap.error(f"--host-adjust: {key} has no calls with host probes (a run before them)")
-            record_timings(group, [[Timed(**c) for c in r["calls"]] for r in group], args.host_adjust == "on")
     halves: dict[tuple[str, str], Halves] = {}
-    if args.regimes:
-        for key in dict.fromkeys((r["model"], r["workload"]) for r in rows):
-            group = [r for r in rows if (r["model"], r["workload"]) == key and r.get("calls") and r.get("plan_file")]
-            if not group or not all(c.get("probe") for r in group for c in r["calls"]):
-                ap.error(f"--regimes: {key} has no calls with host probes (a run before them)")
-            halves[key] = split_halves(group)
+    for key in dict.fromkeys((r["model"], r["workload"]) for r in rows):  # every call is in the run's rows
+        group = [r for r in rows if (r["model"], r["workload"]) == key and r.get("calls")]
+        probed = bool(group) and all(c.get("probe") for r in group for c in r["calls"])
+        if args.host_adjust is not None and not group:
+            ap.error(f"--host-adjust: {key} has no calls with host probes (a run before them)")
+        if args.regimes and not probed:
+            ap.error(f"--regimes: {key} has no calls with host probes (a run before them)")
+        if args.host_adjust is not None:
+            record_timings(group, [[Timed(**c) for c in r["calls"]] for r in group], args.host_adjust == "on")
+        if args.regimes:  # after any adjustment, which it replaces for the plans it splits
+            halves[key] = split_halves([r for r in group if r.get("plan_file")])
     if args.calibration is not None:  # the held-out plans follow (mark_held_out)
         chosen = set(args.calibration.split(","))
         for r in rows:
@@ -234,9 +233,10 @@ def split_halves(rows: list[dict]) -> Halves:
     """Split ``rows``' calls at the median probe; set each row's measured time and host
     share to its halves' medians weighted by the halves' shares (post-stratified)."""
     calls = {id(r): [np.array([x for c in r["calls"] for x in c[k]]) for k in ("times", "host", "probe")] for r in rows}
-    thr = float(np.median(np.concatenate([v[2] for v in calls.values()])))
-    n = [sum(int(np.sum(f(v[2]))) for v in calls.values()) for f in (lambda p: p < thr, lambda p: p >= thr)]
-    w = (n[0] / sum(n), n[1] / sum(n))
+    probes = np.concatenate([v[2] for v in calls.values()])
+    thr = float(np.median(probes))
+    fast = float(np.mean(probes < thr))
+    w = (fast, 1.0 - fast)
     out = Halves(thr, w, (1.0, 1.0), rows)
     ratios: tuple[list, list] = ([], [])
     for r in rows:
@@ -263,8 +263,7 @@ def regimes_report(workload: str, hv: Halves, fitted: dict, cuts: dict[int, Grap
     """``--regimes``' lines for one workload: each plan's halves, the model (``fitted``:
     its calibrated machine's figures) at each half's host speed, and the Spearman of the
     weighted prediction with the weighted measurement."""
-    known = {f.name for f in fields(MachineModel)}
-    m = MachineModel(**{k: v for k, v in fitted.items() if k in known})
+    m = MachineModel(**fitted)  # calibrate's asdict of this checkout's model
     rows = [r for r in hv.rows if id(r) in hv.per_plan and id(r) in cuts]
     lines = [
         f"{workload}: halves at a probe of {hv.threshold * 1e3:.3f} ms, shares {hv.weights[0]:.2f} / "

@@ -130,17 +130,21 @@ def predict_many(obs: Sequence[Observation], base: MachineModel, values: dict[st
     for j, o in enumerate(obs):
         sc = values.get(f"scale:{o.group}", fig("scale"))
         ks = [float(s.kernels) for s in o.segments]
-        # a segment's later command buffers (SegmentTime.part) pay no dispatch of their own
-        pre = [
-            np.maximum(dp * (s.part == 0) + ho * host_kernels(s, ew) - rp * (s.repeat and s.part == 0), 0.0)
-            for s in o.segments
-        ]
+        pre = [_pre(s, dp, ho, rp, ew) for s in o.segments]
         host = [x + en * k for x, k in zip(pre, ks)]
         dev = [sc * s.work + ln * k + sq * k * k for s, k in zip(o.segments, ks)]
         flags = [s.commit for s in o.segments]
         queue = [sc * s.queue_work + ln * s.queue_n for s in o.segments] if base.queue_kernels > 0 else None
         out[:, j] = pipeline_time(host, dev, pre, flags, cm, np.maximum, queue)
     return out
+
+
+def _pre(s: SegmentTime, dp: np.ndarray, ho: np.ndarray, rp: np.ndarray, elementwise: float) -> np.ndarray:
+    """The host's seconds before the device may start ``s``, one per machine model
+    (``SegmentTime.retimed``'s ``pre``): a segment's later command buffers (``part``) pay
+    no dispatch of their own, a repeated one ``rp`` less, never below 0."""
+    first = s.part == 0
+    return np.maximum(dp * first + ho * host_kernels(s, elementwise) - rp * (s.repeat and first), 0.0)
 
 
 def predict_host_many(obs: Sequence[Observation], base: MachineModel, values: dict[str, np.ndarray]) -> np.ndarray:
@@ -153,12 +157,7 @@ def predict_host_many(obs: Sequence[Observation], base: MachineModel, values: di
     for j, o in enumerate(obs):
         k = float(sum(s.kernels for s in o.segments))
         commits = commit_count(tuple(s.commit for s in o.segments))
-        pre = sum(
-            np.maximum(
-                dp * (s.part == 0) + ho * host_kernels(s, base.elementwise_host) - rp * (s.repeat and s.part == 0), 0.0
-            )
-            for s in o.segments
-        )
+        pre = sum(_pre(s, dp, ho, rp, base.elementwise_host) for s in o.segments)
         out[:, j] = pre + en * k + commits * cm
     return out
 
