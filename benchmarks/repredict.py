@@ -6,7 +6,7 @@ every plan and held out, the ceiling and the verdict. Run it under another check
 graphs the run saved (``graphs/``: a GPU run's trace, predicted again on this machine),
 or to a trace made here (``--retrace``, or a run that saved none).
 
-    python benchmarks/repredict.py out/cpu-decode [--no-queue] [--calibration a,b,c] [--set value_s=5e-6] [--json FILE] [--repeats] [--host-adjust on|off]
+    python benchmarks/repredict.py out/cpu-decode [--no-queue] [--calibration a,b,c] [--set value_s=5e-6] [--json FILE] [--repeats] [--host-adjust on|off] [--regimes]
 
 ``--repeats`` asks whether a term the cost model lacks would order the plans better: a
 time per *repeated* segment (one whose equations, by primitive, shape and type, an
@@ -20,9 +20,11 @@ run") set the plans' order: every call split at the median of the run's probes i
 host's fast and slow halves; each plan measured as its two halves' medians weighted by
 the halves' shares of every call (post-stratified, so that no plan's figure turns on how
 many of its calls fell in a half); the calibration fitted to those; each plan predicted
-as the same weighting of the model at each half's host speed (the host figures scaled by
-the half's calls' host share over their plan's median, pooled). Prints each plan's
-halves and the Spearman. An analysis, not the harness's measurement.
+as the same weighting of the model at each half's host and device speed (the host
+figures scaled by the half's calls' host share over their plan's median, pooled; the
+device figures by the one-segment plan's time after the host in the half over the
+halves' weighted mean: docs/experiments.md, "Offline: the device's speed in each half").
+Prints each plan's halves and the Spearman. An analysis, not the harness's measurement.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import argparse
 import json
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from bench_experiment import check, fast_mode
@@ -227,11 +230,15 @@ class Halves:
     factors: tuple[float, float]  # each half's host speed: its calls' host over their plan's median, pooled
     rows: list[dict] = field(default_factory=list)
     per_plan: dict[int, list[tuple[float, float, float]]] = field(default_factory=dict)  # (host, after, call)
+    device: tuple[float, float] = (1.0, 1.0)  # each half's device speed: the one-segment plan's time after its host
 
 
 def split_halves(rows: list[dict]) -> Halves:
     """Split ``rows``' calls at the median probe; set each row's measured time and host
-    share to its halves' medians weighted by the halves' shares (post-stratified)."""
+    share to its halves' medians weighted by the halves' shares (post-stratified). Each
+    half's device speed is the one-segment plan's (``none``: the device runs all of it
+    after the host returns) time after the host in that half, over the halves' weighted
+    mean; (1, 1) without that plan."""
     calls = {id(r): [np.array([x for c in r["calls"] for x in c[k]]) for k in ("times", "host", "probe")] for r in rows}
     probes = np.concatenate([v[2] for v in calls.values()])
     thr = float(np.median(probes))
@@ -253,6 +260,10 @@ def split_halves(rows: list[dict]) -> Halves:
             ratios[k].extend(h[s] / np.median(h))
     if out.per_plan:
         out.factors = (float(np.median(ratios[0])), float(np.median(ratios[1])))
+    one = next((hv for r in rows if r.get("strategy") == "none" and (hv := out.per_plan.get(id(r)))), None)
+    if one is not None:
+        mean = sum(wk * after for wk, (_, after, _) in zip(w, one))
+        out.device = (one[0][1] / mean, one[1][1] / mean)
     return out
 
 
@@ -261,20 +272,18 @@ HOST_FIGURES = ("dispatch_s", "host_op_s", "encode_s", "commit_s", "repeat_s")
 
 def regimes_report(workload: str, hv: Halves, fitted: dict, cuts: dict[int, Graph], policy: str) -> str:
     """``--regimes``' lines for one workload: each plan's halves, the model (``fitted``:
-    its calibrated machine's figures) at each half's host speed, and the Spearman of the
-    weighted prediction with the weighted measurement."""
+    its calibrated machine's figures) at each half's host and device speed, and the
+    Spearman of the weighted prediction with the weighted measurement."""
     m = MachineModel(**fitted)  # calibrate's asdict of this checkout's model
     rows = [r for r in hv.rows if id(r) in hv.per_plan and id(r) in cuts]
     lines = [
         f"{workload}: halves at a probe of {hv.threshold * 1e3:.3f} ms, shares {hv.weights[0]:.2f} / "
-        f"{hv.weights[1]:.2f}, host speed {hv.factors[0]:.2f} / {hv.factors[1]:.2f} of the median"
+        f"{hv.weights[1]:.2f}, host speed {hv.factors[0]:.2f} / {hv.factors[1]:.2f} of the median, device "
+        f"{hv.device[0]:.2f} / {hv.device[1]:.2f} of the mean"
     ]
     pred = {}
     for r in rows:
-        each = [
-            predict_time(cuts[id(r)], replace(m, **{k: getattr(m, k) * f for k in HOST_FIGURES}), policy).total
-            for f in hv.factors
-        ]
+        each = [predict_time(cuts[id(r)], _at(m, f, g), policy).total for f, g in zip(hv.factors, hv.device)]
         pred[id(r)] = sum(w * t for w, t in zip(hv.weights, each))
         lines.append(
             f"  {r['strategy']:20s}"
@@ -287,6 +296,14 @@ def regimes_report(workload: str, hv: Halves, fitted: dict, cuts: dict[int, Grap
     rho = [_f(spearman([pred[id(r)] for r in rs], [r["measured_median_s"] for r in rs])) for rs in (rows, held)]
     lines.append(f"{workload}: post-stratified, Spearman {rho[0]}, held out ({len(held)}) {rho[1]}")
     return "\n".join(lines)
+
+
+def _at(m: MachineModel, host: float, device: float) -> MachineModel:
+    """``m`` with its host's figures times ``host`` and its device's times ``device``."""
+    figs: dict[str, Any] = {"flops_per_s": m.flops_per_s / device, "bytes_per_s": m.bytes_per_s / device}
+    figs |= {k: getattr(m, k) * device for k in ("launch_s", "segment_sq_s")}
+    figs |= {k: getattr(m, k) * host for k in HOST_FIGURES}
+    return replace(m, **figs)
 
 
 def _f(x: float | None, fmt: str = "{:.2f}") -> str:

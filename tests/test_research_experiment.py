@@ -250,6 +250,8 @@ def test_models_from_a_file_and_bad_specs(tmp_path: Path) -> None:
     model = load_model(f"{src}:make")
     wl = make_workload("prefill:4", model)
     a, k = wl.args()
+    # token ids within the embedding's 16 rows (no mlx-lm args): one past them reads outside the table
+    assert wl.tokens.tolist() == [[3, 10, 1, 8]]
     assert same_bits(segc.jit(model, strategy="optimal")(*a, **k), wl.reference(model))
     with pytest.raises(SegcError, match=r"returned a int, not an mlx\.nn\.Module"):
         load_model(f"{src}:not_a_module")
@@ -362,24 +364,26 @@ def test_repredict_regimes_post_stratify_each_plan_by_hand() -> None:
     (slow) measure 0.5 * 11 + 0.5 * 20 = 15.5 where their median is 11.5; B's 13 and 21,
     23, 25 measure 18; the halves' host speeds are the pooled ratios of each call's host
     share to its plan's median (fast 5/5.5, 5/5.5, 6/5.5, 6/10: 0.909; slow 0.9, 1.1,
-    1.2, 9/5.5: 1.15). Plans whose calls all fall in one half are left as measured."""
+    1.2, 9/5.5: 1.15). A is the one-segment plan (``none``): its time after the host, 6
+    fast and 11 slow, over their weighted mean 8.5 is each half's device speed. Plans
+    whose calls all fall in one half are left as measured, the device speeds then 1."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from repredict import split_halves
 
     def row(calls: list[tuple[list[float], list[float], list[float]]]) -> dict:
         return {"measured_median_s": -1.0, "calls": [{"times": t, "host": h, "probe": p} for t, h, p in calls]}
 
-    a = row([([10, 11, 12, 20], [5, 5, 6, 9], [1.0, 1.1, 1.2, 3.0])])
+    a = row([([10, 11, 12, 20], [5, 5, 6, 9], [1.0, 1.1, 1.2, 3.0])]) | {"strategy": "none"}
     b = row([([13, 21, 23], [6, 9, 11], [1.3, 3.1, 3.2]), ([25], [12], [3.3])])
     hv = split_halves([a, b])
     assert hv.threshold == pytest.approx(2.15) and hv.weights == (0.5, 0.5)
-    assert hv.factors == pytest.approx((10 / 11, 1.15))
+    assert hv.factors == pytest.approx((10 / 11, 1.15)) and hv.device == pytest.approx((6 / 8.5, 11 / 8.5))
     assert a["measured_median_s"] == pytest.approx(15.5) and a["host_median_s"] == pytest.approx(7.0)
     assert b["measured_median_s"] == pytest.approx(18.0) and b["host_median_s"] == pytest.approx(8.5)
     assert hv.per_plan[id(a)] == [(5, 6, 11), (9, 11, 20)] and hv.per_plan[id(b)] == [(6, 7, 13), (11, 12, 23)]
-    d, e = row([([1, 2], [1, 1], [1.0, 2.0])]), row([([3, 4], [1, 1], [3.0, 4.0])])
+    d, e = row([([1, 2], [1, 1], [1.0, 2.0])]) | {"strategy": "none"}, row([([3, 4], [1, 1], [3.0, 4.0])])
     hv = split_halves([d, e])
-    assert not hv.per_plan and d["measured_median_s"] == e["measured_median_s"] == -1.0
+    assert not hv.per_plan and d["measured_median_s"] == e["measured_median_s"] == -1.0 and hv.device == (1.0, 1.0)
 
 
 def test_repredict_regimes_report_each_workloads_halves(sweep: tuple[Path, object]) -> None:

@@ -159,9 +159,16 @@ def make_workload(spec: str, model: nn.Module, seed: int = 1) -> Workload:
 
 
 def _vocab(model: nn.Module) -> int:
+    """The token ids a workload may use: the model's ``args.vocab_size`` (mlx-lm's),
+    else its first embedding's rows (a token past them reads outside the table), else 32."""
     args = getattr(model, "args", None)
     v = getattr(args, "vocab_size", None) or getattr(getattr(args, "text_config", None), "vocab_size", None)
-    return int(v) if v else 32
+    if v:
+        return int(v)
+    for _, m in model.named_modules()[::-1]:  # in the order the model declares them
+        if isinstance(m, nn.Embedding | nn.QuantizedEmbedding):
+            return int(m.weight.shape[0])
+    return 32
 
 
 def _decode(spec: str, model: nn.Module, context: int, vocab: int, seed: int) -> Workload:
