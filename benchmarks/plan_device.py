@@ -20,6 +20,13 @@ CUDA the spans are wall-clock times (host and device together).
 A decode workload (``decode:1024``) has its caches reset to the context before every
 call, as the experiment's calls have (``Workload.args``), and its caches' new buffers
 are among the outputs the span ends on.
+
+Before every call the host's speed is probed as the experiment's calls are
+(``segc.research.timing.host_probe``), and the host's time until the call returns is
+kept: each plan's row gives its span in the host's fast and slow halves (the calls
+split at the median probe of every plan's) and its host time, since on the H200's
+machine the device's part was found slower while the host ran fast
+(docs/experiments.md, "Offline: the device's speed in each half").
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import mlx.core as mx
@@ -45,6 +53,7 @@ def main() -> None:
     from segc.passes import make_plan
     from segc.passes.plan import apply_plan
     from segc.research.models import load_model, make_workload
+    from segc.research.timing import host_probe
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="reference")
@@ -68,25 +77,42 @@ def main() -> None:
         out = fn(*a, **k)
         mx.eval(out, wl.sync())
         fns[spec] = (fn, len(segments(apply_plan(g, plan))), dtypes.to_bytes(out) == want)
-    spans: dict[str, list[float]] = {s: [] for s in fns}
+    calls: dict[str, list[tuple[float, float, float]]] = {s: [] for s in fns}  # (span, host, probe)
     for _ in range(args.rounds):
         for spec, (fn, _, _) in fns.items():
+            host: list[float] = []
 
-            def body(y: mx.array, fn=fn) -> list[mx.array]:
+            def body(y: mx.array, fn=fn, host=host) -> list[mx.array]:
                 _, k = wl.args()
-                return [fn(y, **k), *wl.sync()]
+                t = time.perf_counter()
+                out = fn(y, **k)
+                host.append(time.perf_counter() - t)
+                return [out, *wl.sync()]
 
             for _ in range(2):
                 stamped(wl.tokens, body)
-            spans[spec] += [stamped(wl.tokens, body) for _ in range(args.repeats)]
+            for _ in range(args.repeats):
+                probe = host_probe()
+                calls[spec].append((stamped(wl.tokens, body), host[-1], probe))
+    mid = statistics.median(c[2] for cs in calls.values() for c in cs)
     print(f"{mx.default_device()}: {args.model} {args.workload}, commit {args.commit}, device span per call (ms)")
-    print("| plan | segments | median | min | eager's bits |")
-    print("| --- | ---: | ---: | ---: | --- |")
+    print(f"host halves split at a probe of {1e3 * mid:.3f} ms")
+    print("| plan | segments | median | min | host fast: span | host slow: span | host until return | eager's bits |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for spec, (_, n, same) in fns.items():
-        t = spans[spec]
-        print(f"| `{spec}` | {n} | {1e3 * statistics.median(t):.3f} | {1e3 * min(t):.3f} | {'yes' if same else 'NO'} |")
+        t = [c[0] for c in calls[spec]]
+        halves = [_median([c[0] for c in calls[spec] if (c[2] < mid) == fast]) for fast in (True, False)]
+        print(
+            f"| `{spec}` | {n} | {1e3 * statistics.median(t):.3f} | {1e3 * min(t):.3f} | {halves[0]} | "
+            f"{halves[1]} | {1e3 * statistics.median(c[1] for c in calls[spec]):.3f} | {'yes' if same else 'NO'} |"
+        )
     if not all(same for _, _, same in fns.values()):
         sys.exit(1)  # a plan's output is not eager's
+
+
+def _median(xs: list[float]) -> str:
+    """Milliseconds, or "n/a" for a half without a call."""
+    return f"{1e3 * statistics.median(xs):.3f}" if xs else "n/a"
 
 
 if __name__ == "__main__":

@@ -307,15 +307,19 @@ def test_plan_device_times_every_plan_and_keeps_eagers_bytes(workload: str) -> N
     """``benchmarks/plan_device.py`` (issue 15: each plan's device span) on a small llama's
     prefill and decode: every plan's output is eager's (it exits 1 otherwise; a decode
     call whose caches were not reset to the context would not be), and each plan has a
-    row with a positive span."""
+    row with a positive span, its spans in the host's fast and slow halves and its host
+    time until the call returns."""
     cmd = [sys.executable, str(ROOT / "benchmarks" / "plan_device.py"), "--model", "small", "--workload", workload]
     args = ["--strategies", "none,every:2,balanced:3", "--repeats", "2", "--rounds", "1"]
     p = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=200, cwd=ROOT)
     assert p.returncode == 0, p.stdout + p.stderr
     rows = [[c.strip() for c in line.split("|")[1:-1]] for line in p.stdout.splitlines() if line.startswith("| `")]
     assert [r[0] for r in rows] == ["`none`", "`every:2`", "`balanced:3`"], p.stdout
-    assert all(float(r[2]) > 0 and r[4] == "yes" for r in rows), p.stdout
+    assert all(float(r[2]) > 0 and r[7] == "yes" for r in rows), p.stdout
     assert rows[0][1] == "1" and int(rows[1][1]) > 1, p.stdout
+    # the spans split at the median probe: a plan's two calls fall in either half (n/a where none did)
+    assert all(float(r[6]) > 0 and all(x == "n/a" or float(x) > 0 for x in r[4:6]) for r in rows), p.stdout
+    assert any(r[4] != "n/a" for r in rows) and any(r[5] != "n/a" for r in rows), p.stdout
 
 
 def test_arg_cost_keeps_eagers_bytes_for_every_number_of_inputs() -> None:
