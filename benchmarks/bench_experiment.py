@@ -49,6 +49,7 @@ EVERY = [
     "memory:0.5x..2x:0.5x",
     "optimal",
     "optimal:1x",
+    "optimal:markers",
     "min_boundary_bytes",
 ]
 CALIBRATION = "none,min_boundary_bytes,every:4,balanced:2"

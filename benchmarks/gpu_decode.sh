@@ -203,7 +203,7 @@ for p in $parts; do
     ;;
   experiment)  # issue 15: predicted against measured, every plan (a device call of its own)
     timeout "${BENCH_LIMIT:-575}" $PY benchmarks/bench_experiment.py --model reference --workloads "${WORKLOADS:-decode:1024,prefill:512}" \
-      --strategies none,markers,every:2,every:4,balanced:2..18:4,memory:1x..2x:1x,optimal,optimal:1x,min_boundary_bytes \
+      --strategies none,markers,every:2,every:4,balanced:2..18:4,memory:1x..2x:1x,optimal,optimal:1x,optimal:markers,min_boundary_bytes \
       --calibration none,min_boundary_bytes,every:4,balanced:2 --processes "${PROCESSES:-4}" --repeats 10 --warmup 2 \
       --overheads "${OVERHEADS:-group}" ${MACHINE:+--machine "$MACHINE"} \
       --commit "${COMMIT:-auto}" --order "${ORDER:-rounds}" --time-limit "$(( ${BENCH_LIMIT:-575} - 20 ))" --plots "" --out "$OUT/experiment" --json "$OUT/experiment.json" >"$OUT/experiment.txt" 2>&1
@@ -219,7 +219,7 @@ for p in $parts; do
     echo "paging: rc=$?"
     ;;
   plandevice)  # issue 15: each prefill plan's device span, its own (one CUDA graph) and in the pipeline
-    all=none,markers,every:2,every:4,balanced:2,balanced:6,balanced:10,balanced:14,balanced:18,memory:1x,memory:2x,optimal,optimal:1x,min_boundary_bytes
+    all=none,markers,every:2,every:4,balanced:2,balanced:6,balanced:10,balanced:14,balanced:18,memory:1x,memory:2x,optimal,optimal:1x,optimal:markers,min_boundary_bytes
     MLX_MAX_OPS_PER_BUFFER=100000 MLX_MAX_MB_PER_BUFFER=100000 timeout 200 $PY benchmarks/plan_device.py \
       --workload "${WORKLOAD:-prefill:512}" --strategies $all --commit fences >"$OUT/plan_device_own.txt" 2>&1
     echo "plandevice own: rc=$?"

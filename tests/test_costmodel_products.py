@@ -179,3 +179,46 @@ def test_a_cut_inside_a_pattern_leaves_each_side_to_mlx() -> None:
     cut = with_cuts(g, [first + 1])
     assert [s.kernels for s in predict_time(g, H200).segments] == [1]
     assert [s.kernels for s in predict_time(cut, H200).segments] == [1, 2]
+
+
+SHARED_NORM = """\
+graph f(%a0: f32[1,1,16] arg="0", %p0: f32[16] param="nw", %p1: f32[16,16] param="wq", %p2: f32[8,16] param="wk", %p3: f32[8,16] param="wv") {
+  %v0: f32[1,1,16] = RMSNorm(%a0, %p0) [1e-05] #0
+  %v1: f32[1,16] = Flatten(%v0) [0, 1] #1
+  %v2: f32[16,16] = Transpose(%p1) [[1, 0]] #2
+  %v3: f32[1,16] = Matmul(%v1, %v2) #3
+  %v4: f32[1,16] = Exp(%v3) #4
+  %v5: f32[16,8] = Transpose(%p2) [[1, 0]] #5
+  %v6: f32[1,8] = Matmul(%v1, %v5) #6
+  %v7: f32[16,8] = Transpose(%p3) [[1, 0]] #7
+  %v8: f32[1,8] = Matmul(%v1, %v7) #8
+  %v9: f32[1,8] = Multiply(%v6, %v8) #9
+  return (%v4, %v9)
+}
+"""
+
+
+def test_products_that_share_a_norm_are_cut_as_one() -> None:
+    """q, k and v not concatenated (``test_products``' three products reading one norm):
+    each of segc's kernels normalises the row itself, so uncut they are three kernels and
+    the norm none. The kernels are found segment by segment, so a cut among them leaves
+    the row to be written for a later segment, and the lowering then runs the norm as
+    MLX's kernel: six kernels in all, not five. So no cut among them is legal; the only
+    legal point is after the last product (before the multiply: 9), and it keeps the
+    uncut graph's kernels. On the H200's decode graph the experiment's ``optimal`` cut
+    among them: its dynamic program, which costs the uncut graph's kernels, predicted
+    2.608 ms for a plan the cost model puts at 2.640 ms."""
+    from segc.ir import parse
+    from segc.passes.costmodel import predict_time
+    from segc.passes.legalize import legal_points
+    from segc.passes.plan import apply_plan, plan_at
+
+    g = parse(SHARED_NORM)
+    uncut = op_costs(g, H200)
+    assert sum(uncut.kernels) == 5  # three products (the norm in each), the exponential, the multiply
+    assert legal_points(g, kernels=True) == [9]
+    # what a cut among them would cost: after q's product, the row crosses and the norm is MLX's
+    after_q = apply_plan(g, plan_at(g, "after q", [4]))
+    assert [s.kernels for s in predict_time(after_q, H200).segments] == [2, 4]  # norm, q | exp, k, v, multiply
+    for p in legal_points(g, kernels=True):
+        assert sum(op_costs(apply_plan(g, plan_at(g, "legal", [p])), H200).kernels) == sum(uncut.kernels)

@@ -42,7 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--strategy",
         action="append",
-        help="none, markers, every:K, balanced:N, memory:BYTES, min_boundary_bytes[:a,b], or py:module:function "
+        help="none, markers, every:K, balanced:N, memory:BYTES, optimal[:BYTES, Fx or markers], "
+        "min_boundary_bytes[:a,b], or py:module:function "
         "(repeatable; default markers)",
     )
     p.add_argument("--no-legalize", action="store_true", help="keep cuts that split a fused chain")

@@ -328,7 +328,7 @@ def add_strategy_argument(p: argparse.ArgumentParser) -> None:
         "--strategy",
         default="markers",
         help="cut placement: markers (the boundaries; default), none, every:K, balanced:N, memory:BYTES, "
-        "min_boundary_bytes, or py:module:function",
+        "optimal[:BYTES, Fx or markers], min_boundary_bytes, or py:module:function",
     )
     p.add_argument("--no-legalize", action="store_true", help="keep cuts that split a fused chain")
 

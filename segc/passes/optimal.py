@@ -18,6 +18,11 @@
   ``max_segments`` segments (64 unless told). A segment past the machine's command-buffer
   size (``buffer_kernels``) is costed whole here, where ``predict_time`` costs the parts
   MLX commits it in: the two agree for every segment within that size.
+  ``optimal:markers`` (``Optimal(markers=True)``) cuts only where the traced markers
+  are (``segc.boundary``, ``boundaries=``), each legalised as ``make_plan`` would: the
+  least predicted time over layer-aligned plans: where the model errs on cuts inside a
+  layer, its optimum over every legal point is where the error is most in its favour
+  (docs/experiments.md, "Offline: what `optimal` cut").
 """
 
 from __future__ import annotations
@@ -29,9 +34,9 @@ from ..errors import ScheduleError
 from ..ir import Eqn, Graph
 from .analysis import Liveness, liveness, ops
 from .costmodel import MachineModel, default_model, op_costs
-from .legalize import legal_points
+from .legalize import legal_points, legalize_plan
 from .overlap import queue_lead
-from .plan import Plan, plan_at
+from .plan import Plan, plan_at, plan_of
 
 
 def span_peaks(lv: Liveness, os_: Sequence[Eqn], a: int, ends: Sequence[int], budget: float) -> dict[int, int]:
@@ -105,6 +110,7 @@ class Optimal:
     model: MachineModel | None = None
     max_segments: int = 64
     info: dict = field(default_factory=dict, compare=False)
+    markers: bool = False  # cut only at the markers (legalised), not at every legal point
 
     def __call__(self, g: Graph) -> Plan:
         import numpy as np
@@ -116,7 +122,7 @@ class Optimal:
             return plan_at(g, "optimal", [])
         oc = op_costs(g, m)
         lv = oc.lv
-        pts = np.array([0, *legal_points(g), n])
+        pts = np.array([0, *(self._markers(g, os_) if self.markers else legal_points(g)), n])
         q = len(pts)
         idx = {int(p): i for i, p in enumerate(pts)}
         dev = np.concatenate([[0.0], np.cumsum(np.array(oc.device) + m.launch_s * np.array(oc.kernels))])
@@ -189,6 +195,15 @@ class Optimal:
             j = int(arg[s][j])
             if j > 0:
                 cuts.append(int(pts[j]))
-        name = f"optimal({self.budget})" if self.budget is not None else "optimal"
+        name = "optimal" + "".join(f"({x})" for x in ("markers" if self.markers else None, self.budget) if x)
         info = {"predicted_s": best_t, "machine": m.name}
         return plan_at(g, name, sorted(cuts), info=info)
+
+    @staticmethod
+    def _markers(g: Graph, os_: Sequence[Eqn]) -> list[int]:
+        """The points (op indices) of ``g``'s markers, legalised as ``make_plan`` does."""
+        plan = legalize_plan(g, plan_of(g, "markers"))
+        if not plan.cuts:
+            raise ScheduleError(f"optimal:markers: {g.name} has no markers (segc.boundary or boundaries=) to cut at")
+        pos = {e.id: k for k, e in enumerate(os_)}
+        return sorted(pos[c.after] + 1 for c in plan.cuts)

@@ -60,11 +60,20 @@ def with_products(g: Graph, os_: Sequence[Eqn], groups: Sequence[Sequence[int]],
 def lowering_kernels(g: Graph, os_: Sequence[Eqn], flags: Mapping[str, bool] = CUDA_DEFAULTS) -> list[tuple[int, ...]]:
     """The ``os_`` positions of each kernel segc's lowering makes of several equations
     when the graph runs uncut (``fused.find_all`` over all of it, with ``flags``: by
-    default the CUDA lowering's): the spans
-    a cut must not split for the lowering to find the same kernels as the unsegmented
-    graph (``legalize``)."""
+    default the CUDA lowering's), and of each set of products that share one norm: the
+    spans a cut must not split for the lowering to find the same kernels as the
+    unsegmented graph (``legalize``)."""
     avals = {n: (v.shape, v.dtype) for n, v in g.vars().items()}
     consts = {c.var.name: c.value for c in g.consts}
     at = {e.id: k for k, e in enumerate(os_)}
-    found = find_all(os_, g.outputs, consts, avals, g.eqns, **flags).kernels()
+    fused = find_all(os_, g.outputs, consts, avals, g.eqns, **flags)
+    found = fused.kernels()
+    # products that share one norm (q, k and v not concatenated: each kernel normalises
+    # the row itself, the norm's equations skipped with the first) are found only
+    # together: a cut among them leaves the norm and the products to MLX's kernels
+    families: dict[tuple[str, str], list[frozenset[int]]] = {}
+    for p in fused.products:
+        if p.kind == "gemv" and p.eps is not None:
+            families.setdefault((p.ins[0], p.ins[-1]), []).append(p.skip)
+    found += [frozenset().union(*fam) for fam in families.values() if len(fam) > 1]
     return [ks for kernel in found if len(ks := tuple(sorted(at[i] for i in kernel if i in at))) > 1]

@@ -12,7 +12,7 @@ diffed, compared (``segc passes --compare``) and re-applied.
 - ``memory(budget)``: the fewest segments whose peak live bytes each stay under budget
   (exact: a DP over the legal cut points, ``optimal.py``);
 - ``optimal[:budget]``: the least time the cost model (``costmodel.py``) predicts,
-  under an optional budget (``optimal.py``);
+  under an optional budget (``optimal.py``); ``optimal:markers`` over the markers only;
 - ``min_boundary_bytes``: one cut between each pair of consecutive markers, where the
   bytes crossing it are smallest: a minimum s-t cut (networkx) over the equations
   between the markers, which may put one side of the cut first (the plan's ``order``);
@@ -229,7 +229,8 @@ def resolve(spec: Any, model: MachineModel | None = None) -> Strategy:
     """A strategy from a spec: a strategy object, a :class:`Plan` (used as is), a callable,
     or text: ``none``, ``markers``, ``every:K``, ``balanced:N``, ``memory:BYTES`` (``64MiB``;
     ``memory:1.5x``: 1.5 times :func:`layer_working_set`), ``optimal`` (least predicted
-    time; ``optimal:BYTES`` or ``optimal:Fx`` under a working-set budget),
+    time; ``optimal:BYTES`` or ``optimal:Fx`` under a working-set budget,
+    ``optimal:markers`` cutting only at the markers),
     ``min_boundary_bytes`` (``min_boundary_bytes:a,b`` between markers a and b)."""
     if isinstance(spec, Plan):
         return lambda g: spec
@@ -260,6 +261,8 @@ def resolve(spec: Any, model: MachineModel | None = None) -> Strategy:
         if name == "optimal":
             if not arg:
                 return Optimal(None, model)
+            if arg.lower() == "markers":
+                return Optimal(None, model, markers=True)
             if arg.lower().endswith("x"):
                 return _RelativeOptimal(float(arg[:-1]), model)
             return Optimal(parse_bytes(arg), model)
@@ -269,7 +272,7 @@ def resolve(spec: Any, model: MachineModel | None = None) -> Strategy:
         raise ScheduleError(f"strategy {name!r}: bad argument {arg!r}") from None
     raise ScheduleError(
         f"no strategy {name!r}; strategies: none, markers, every:K, balanced:N, memory:BYTES, memory:Fx, "
-        "optimal[:BYTES or Fx], min_boundary_bytes"
+        "optimal[:BYTES, Fx or markers], min_boundary_bytes"
     )
 
 

@@ -7,6 +7,7 @@ the cut graph, never with the DP under test. No MLX runs here."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -135,3 +136,65 @@ graph f(%a0: f32[4,8] arg="0", %p0: f32[8,8] param="w") {
     assert make_plan(g, "optimal:1x").strategy == "optimal(512)"
     with pytest.raises(ScheduleError, match="bad argument"):
         make_plan(g, "memory:lotsx")
+
+
+def _layers(n: int) -> Graph:
+    """``n`` layers, each a norm read by three one-row products (q, k and v, as segc's
+    CUDA lowering fuses them: each kernel normalises the row itself), then a residual
+    addition, with a marker after each layer."""
+    lines, params = [], ['%a0: f32[1,1,16] arg="0"']
+    x, k = "a0", 0
+
+    def eq(text: str) -> None:
+        nonlocal k
+        lines.append(f"  {text} #{k}")
+        k += 1
+
+    for i in range(n):
+        params += [f'%nw{i}: f32[16] param="nw{i}"', f'%wq{i}: f32[16,16] param="wq{i}"']
+        params += [f'%wk{i}: f32[8,16] param="wk{i}"', f'%wv{i}: f32[8,16] param="wv{i}"']
+        eq(f"%n{i}: f32[1,1,16] = RMSNorm(%{x}, %nw{i}) [1e-05]")
+        eq(f"%r{i}: f32[1,16] = Flatten(%n{i}) [0, 1]")
+        for w, o in (("q", 16), ("k", 8), ("v", 8)):
+            eq(f"%t{w}{i}: f32[16,{o}] = Transpose(%w{w}{i}) [[1, 0]]")
+            eq(f"%{w}{i}: f32[1,{o}] = Matmul(%r{i}, %t{w}{i})")
+        eq(f"%kv{i}: f32[1,8] = Multiply(%k{i}, %v{i})")
+        eq(f"%e{i}: f32[1,16] = Exp(%q{i})")
+        eq(f"%xf{i}: f32[1,16] = Flatten(%{x}) [0, 1]")
+        eq(f"%s{i}: f32[1,16] = Add(%xf{i}, %e{i})")
+        eq(f"%h{i}: f32[1,1,16] = Unflatten(%s{i}) [0, [1, 1]]")
+        if i < n - 1:
+            eq(f'segc.cut() ["layers.{i}"]')
+        x = f"h{i}"
+    outs = ", ".join([f"%{x}", *(f"%kv{i}" for i in range(n))])
+    return parse(f"graph f({', '.join(params)}) {{\n" + "\n".join(lines) + f"\n  return ({outs})\n}}\n")
+
+
+@pytest.mark.parametrize("spec", ["optimal", "optimal:markers"])
+@pytest.mark.parametrize("model", [H200, replace(SLOW_HOST, fused_products=True)])
+def test_optimal_is_exact_where_segcs_kernels_share_a_norm(spec: str, model: MachineModel) -> None:
+    """On machines that run segc's CUDA kernels (``make_plan(..., model=...)`` pins
+    them), two layers of products sharing a norm: the plan's predicted time is the
+    least over every subset of the legal points (the marker's for ``optimal:markers``),
+    each costed by ``predict_time`` on the cut graph, and the dynamic program's own
+    figure is that time (on the H200's decode graph it was not: its ``optimal`` cut
+    among such products)."""
+    from segc.passes.plan import marker_points
+
+    g = _layers(2)
+    pts = legal_points(g, kernels=True)
+    assert len(pts) == 7  # after each layer's last product, its multiply, its addition; the marker
+    if spec == "optimal:markers":
+        pts = [p for p, _, _ in marker_points(g)]
+        assert len(pts) == 1 and set(pts) <= set(legal_points(g, kernels=True))
+    subsets = [s for r in range(len(pts) + 1) for s in itertools.combinations(pts, r)]
+    best = min(predict_time(apply_plan(g, plan_at(g, "brute", s)), model).total for s in subsets)
+    plan = make_plan(g, spec, model=model)
+    got = predict_time(apply_plan(g, plan), model).total
+    assert got == pytest.approx(best, rel=1e-9) and plan.info["predicted_s"] == pytest.approx(got, rel=1e-9)
+    assert plan.strategy == ("optimal(markers)" if spec == "optimal:markers" else "optimal")
+
+
+def test_optimal_at_markers_needs_markers() -> None:
+    with pytest.raises(ScheduleError, match="has no markers"):
+        make_plan(_layers(1), "optimal:markers")
