@@ -204,6 +204,7 @@ def check(s: dict[str, Any]) -> dict[str, Any]:
         "time_error_max": s.get("time_error_max"),
         "time_error_heldout_mean": s.get("time_error_heldout_mean"),
         "max_peak_error": err,
+        "optimal_gap": s.get("optimal_gap"),
         "peak_ok": err is not None and err <= 0.15,
         "bit_identical": s["bit_identical"],
         "fastest_measured": s["fastest_measured"],
@@ -235,7 +236,8 @@ def line(c: dict[str, Any]) -> str:
         f"{f(c['time_error_mean'], '{:.1%}')} on average (at most {f(c['time_error_max'], '{:.1%}')}, held out "
         f"{f(c['time_error_heldout_mean'], '{:.1%}')}); largest peak-memory error "
         f"{f(c['max_peak_error'], '{:.1%}')} (<= 15%: {c['peak_ok']}), bit-identical {c['bit_identical']}, fastest "
-        f"measured {c['fastest_measured']}, predicted {c['fastest_predicted']}"
+        f"measured {c['fastest_measured']}, predicted {c['fastest_predicted']}; optimal's own figure off the "
+        f"model's by {f(c.get('optimal_gap'), '{:.2e}')}"
     )
 
 

@@ -65,6 +65,24 @@ def test_sweep_writes_csv_and_json(sweep: tuple[Path, object]) -> None:
         ("prefill:8", 7, True),
     ]
     assert len(d["rows"]) == 16
+    # optimal's plans carry their dynamic program's figure, which is the CPU model's prediction
+    assert [r["strategy"] for r in d["rows"] if "plan_predicted_s" in r] == ["optimal", "optimal:1x"] * 2
+    assert all(s["optimal_gap"] is not None and s["optimal_gap"] <= 1e-9 for s in d["summary"]), d["summary"]
+
+
+def test_optimal_gap_is_the_largest_relative_difference() -> None:
+    """``report.optimal_gap`` worked by hand: a plan whose strategy said 1.1 against the
+    model's 1.0 (0.1), one calibrated since (its model's figure before: 2.0, its own
+    2.0: 0), one with no figure of its own (left out)."""
+    from segc.research.report import optimal_gap
+
+    rows = [
+        {"plan_predicted_s": 1.1, "predicted_s": 1.0},
+        {"plan_predicted_s": 2.0, "prior_predicted_s": 2.0, "predicted_s": 3.0},
+        {"predicted_s": 5.0},
+    ]
+    assert optimal_gap(rows) == pytest.approx(0.1)
+    assert optimal_gap(rows[2:]) is None
 
 
 def test_predicted_peak_memory_is_close_to_mlx(sweep: tuple[Path, object]) -> None:

@@ -241,6 +241,8 @@ def _prepare(
         cut = apply_plan(g, plan)
         prep.cuts[id(row)], prep.plans[id(row)] = cut, plan
         predict_row(row, cut, plan, machine, policy)
+        if "predicted_s" in plan.info:  # optimal's own figure: its dynamic program's (report.optimal_gap)
+            row["plan_predicted_s"] = plan.info["predicted_s"]
         if out is not None:
             path = out / "plans" / f"{_slug(mspec)}_{_slug(wspec)}_{_slug(spec)}.json"
             plan.save(path)

@@ -138,6 +138,7 @@ class Results:
                     **_noise(plans),
                     **_time_error(plans),
                     "max_peak_error": max(errs, default=None),
+                    "optimal_gap": optimal_gap(rows),
                     "host_slope": next((r["host_slope"] for r in rows if r.get("host_slope") is not None), None),
                     "bit_identical": all(r.get("bit_identical") for r in rows if "error" not in r),
                     "fastest_measured": min(plans, key=lambda r: r["measured_median_s"])["strategy"] if plans else None,
@@ -230,6 +231,20 @@ def _rho(plans: list[dict[str, Any]], measured: str = "measured_median_s") -> fl
     if any(r.get(measured) is None for r in plans):
         return None
     return spearman([r["predicted_s"] for r in plans], [r[measured] for r in plans])
+
+
+def optimal_gap(rows: list[dict[str, Any]]) -> float | None:
+    """The largest ``|its own figure - the cost model's| / the cost model's`` over the
+    plans whose strategy predicted them (``optimal``'s dynamic program: exact for the
+    model but for segments past a GPU's command-buffer size, ``passes.md``), the cost
+    model's before any calibration; None without such a plan. A plan the dynamic program
+    costs otherwise than the model is not the model's optimum."""
+    gaps = [
+        abs(r["plan_predicted_s"] - m) / m
+        for r in rows
+        if "plan_predicted_s" in r and (m := r.get("prior_predicted_s", r.get("predicted_s")))
+    ]
+    return max(gaps, default=None)
 
 
 def _time_error(plans: list[dict[str, Any]]) -> dict[str, Any]:
