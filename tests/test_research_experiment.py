@@ -137,6 +137,14 @@ def test_calibrated_sweep_timed_in_processes(tmp_path: Path) -> None:
     assert [rows[p]["commits"] for p in plans] == [rows[p]["segments"] for p in plans]  # a commit per segment
     fit = res.fitted[MODEL]
     assert fit["plans"] == ["markers", "none"] and fit["observations"] == 2 and "commit_s" not in fit["free"]
+    # the calibrated model saved beside the results, as --machine takes it
+    (saved,) = (tmp_path / "fitted").iterdir()
+    assert saved.name == "llama-num-hidden-layers-2_prefill-8.json"
+    m = MachineModel.load(saved)
+    assert m.source == f"calibrated: {MODEL} prefill:8"
+    assert {k: getattr(m, k) for k in fit["free"] if k != "scale"} == {
+        k: v for k, v in fit["machines"]["prefill:8"].items() if k in fit["free"]
+    }
     assert fit["host_weight"] == 1.0  # the measured host times are fitted too (Experiment.host_weight)
     # the host's saving on a repeated segment: fitted on a GPU (Experiment.fit_repeats)
     assert fit["repeats"] is (mx.default_device() == mx.gpu)

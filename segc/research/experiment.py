@@ -33,7 +33,6 @@ fit.
 from __future__ import annotations
 
 import gc
-import re
 import statistics
 import sys
 import time
@@ -56,7 +55,7 @@ from ..staging import jit
 from .calibrated import Prepared, calibrate, mark_held_out, predict_row
 from .models import load_model, make_workload
 from .noise import measured
-from .report import Results
+from .report import Results, slug
 from .sweep import expand_all, spread
 from .timing import ORDERS, Job, Timed, adjust, time_in_processes, timed_calls, warm
 
@@ -135,10 +134,6 @@ class Progress:
     def close(self) -> None:
         if self.on:
             sys.stderr.write("\n")
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-")
 
 
 def _bits(x: Any) -> list[tuple]:
@@ -220,7 +215,7 @@ def _prepare(
     g = jit(model, boundaries=exp.boundaries or None).trace(*args, **kw).graph
     graph_file = None
     if out is not None:  # the trace as this device made it: plans can be predicted again elsewhere
-        gpath = out / "graphs" / f"{_slug(mspec)}_{_slug(wspec)}.segc"
+        gpath = out / "graphs" / f"{slug(mspec)}_{slug(wspec)}.segc"
         gpath.parent.mkdir(parents=True, exist_ok=True)
         gpath.write_text(to_text(g))
         graph_file = str(gpath.relative_to(out))
@@ -244,7 +239,7 @@ def _prepare(
         if "predicted_s" in plan.info:  # optimal's own figure: its dynamic program's (report.optimal_gap)
             row["plan_predicted_s"] = plan.info["predicted_s"]
         if out is not None:
-            path = out / "plans" / f"{_slug(mspec)}_{_slug(wspec)}_{_slug(spec)}.json"
+            path = out / "plans" / f"{slug(mspec)}_{slug(wspec)}_{slug(spec)}.json"
             plan.save(path)
             row["plan_file"] = str(path.relative_to(out))
         # validate=False: a GPU's dynamic KV cache differs from eager in the last bits, and

@@ -11,6 +11,7 @@ import csv
 import datetime
 import json
 import platform
+import re
 import subprocess
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -176,9 +177,22 @@ class Results:
         out.mkdir(parents=True, exist_ok=True)
         self.write_csv(out / "results.csv")
         (out / "results.json").write_text(self.to_json())
-        paths = [out / "results.csv", out / "results.json"]
+        paths = [out / "results.csv", out / "results.json", *self.write_fitted(out / "fitted")]
         if plots:
             paths += plot(self, out, plots)
+        return paths
+
+    def write_fitted(self, where: Path) -> list[Path]:
+        """Each calibrated machine model (per model and workload) as a machine model file,
+        ``<model>_<workload>.json``: what ``--machine`` takes, so that another run plans
+        ``optimal`` with the calibrated model (its own optimum, measured among the others)."""
+        paths = []
+        for mspec, fit in self.fitted.items():
+            for w, m in fit.get("machines", {}).items():
+                where.mkdir(parents=True, exist_ok=True)
+                path = where / f"{slug(mspec)}_{slug(w)}.json"
+                MachineModel(**{**m, "source": f"calibrated: {mspec} {w}"}).save(path)
+                paths.append(path)
         return paths
 
     def table(self) -> str:
@@ -231,6 +245,12 @@ def _rho(plans: list[dict[str, Any]], measured: str = "measured_median_s") -> fl
     if any(r.get(measured) is None for r in plans):
         return None
     return spearman([r["predicted_s"] for r in plans], [r[measured] for r in plans])
+
+
+def slug(text: str) -> str:
+    """``text`` as part of a file name: runs of other characters than letters, digits and
+    dots as one ``-``."""
+    return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-")
 
 
 def optimal_gap(rows: list[dict[str, Any]]) -> float | None:
