@@ -7,7 +7,7 @@ import pytest
 
 from segc import ScheduleError
 from segc.passes.costmodel import CPU, MachineModel, pipeline_time
-from segc.research.report import pareto
+from segc.research.plots import pareto
 from segc.research.sweep import expand, expand_all, ranks, spearman, spread
 
 
