@@ -206,3 +206,25 @@ def test_a_plan_made_for_a_gpu_keeps_its_kernels_whole_on_the_cpu(spec: str) -> 
     assert not points(make_plan(g, spec, model=H200)) & inside
     assert points(make_plan(g, spec, model=replace(H200, fused_products=False))) & inside
     assert points(make_plan(g, spec, model=CPU)) & inside
+
+
+@pytest.mark.parametrize("spec", ["llama", "llama:bits=4", "mixtral", "qwen3_moe"])
+@pytest.mark.parametrize("workload", ["decode:16", "prefill:8"])
+def test_no_legal_cut_changes_the_kernels_a_fusing_machine_counts(spec: str, workload: str) -> None:
+    """Every legal point (segc's CUDA kernels pinned) of two layers of each model, cut
+    alone, leaves the kernels the H200's cost model counts as they are uncut: the
+    dynamic programs cost the uncut graph's kernels (``optimal``), so a legal cut that
+    changed them would make their figures wrong (``test_gpu_graph_legality`` checks the
+    H200's own trace)."""
+    from segc.passes.costmodel import H200, op_costs
+    from segc.passes.plan import plan_at
+    from segc.research.models import load_model
+
+    model = load_model(f"{spec}{',' if ':' in spec else ':'}num_hidden_layers=2")
+    wl = make_workload(workload, model)
+    a, k = wl.args()
+    g = segc.jit(model, boundaries="layers.*").trace(*a, **k).graph
+    kernels = sum(op_costs(g, H200).kernels)
+    points = legal_points(g, kernels=True)
+    changed = [p for p in points if sum(op_costs(apply_plan(g, plan_at(g, "one", [p])), H200).kernels) != kernels]
+    assert points and changed == []
