@@ -55,8 +55,8 @@ from ..staging import jit
 from .calibrated import Prepared, calibrate, mark_held_out, predict_row
 from .models import load_model, make_workload
 from .noise import measured
-from .report import Results, slug
-from .sweep import expand_all, spread
+from .report import Results
+from .sweep import expand_all, slug, spread
 from .timing import ORDERS, Job, Timed, adjust, time_in_processes, timed_calls, warm
 
 DEFAULT_STRATEGIES = ("none", "markers", "every:2", "balanced:2..18:4", "memory:0.5x..2x:0.5x", "optimal", "optimal:1x")

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SegcError
+from .sweep import slug
 
 
 def plot(res: Any, out: Path, formats: Sequence[str]) -> list[Path]:
@@ -69,7 +70,7 @@ def plot(res: Any, out: Path, formats: Sequence[str]) -> list[Path]:
         a.legend(fontsize=7)
         fig.tight_layout()
         for fmt in formats:
-            p = out / f"plot_{_name(m)}_{_name(w)}.{fmt}"
+            p = out / f"plot_{slug(m)}_{slug(w)}.{fmt}"
             fig.savefig(p)
             written.append(p)
         plt.close(fig)
@@ -86,7 +87,3 @@ def pareto(points: Sequence[tuple[float, float]]) -> list[int]:
             front.append(i)
             best = points[i][1]
     return front
-
-
-def _name(text: str) -> str:
-    return "".join(c if c.isalnum() or c == "." else "-" for c in text).strip("-")

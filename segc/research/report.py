@@ -11,7 +11,6 @@ import csv
 import datetime
 import json
 import platform
-import re
 import subprocess
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -20,7 +19,7 @@ from typing import Any
 
 from ..passes.costmodel import MachineModel
 from .noise import fast_mode, measured_in, measured_paired, noise, verdict
-from .sweep import spearman
+from .sweep import slug, spearman
 
 COLUMNS = (
     "model",
@@ -246,12 +245,6 @@ def _rho(plans: list[dict[str, Any]], measured: str = "measured_median_s") -> fl
     if any(r.get(measured) is None for r in plans):
         return None
     return spearman([r["predicted_s"] for r in plans], [r[measured] for r in plans])
-
-
-def slug(text: str) -> str:
-    """``text`` as part of a file name: runs of other characters than letters, digits and
-    dots as one ``-``."""
-    return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-")
 
 
 def optimal_gap(rows: list[dict[str, Any]]) -> float | None:

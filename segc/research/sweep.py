@@ -2,7 +2,7 @@
 fourth), ``memory:0.5x..2x`` (steps of 0.25x unless told: ``memory:0.5x..2x:0.5x``),
 ``memory:1MiB..8MiB`` (doubling), the same for ``optimal:``; any other spec is one
 strategy. And the statistics of a sweep: medians with quartiles, Spearman's rank
-correlation."""
+correlation; a spec as part of a file name (``slug``)."""
 
 from __future__ import annotations
 
@@ -102,3 +102,9 @@ def spearman(xs: Sequence[float], ys: Sequence[float]) -> float | None:
     if sxx == 0 or syy == 0:
         return None
     return float(sxy / (sxx * syy) ** 0.5)
+
+
+def slug(text: str) -> str:
+    """``text`` as part of a file name: runs of other characters than letters, digits and
+    dots as one ``-``."""
+    return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-")
