@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 13's GPU decode figures in one call (docs/performance.md, "GPU decode"): the
+# Issue 13's GPU decode figures in one call (docs/performance-log.md, "GPU decode"): the
 # reference llama, its 4-bit version and a mixtral of the same sizes, every variant in a
 # process of its own (--isolate), then the runtime's signal/wait costs. Run on the device
 # after MLX's CUDA build is staged (docs/gpu.md):

@@ -8,7 +8,7 @@ compilation cannot fuse) and ``custom`` (an ``mx.fast.cuda_kernel`` adding one t
 vector, as segc's kernels are made; CUDA only). For each: the host time from the call to
 the return of its ``mx.async_eval`` (building, then encoding and launching), and the
 wall time to the end of the work, medians over ``--repeats`` calls. On the H200 a segc
-decode step of 83 kernels spends about 2.3 ms of host time (docs/performance.md, fifteenth
+decode step of 83 kernels spends about 2.3 ms of host time (docs/performance-log.md, fifteenth
 session), about 25 us a kernel, where eager's kernels cost about 8 us: this separates the
 kernel's kind, compilation and the commits (sixteenth session: 6 us a custom kernel, 34
 us a segment of five with its commit; ``segment_host.py`` times segc's own segments).

@@ -1,6 +1,6 @@
 """What the host pays per segment, per product kernel and per elementwise kernel (issue
 15: the cost model's host figures measured apart from the plans under study;
-docs/experiments.md, "The eighth and ninth runs").
+docs/experiments-log.md, "The eighth and ninth runs").
 
 ``S`` compiled functions, each committed (``mx.async_eval``) as segc runs a call; each
 makes ``P`` one-row products of a bf16 vector, the first ``E`` of them followed by an

@@ -37,6 +37,7 @@ OUTPUT_MARK = "<!-- output -->"
 SKIP_RUN = {
     "docs/gpu.md": "needs MLX's CUDA build on the device machine",
     "docs/performance.md": "benchmark runs take minutes",
+    "docs/performance-log.md": "benchmark runs take minutes",
 }
 # docs whose file paths and segc names are checked (those describing the layout)
 CHECKED = [
@@ -49,6 +50,7 @@ CHECKED = [
     "docs/models.md",
     "docs/passes.md",
     "docs/performance.md",
+    "docs/performance-log.md",
     "docs/reliability.md",
     "docs/runtime.md",
     *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "segc").glob("*/README.md")),

@@ -11,7 +11,7 @@ compiles from: the header, the source, the input and output names.
 MLX also hashes a custom kernel's whole text (header and source) at *every* evaluation
 (``CustomKernel::eval_gpu``, its module's name): with segc's 4.5-6 KB kernels, 83 of
 them a decode step, a profile on an H200 put ``std::_Hash_bytes`` at 4-5% of the step's
-host time, about 0.11 ms a call (docs/performance.md, the twentieth session). So the
+host time, about 0.11 ms a call (docs/performance-log.md, the twentieth session). So the
 text is handed to MLX compacted (:func:`compact`: no comments, no indentation, no blank
 lines), which changes no token of what NVRTC compiles, and, by default, written to
 files that the kernel's header and body ``#include`` by their absolute paths

@@ -32,7 +32,7 @@ device
 earlier segment of the call already had costs the host ``repeat`` less before the
 device may start it. On the H200, prefill plans whose segments repeat a layer's ran
 faster than the model without the term predicted, plans cut inside layers slower
-(docs/experiments.md, "The eighteenth run"). 0 in the built-in models, left to
+(docs/experiments-log.md, "The eighteenth run"). 0 in the built-in models, left to
 calibration (``fit.py``). ``optimal`` plans without it: whether a span repeats depends
 on the plan's other segments, which a span's cost cannot see.
 

@@ -22,7 +22,7 @@
   are (``segc.boundary``, ``boundaries=``), each legalised as ``make_plan`` would: the
   least predicted time over layer-aligned plans: where the model errs on cuts inside a
   layer, its optimum over every legal point is where the error is most in its favour
-  (docs/experiments.md, "Offline: what `optimal` cut").
+  (docs/experiments-log.md, "Offline: what `optimal` cut").
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ kernel, over a grid of segment, product and elementwise counts, fitted as ``S *
 (segment + P * product + E * elementwise)``; ``dispatch_s`` is the segment's figure,
 ``host_op_s`` the product's and ``elementwise_host`` the elementwise kernel's share of
 it. Measured apart from any plan, these let an experiment fit the device's figures
-alone (``overheads="device"``; docs/experiments.md, "The tenth and eleventh runs"). On the CPU the
+alone (``overheads="device"``; docs/experiments-log.md, "The tenth and eleventh runs"). On the CPU the
 chain above stays the default: MLX's CPU build throttles the host to the device
 (``queue_kernels``), so a grid of host times there measures the device.
 

@@ -63,7 +63,7 @@ def calibrate(
     ``"group"``, each workload's overheads fitted to its own calibration
     rows, or ``"shared"``, one set for every workload (``fit.fit_machine``); ``host_weight``
     > 0 fits the rows' measured host times too (``fit.py``; off by default:
-    docs/experiments.md, "The sixth and seventh runs"); ``repeats`` fits the host's
+    docs/experiments-log.md, "The sixth and seventh runs"); ``repeats`` fits the host's
     saving on a repeated segment too (``repeat_s``: ``costmodel``, "Repeats"; not with
     ``"device"``)."""
     obs = []

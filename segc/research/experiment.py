@@ -88,7 +88,7 @@ class Experiment:
     host_weight: float = 1.0
     # calibration: fit the host's saving on a segment that repeats an earlier one's
     # equations too (costmodel "Repeats"); None: on a GPU, where it was measured (on this
-    # CPU the fit wanders to its bound: docs/experiments.md, "The eighteenth run")
+    # CPU the fit wanders to its bound: docs/experiments-log.md, "The eighteenth run")
     fit_repeats: bool | None = None
     # each call's time adjusted to the host's median speed (timing.adjust: the host CPU's
     # speed, probed before each call, as a covariate); False: the times as measured

@@ -28,7 +28,7 @@ observations alone): the figures are effective ones, of the group's kernels (a
 decode's matrix-vector products and small commits against a prefill's large products
 and commits after every segment), and a rank correlation compares plans of one group
 only, so a shared fit lets one workload's plans pull another's figures away from what
-ranks its plans (docs/experiments.md, "The third run": the H200's prefill under
+ranks its plans (docs/experiments-log.md, "The third run": the H200's prefill under
 ``auto``). The experiment's calibration fits this way; ``segc calibrate --fit``, whose
 figures go to another model, shares them.
 
@@ -39,7 +39,7 @@ kernels and every commit), which pins the host's figures where whole calls show 
 only through the first commit's delay (a device-bound workload). Off in
 :func:`fit_machine` by default; the experiment's calibration weighs them 1
 (``Experiment.host_weight``) since its plans are no longer timed interleaved: measured
-interleaved on the H200 it ranked decode plans worse (docs/experiments.md, "The sixth
+interleaved on the H200 it ranked decode plans worse (docs/experiments-log.md, "The sixth
 and seventh runs"), measured as in use it ranks them better ("The seventeenth run").
 
 A figure the observations cannot tell apart is left at the base model's value:

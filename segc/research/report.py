@@ -241,7 +241,7 @@ def _peak_error(r: dict[str, Any]) -> float:
 def _rho(plans: list[dict[str, Any]], measured: str = "measured_median_s") -> float | None:
     """Spearman's correlation of predicted and ``measured`` time; None where a plan lacks
     the measurement. ``measured_min_s``, each plan's fastest call, is the statistic two
-    runs on two machines agreed on best (docs/experiments.md, "The sixth and seventh runs")."""
+    runs on two machines agreed on best (docs/experiments-log.md, "The sixth and seventh runs")."""
     if any(r.get(measured) is None for r in plans):
         return None
     return spearman([r["predicted_s"] for r in plans], [r[measured] for r in plans])

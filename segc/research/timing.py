@@ -14,7 +14,7 @@ ones, in one of three orders (``ORDERS``):
   *topology* (its kinds of node and their edges, not its kernels), updated by every
   buffer of that topology. Interleaved on an H200, every plan's decode step measured
   0.15-0.7 ms slower a call than alone, by different amounts, so that interleaving
-  ranked the plans as they do not rank alone (docs/experiments.md, "The seventeenth
+  ranked the plans as they do not rank alone (docs/experiments-log.md, "The seventeenth
   run").
 
 On a GPU the same compiled variant can run tens of percent faster or slower from one
@@ -67,7 +67,7 @@ def host_probe() -> float:
     """Seconds for a fixed loop of pure Python: the host CPU's speed just now. On the
     H200's virtual machine the host switches between two speeds (this probe about 0.6
     and 1.1 ms) for seconds at a time, and a host-bound call with it
-    (``benchmarks/host_jitter.py``; docs/experiments.md, "The eighteenth run")."""
+    (``benchmarks/host_jitter.py``; docs/experiments-log.md, "The eighteenth run")."""
     t0 = time.perf_counter()
     s = 0
     for i in range(PROBE_LOOP):

@@ -1,4 +1,4 @@
-"""The built-in H200 machine model against what the H200 measured (docs/performance.md,
+"""The built-in H200 machine model against what the H200 measured (docs/performance-log.md,
 "the device's own time, and a commit per segment", machine C, the reference llama's
 decode step at context 1024, 181 kernels: 11 a layer and 5 outside the layers; a
 step's device time 1.267 ms with one CUDA graph). Under a commit per segment a segment
