@@ -160,4 +160,7 @@ def match(p: Pattern, spec: CallSpec, args: tuple, kwargs: dict) -> Bound | None
         params, psig = spec.params.gather()
         if psig is not p.psig and psig != p.psig:
             return None
+        modes = spec.params.modes()
+        if modes is not p.sig.modes and modes != p.sig.modes:
+            return None
     return leaves, params, slots

@@ -29,12 +29,15 @@ from ..trace.params import ParamGatherer
 from . import fastpath
 from .concat import Concats
 from .effects import EngineHooks
-from .signature import CacheInfo, CallSpec, Signature, as_tuple
+from .signature import CacheInfo, CallSpec, Signature, as_tuple, check_state_option, check_static_names
 from .stages import Compiled, Effects, Lowered, Traced
 from .tracecall import trace_call
 from .validate import check_against_eager
 
 Bound = tuple[Traced, "Compiled | None", list[mx.array], dict[str, mx.array], list[st.Slot]]
+
+
+_TRANSFORM = "Not allowed inside a graph transformation"  # MLX's async_eval on a transform's arrays
 
 
 class _ExactLimit(Exception):
@@ -96,6 +99,8 @@ class Jitted(EngineHooks):
             state,
             gather,
         )
+        check_state_option(state, self.name)
+        check_static_names(fn, self.spec.static_argnames, self.name)
         # concatenated weights of every signature; the module's rebound to views of them
         self._concats = Concats(gather.rebind if gather is not None else None)
         if not isinstance(cache_size, int) or isinstance(cache_size, bool) or cache_size < 1:
@@ -179,8 +184,17 @@ class Jitted(EngineHooks):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if tracing():  # called inside another segc trace: inline, as jax.jit does
             return self.fn(*args, **kwargs)
-        with DISPATCH_LOCK:  # one call at a time in the process (MLX's compiled calls)
-            return self._call(args, kwargs)
+        try:
+            with DISPATCH_LOCK:  # one call at a time in the process (MLX's compiled calls)
+                return self._call(args, kwargs)
+        except ValueError as exc:
+            if _TRANSFORM not in str(exc):
+                raise
+        # under mx.grad, mx.vmap, nn.value_and_grad or mx.compile: MLX refuses the first
+        # commit (before anything ran), and the function is inlined into the transform's
+        # graph as it is, as a jax.jit function is under jax.grad (docs/api.md)
+        self.info.eager_calls += 1
+        return self.fn(*args, **kwargs)
 
     def _call(self, args: tuple, kwargs: dict) -> Any:
         for pat, (leaves, params, slots) in self._fast.matches(self.spec, args, kwargs):  # fastpath.py

@@ -42,6 +42,14 @@ def _state_str(key: tuple) -> str:
     return f"{key[0]}{one(tuple(key[1:]))}"
 
 
+def _modes_str(modes: tuple[bool, ...]) -> str:
+    if all(modes):
+        return "train"
+    if not any(modes):
+        return "eval"
+    return f"{sum(modes)} of {len(modes)} submodules in train"
+
+
 @dataclass(frozen=True)
 class Signature:
     """The abstract signature that keys the trace cache."""
@@ -51,13 +59,14 @@ class Signature:
     params: tuple[tuple[str, tuple[int, ...], str], ...]
     state: tuple[tuple, ...] = ()
     paths: tuple[str, ...] = field(default=(), compare=False)  # each array leaf's path, for messages
+    modes: tuple[bool, ...] = ()  # each submodule's training flag (ParamGatherer.modes)
 
     def __hash__(self) -> int:
         """Hashed once: a decode loop looks its signature up on every call, and the
         parameters alone are hundreds of nested tuples."""
         h = self.__dict__.get("_hash")
         if h is None:
-            h = hash((self.tree, self.leaves, self.params, self.state))
+            h = hash((self.tree, self.leaves, self.params, self.state, self.modes))
             object.__setattr__(self, "_hash", h)
         return h
 
@@ -69,6 +78,7 @@ class Signature:
         for s in cached:
             sc = (s.tree == self.tree) * (1 << 30) + sum(a == b for a, b in zip(s.leaves, self.leaves))
             sc += (s.params == self.params) + sum(a == b for a, b in zip(s.state, self.state))
+            sc += s.modes == self.modes
             if sc >= score:
                 best, score = s, sc
         return best
@@ -87,6 +97,8 @@ class Signature:
                 if p != q:
                     return f"parameter {q[0]!r}: {_aval(p[1], p[2])} -> {_aval(q[1], q[2])}"
             return "the module's parameter set changed"
+        if old.modes != self.modes:
+            return f"the module's train/eval mode changed: {_modes_str(old.modes)} -> {_modes_str(self.modes)}"
         if old.state != self.state:
             if len(old.state) != len(self.state):
                 return f"number of state objects: {len(old.state)} -> {len(self.state)}"
@@ -168,6 +180,11 @@ class CallSpec:
         args = st.extract(args, objs)
         kwargs = st.extract(kwargs, objs)
         named = self.state() if callable(self.state) else self.state
+        if named is not None and not isinstance(named, list | tuple):
+            raise st.StateError(
+                f"state= of {self.name} {'returned' if callable(self.state) else 'is'} a {type(named).__name__}; "
+                "it takes a list of the objects the function mutates (state=[cache], or a function returning one)"
+            )
         for o in named or ():
             if isinstance(o, mx.array) or not hasattr(o, "__dict__"):
                 raise st.StateError(
@@ -184,8 +201,10 @@ class CallSpec:
         dyn_args, dyn_kw, static = self.split(args, kwargs)
         leaves, paths, td = flatten((dyn_args, dyn_kw, static), what="argument", names=ROOTS)
         params, psig = self.params.gather() if self.params is not None else ({}, ParamSig())
+        modes = self.params.modes() if self.params is not None else ()
         state = tuple(s.key for s in slots)
-        sig = Signature(td, tuple((tuple(x.shape), short(x.dtype)) for x in leaves), psig, state, tuple(paths))
+        avals = tuple((tuple(x.shape), short(x.dtype)) for x in leaves)
+        sig = Signature(td, avals, psig, state, tuple(paths), modes)
         return sig, leaves, params
 
     def check_call(self, args: tuple, kwargs: dict) -> None:
@@ -211,3 +230,29 @@ def as_tuple(x: Any, kind: type, what: str) -> tuple:
     if not all(isinstance(i, kind) and not isinstance(i, bool) for i in out):
         raise TraceError(f"{what} takes {words}, got {x!r}")
     return out
+
+
+def check_state_option(state: Any, name: str) -> None:
+    """``state=`` is a list of objects, or a function giving one (checked at each call)."""
+    if state is None or callable(state) or isinstance(state, list | tuple):
+        return
+    raise st.StateError(
+        f"state= of {name} is a {type(state).__name__}; it takes a list of the objects the function "
+        "mutates (state=[cache]), or a function returning one"
+    )
+
+
+def check_static_names(fn: Any, names: tuple[str, ...], name: str) -> None:
+    """Each ``static_argnames`` entry names a parameter of ``fn`` (unless it takes
+    ``**kwargs``), so that a misspelt name is refused here, not silently traced."""
+    if not names:
+        return
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # no introspectable signature: nothing to check against
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    unknown = [n for n in names if n not in params]
+    if unknown:
+        raise TraceError(f"static_argnames {unknown} name no parameter of {name} (its parameters: {list(params)})")

@@ -16,7 +16,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
-from ..trace import module_boundaries, trace
+from ..errors import StateError
+from ..trace import leaks, module_boundaries, trace
 from ..trace import state as st
 from ..trace.clone import clone_modules
 from ..trace.pytree import flatten, unflatten
@@ -74,9 +75,12 @@ def trace_call(
     module = clone_modules(j.module) if j.module is not None else None
     target = module if module is not None else j.fn
 
+    bound: dict[str, mx.array] = {}
+
     def bind(pkw: dict[str, mx.array]) -> None:
         assert module is not None
         module.update(tree_unflatten(list(pkw.items())))
+        bound.update(pkw)
 
     recorded: list[st.Commit] = []
 
@@ -87,6 +91,12 @@ def trace_call(
             xs = xs[len(s.inputs) :]
         with st.swapped(slots, per_slot) as recs, module_boundaries(module, j.boundaries):
             out = target(*a, **k)
+            if module is not None and (written := leaks.assigned_params(module, bound)):
+                raise StateError(
+                    f"{j.name} assigns to its module's arrays {written[:4]} in the call (running statistics, "
+                    "as BatchNorm's in train mode): a segc trace does not carry them out; run that module in "
+                    "eval mode, or call it outside segc.jit"
+                )
             outs = [st.outputs_after(s, r) for s, r in zip(slots, recs)]
             recorded[:] = [st.commit_plan(s, r) for s, r in zip(slots, recs)]
         return (out, tuple(x for o in outs for x in o)) if slots else out
@@ -94,6 +104,7 @@ def trace_call(
     state_paths = [f"state[{s.index}].{n}" for s in slots for n in s.names]
     t0 = time.perf_counter()
     key = rng.key_words()
+    watched = leaks.watch(leaks.roots(j.fn), skip=objs)
     try:
         tr = trace(
             fn,
@@ -108,6 +119,16 @@ def trace_call(
     finally:
         draws = rng.rewind(key, j.name)  # the trace itself draws nothing
         j.info.trace_seconds += time.perf_counter() - t0
+        leaked = watched.leaks([*leaves, *params.values()])
+        if leaked:
+            watched.restore()  # the caller's objects as they were before the call
+    if leaked:
+        raise StateError(
+            f"{j.name} stored a traced array in {leaked[0]}"
+            + (f" (and {len(leaked) - 1} more places)" if len(leaked) > 1 else "")
+            + ", an object segc does not see: pass it as an argument or in segc.jit(..., state=[...]) "
+            "(a KV cache the function closes over, a list it appends to); it is left as it was"
+        )
     out_tree = tr.out_tree.children[0] if slots else tr.out_tree
     exact = frozenset(s.index for s in slots if s.mode == "exact")
     graph = rng.key_as_input(tr.graph, key) if draws else tr.graph

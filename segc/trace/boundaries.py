@@ -8,12 +8,13 @@ on exit, whatever ends the trace.
 from __future__ import annotations
 
 import fnmatch
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import mlx.nn as nn
 
-from ..errors import TraceError
+from ..errors import SegcWarning, TraceError
 from .markers import boundary
 
 
@@ -122,6 +123,13 @@ def resolve_boundaries(module: nn.Module | None, boundaries: Any) -> list[str]:
     list), checked: globs are strings, name submodules of a module, and match one."""
     if boundaries == "auto":
         boundaries = auto_boundaries(module) if module is not None else None
+        if boundaries is None:
+            what = type(module).__name__ if module is not None else "a function (not an nn.Module)"
+            warnings.warn(
+                f"boundaries='auto' found no list of blocks (layers, h, blocks) in {what}: one segment",
+                SegcWarning,
+                stacklevel=4,
+            )
     if boundaries is not None and not isinstance(boundaries, str | list | tuple):
         raise TraceError(f"boundaries= takes a glob or a list of globs, got {type(boundaries).__name__}")
     out = [boundaries] if isinstance(boundaries, str) else list(boundaries or [])
@@ -129,6 +137,11 @@ def resolve_boundaries(module: nn.Module | None, boundaries: Any) -> list[str]:
         raise TraceError(f"boundaries= takes a glob or a list of globs (strings), got {boundaries!r}")
     if out and module is None:
         raise TraceError("boundaries= globs name submodules: pass an nn.Module to segc.jit")
-    if module is not None and out and not matching_modules(module, out):
-        raise TraceError(f"boundaries {out} match no submodule of {type(module).__name__}")
+    if module is not None and out:
+        unmatched = [b for b in out if not matching_modules(module, [b])]
+        if unmatched:
+            raise TraceError(
+                f"boundaries {unmatched} match no submodule of {type(module).__name__}"
+                + (f" (of the globs {out})" if len(out) > 1 else "")
+            )
     return out

@@ -138,6 +138,8 @@ def _eval_message(name: str, exc: BaseException) -> str:
         hint = (
             "use mx.where(cond, a, b) for a data-dependent choice, or make the deciding value static (static_argnames=)"
         )
+    elif re.search(r"\b(print|repr|str|format)\(", code) or 'f"' in code or "f'" in code:
+        hint = "print or format the result after the call; inside the function arrays have no values yet"
     elif "np." in code or "numpy" in code:
         hint = "keep the computation in mlx.core inside the function; convert to NumPy after the call"
     else:

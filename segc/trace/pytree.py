@@ -1,4 +1,6 @@
 """A minimal pytree: tuples, lists, dicts and None are nodes; everything else a leaf.
+A namedtuple and an ``OrderedDict`` come back as themselves (the class is part of the
+tree definition, as in ``jax.tree_util``).
 
 Array leaves become graph inputs; hashable Python scalars and strings are *static*
 leaves, kept inside the tree definition so they are part of the trace-cache key.
@@ -13,6 +15,7 @@ that structure. Module parameters, which are plain nested dicts and lists, do go
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +24,15 @@ import mlx.nn as nn
 
 from ..errors import TraceError
 
-STATIC_TYPES = (bool, int, float, str, bytes, type(None))
+STATIC_TYPES = (bool, int, float, str, bytes, type(None), mx.Dtype)
+
+
+def _hashable(x: Any) -> bool:
+    try:
+        hash(x)
+    except TypeError:
+        return False
+    return True
 
 
 def static_key(x: Any) -> tuple[str, Any]:
@@ -30,7 +41,9 @@ def static_key(x: Any) -> tuple[str, Any]:
     entry (``2``/``2.0``/``True``, ``0.0``/``-0.0``) and equal NaNs do."""
     if isinstance(x, float):
         return type(x).__name__, x.hex()
-    return type(x).__name__, x
+    if isinstance(x, mx.Dtype):
+        return "Dtype", str(x)
+    return f"{type(x).__module__}.{type(x).__qualname__}", x
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +52,7 @@ class TreeDef:
     children: tuple[TreeDef, ...] = ()
     keys: tuple[Any, ...] = ()  # dict keys, or a static value's static_key (one element)
     value: Any = field(default=None, compare=False)  # a static value itself
+    node: type | None = None  # a tuple's or dict's own class (a namedtuple, an OrderedDict)
 
     @property
     def num_leaves(self) -> int:
@@ -85,13 +99,15 @@ def flatten(
                 "jitted function itself (segc.jit(module)) or closed over by it, not as an argument"
             )
         if isinstance(x, tuple | list):
-            kids = tuple(go(v, f"{p}[{i}]") for i, v in enumerate(x))
-            return TreeDef("tuple" if isinstance(x, tuple) else "list", kids)
+            named = getattr(x, "_fields", None) if isinstance(x, tuple) else None
+            kids = tuple(go(v, f"{p}.{named[i]}" if named else f"{p}[{i}]") for i, v in enumerate(x))
+            node = type(x) if named is not None else None
+            return TreeDef("tuple" if isinstance(x, tuple) else "list", kids, node=node)
         if isinstance(x, dict):
             keys = tuple(x.keys())
             kids = tuple(go(x[k], f"{p}[{k!r}]") for k in keys)
-            return TreeDef("dict", kids, keys)
-        if isinstance(x, STATIC_TYPES):
+            return TreeDef("dict", kids, keys, node=type(x) if type(x) is OrderedDict else None)
+        if isinstance(x, STATIC_TYPES) or (p.startswith("static") and _hashable(x)):
             return TreeDef("static", (), (static_key(x),), x)
         raise TraceError(
             f"{what} {p or '<root>'} is a {type(x).__module__}.{type(x).__qualname__}; "
@@ -118,9 +134,9 @@ def unflatten(td: TreeDef, leaves: list[Any]) -> Any:
             return None
         kids = [go(c) for c in t.children]
         if t.kind == "tuple":
-            return tuple(kids)
+            return t.node(*kids) if t.node is not None else tuple(kids)
         if t.kind == "list":
             return kids
-        return dict(zip(t.keys, kids))
+        return t.node(zip(t.keys, kids)) if t.node is not None else dict(zip(t.keys, kids))
 
     return go(td)

@@ -29,6 +29,7 @@ object see the stand-in too.
 from __future__ import annotations
 
 import copy
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -173,9 +174,12 @@ def _map_leaves(tree: Any, fn: Callable[[Any], Any]) -> Any:
     """``tree`` (tuples, lists and dicts) with ``fn`` applied to every other object."""
     if isinstance(tree, tuple | list):
         out = [_map_leaves(v, fn) for v in tree]
-        return tuple(out) if isinstance(tree, tuple) else out
+        if isinstance(tree, list):
+            return out
+        return type(tree)(*out) if hasattr(tree, "_fields") else tuple(out)  # a namedtuple stays one
     if isinstance(tree, dict) and not isinstance(tree, nn.Module):
-        return {k: _map_leaves(v, fn) for k, v in tree.items()}
+        pairs = [(k, _map_leaves(v, fn)) for k, v in tree.items()]
+        return OrderedDict(pairs) if type(tree) is OrderedDict else dict(pairs)
     return fn(tree)
 
 

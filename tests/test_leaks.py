@@ -1,0 +1,91 @@
+"""Arrays a trace would leave where the caller can see them: refused with a
+``StateError`` naming the place, the caller's objects put back as they were
+(docs/api.md, "Arrays stored where segc does not look")."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+from conftest import assert_same_bits, bits, seeded
+from mlx_lm.models.cache import make_prompt_cache
+
+import segc
+from segc.models import tiny_llama
+
+
+def _cache_bits(cache: list) -> list:
+    return [
+        (c.offset, None if c.keys is None else bits(c.keys), None if c.values is None else bits(c.values))
+        for c in cache
+    ]
+
+
+def test_a_kv_cache_the_function_closes_over_is_refused_and_left_as_it_was() -> None:
+    model = tiny_llama(num_hidden_layers=2)
+    cache = make_prompt_cache(model)
+    mx.eval(model(mx.array([[5, 6]]), cache=cache))  # a cache with content
+    before = _cache_bits(cache)
+    step = segc.jit(lambda t: model(t, cache=cache))  # no state=
+    with pytest.raises(segc.StateError, match=r"captured 'cache'\[0\]\.keys.*state="):
+        step(mx.array([[1, 2, 3]]))
+    assert _cache_bits(cache) == before
+    # the cache still works eagerly, as a fresh copy of the same history does
+    ref = make_prompt_cache(model)
+    mx.eval(model(mx.array([[5, 6]]), cache=ref))
+    assert_same_bits([model(mx.array([[7]]), cache=cache)], [model(mx.array([[7]]), cache=ref)], "next step")
+    # passed as state=, the same function works
+    ok = segc.jit(lambda t: model(t, cache=cache), state=cache)
+    want_cache = make_prompt_cache(model)
+    mx.eval(model(mx.array([[5, 6]]), cache=want_cache), model(mx.array([[7]]), cache=want_cache))
+    assert_same_bits([ok(mx.array([[8]]))], [model(mx.array([[8]]), cache=want_cache)], "with state=")
+
+
+def test_a_list_the_function_appends_to_is_refused_and_restored() -> None:
+    seen: list = [mx.array(1.0)]
+    kept = seen[0]
+
+    def f(x: mx.array) -> mx.array:
+        y = x * 2
+        seen.append(y)
+        return y
+
+    with pytest.raises(segc.StateError, match=r"captured 'seen'\[1\]"):
+        segc.jit(f)(mx.ones(3))
+    assert len(seen) == 1 and seen[0] is kept
+
+
+def test_harmless_side_effects_at_trace_time_pass() -> None:
+    calls = {"n": 0}
+    w = mx.ones(3)
+
+    def f(x: mx.array) -> mx.array:
+        calls["n"] += 1  # a Python counter: runs at trace time only, as under jax.jit
+        return x * w
+
+    step = segc.jit(f)
+    x = mx.arange(3.0)
+    assert_same_bits([step(x), step(x)], [x * w, x * w])
+    assert calls["n"] == 1
+
+
+class Normed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.bn = nn.BatchNorm(4)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.bn(self.lin(x))
+
+
+def test_batchnorm_statistics_in_train_mode_are_refused_eval_mode_runs() -> None:
+    m = seeded(Normed, 0)
+    x = mx.random.normal((8, 4), key=mx.random.key(0))
+    m.train()
+    mean0 = bits(m.bn.running_mean)
+    with pytest.raises(segc.StateError, match=r"bn\.running_mean.*eval mode"):
+        segc.jit(m)(x)
+    assert bits(m.bn.running_mean) == mean0
+    m.eval()
+    assert_same_bits([segc.jit(m)(x)], [m(x)], "eval mode")
