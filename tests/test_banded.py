@@ -104,3 +104,33 @@ def test_mixed_cache_types_fill_like_a_chunked_prefill() -> None:
     assert_prefill_equal(got, want, cache, cache_want)
     with pytest.raises(segc.ScheduleError, match=r"layers 0\.\.0 has no \['KVCache'\].*band sizes that work: \[2\]"):
         banded_prefill(model, prompt, make_prompt_cache(model), band=1, chunk=8)
+
+
+def test_bad_prompts_bands_and_steps_are_refused_up_front() -> None:
+    """An empty or 1-D prompt, a band or chunk that is not an int >= 1, and a step that
+    validates against eager (its first call per chunk length would run the whole model,
+    which a band's window cannot match) are refused before any cache is touched."""
+    from segc.models import tiny_llama
+
+    model = tiny_llama(num_hidden_layers=2)
+    prompt = mx.array([[(7 * i + 3) % 128 for i in range(12)]])
+    cache = make_prompt_cache(model)
+    refused = [
+        ({"prompt": mx.zeros((1, 0), dtype=mx.int32)}, r"prompt.*shape \[1, 0\]"),
+        ({"prompt": prompt[0]}, r"prompt.*shape \[12\]"),
+        ({"prompt": [[1, 2, 3]]}, "prompt must be an mx.array"),
+        ({"band": 2.5}, "band must be an int >= 1, got 2.5"),
+        ({"band": True}, "band must be an int >= 1, got True"),
+        ({"band": 0}, "band must be an int >= 1, got 0"),
+        ({"chunk": 0.5}, "chunk must be an int >= 1, got 0.5"),
+        ({"step": segc.jit(model, boundaries="auto")}, "validate=False"),
+        ({"cache": None}, "NoneType for 2 layers"),
+    ]
+    for change, match in refused:
+        kw: dict[str, Any] = {"prompt": prompt, "cache": cache, "band": 1, "chunk": 4, **change}
+        with pytest.raises(segc.ScheduleError, match=match):
+            banded_prefill(model, kw.pop("prompt"), kw.pop("cache"), **kw)
+    assert [c.offset for c in cache] == [0, 0]
+    want, cache_want = chunked(model, prompt, 4)
+    got = banded_prefill(model, prompt, cache, band=1, chunk=4)
+    assert_prefill_equal(got, want, cache, cache_want)

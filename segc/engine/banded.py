@@ -65,6 +65,18 @@ class BandWindows:
         return out
 
 
+def check_prompt(prompt: Any, what: str) -> None:
+    """A prompt is an ``mx.array`` of token ids, of shape ``[batch, L]`` (``[1, L]``
+    for one prompt) with at least one token, else ScheduleError."""
+    if not isinstance(prompt, mx.array):
+        raise ScheduleError(f"{what}: the prompt must be an mx.array of shape [1, L], got {type(prompt).__name__}")
+    if prompt.ndim != 2 or prompt.size == 0:
+        raise ScheduleError(
+            f"{what}: the prompt must have shape [1, L] (a batch of token rows) with L >= 1 tokens, "
+            f"got shape {list(prompt.shape)}"
+        )
+
+
 def _proxy(cache: Any, like: Any) -> Any:
     """A stand-in for ``cache`` at ``like``'s offset and buffer shape (``like``'s own
     buffers: their contents are never read, the tile's window does not run its layer)."""
@@ -111,13 +123,23 @@ def banded_prefill(
     ``validate=False`` (made if not given; pass one to reuse its traces)."""
     layers = _layer_list(model)
     n = len(layers)
-    if len(cache) != n:
-        raise ScheduleError(f"banded prefill: {len(cache)} caches for {n} layers")
-    if band < 1 or chunk < 1:
-        raise ScheduleError(f"banded prefill: band and chunk must be >= 1, got {band} and {chunk}")
+    check_prompt(prompt, "banded prefill")
+    if not isinstance(cache, list | tuple) or len(cache) != n:
+        got = f"{len(cache)} caches" if isinstance(cache, list | tuple) else f"a {type(cache).__name__}"
+        raise ScheduleError(f"banded prefill: {got} for {n} layers (a list of one mlx-lm cache per layer)")
+    for what, v in (("band", band), ("chunk", chunk)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ScheduleError(f"banded prefill: {what} must be an int >= 1, got {v!r}")
     _check_kinds(cache, band)
     if step is None:
         step = jit(model, boundaries="auto", validate=False)
+    elif not isinstance(step, Jitted):
+        raise ScheduleError(f"banded prefill: step must be a segc.jit of the model, got {type(step).__name__}")
+    elif step.validate:  # its first call per chunk length would run the whole model eagerly, window or not
+        raise ScheduleError(
+            "banded prefill: step must be jitted with validate=False (a validating call checks the whole "
+            "model against eager, which a band's window cannot be): segc.jit(model, boundaries=..., validate=False)"
+        )
     step.set_windows(BandWindows(n, band))
     length = prompt.shape[1]
     chunks = [prompt[:, s : s + chunk] for s in range(0, length, chunk)]

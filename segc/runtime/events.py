@@ -35,7 +35,7 @@ def _checked_value(value: object, what: str) -> int:
     return int(value)
 
 
-def _checked_timeout(timeout: object, what: str) -> float:
+def checked_timeout(timeout: object, what: str) -> float:
     """``timeout`` as seconds (a finite int or float >= 0), else ScheduleError."""
     if timeout is None:
         raise ScheduleError(f"{what}: every wait needs a timeout in seconds; timeout=None (forever) is refused")
@@ -94,7 +94,7 @@ class Event:
         :class:`WaitTimeout` if it is not after ``timeout`` seconds (0: just check).
         ``where`` (e.g. ``"segment 3 'layers.2'"``) goes into the timeout's message."""
         v = _checked_value(value, f"event {self._name!r}: wait")
-        t = _checked_timeout(timeout, f"event {self._name!r}: wait for {v}")
+        t = checked_timeout(timeout, f"event {self._name!r}: wait for {v}")
         if where is not None and not isinstance(where, str):
             raise ScheduleError(f"event {self._name!r}: wait: where must be a str, got {type(where).__name__}")
         with self._cond:

@@ -241,10 +241,12 @@ class Executor:
         self.cell = cell  # value name -> its cell in env
         # window name -> (indices of the steps it selects, entry values, exit values)
         self.windows: dict[str, tuple[tuple[int, ...], tuple[str, ...], tuple[str, ...]]] = {}
+        self.stash_vars: dict[str, Var] = {}  # the windows' entry values (a stash's arrays are checked against)
         for e in g.eqns:
             if e.prim == WINDOW:
                 sel = tuple(window_segments(g, e, self.segments))
                 self.windows[e.args[0]] = (sel, tuple(e.args[4]), tuple(e.args[5]))
+                self.stash_vars.update((n, vs[n]) for n in e.args[4])
 
     @contextmanager
     def timed(self) -> Iterator[DispatchTimes]:

@@ -15,10 +15,12 @@ from typing import Any, Protocol
 
 import mlx.core as mx
 
+from .. import dtypes
 from ..errors import ScheduleError
-from ..ir import Graph
+from ..ir import Graph, Var
 from .aborted import Aborted
 from .completion import Completer
+from .events import Event, checked_timeout
 
 
 class _Steps(Protocol):
@@ -30,6 +32,7 @@ class _Steps(Protocol):
     cell: dict[str, int]
     n_inputs: int
     first_output: int  # env's first cell that holds a segment output
+    stash_vars: dict[str, Var]  # the windows' entry values, for their shapes and dtypes
     commit_after: tuple[bool, ...]  # per step: commit its outputs right after it
     output_cells: tuple[int, ...]
 
@@ -40,11 +43,24 @@ class Fences:
     graph's own signals and the host's), how long a wait may block, and the completer
     that signals after a segment's work."""
 
-    events: Mapping[str, Any]
+    events: Mapping[str, Event]
     timeout: float = 10.0
     completer: Completer = field(default_factory=Completer)
     stride: int = 0  # call k signals and waits for value + k * stride
-    calls: int = 0  # calls run so far
+    calls: int = 0  # calls run so far (a call that raised before its end does not count)
+
+    def __post_init__(self) -> None:
+        """Refuse, up front, what a wait or a signal would trip over later."""
+        self.timeout = checked_timeout(self.timeout, "boundary schedule")
+        if not isinstance(self.events, Mapping):
+            raise ScheduleError(f"events must map event names to segc.Events, got {type(self.events).__name__}")
+        for name, ev in self.events.items():
+            if not isinstance(name, str) or not name:
+                raise ScheduleError(f"events: an event's name must be a non-empty str, got {name!r}")
+            if not isinstance(ev, Event):
+                raise ScheduleError(f"events[{name!r}] must be a segc.Event, got {type(ev).__name__} {ev!r}")
+        if not isinstance(self.stride, int) or isinstance(self.stride, bool) or self.stride < 0:
+            raise ScheduleError(f"stride must be an int >= 0, got {self.stride!r}")
 
     def event(self, name: str, where: str) -> Any:
         try:
@@ -129,10 +145,7 @@ def _run(
     completer = (fences.completer if fences is not None else timeline_completer()) if note else None
     if note:
         note("call", -1, ex.graph.name if window is None else f"{ex.graph.name} window {window.name!r}")
-    base = 0
-    if fences is not None:
-        base = fences.calls * fences.stride
-        fences.calls += 1
+    base = 0 if fences is None else fences.calls * fences.stride  # counted at the end: a failed call's retry lines up
     pending = False  # whether outputs were dispatched and not committed (``sync is None``)
 
     def commit(extra: Sequence[mx.array] = ()) -> None:
@@ -156,9 +169,8 @@ def _run(
             for name in entry:
                 if note:
                     note("stash_in", k, name)
-                if name not in window.stash:  # type: ignore[union-attr]
-                    raise ScheduleError(f"{where}: the stash holds no %{name}, an entry value of its window")
-                env[ex.cell[name]] = window.stash[name]  # type: ignore[union-attr]
+                value = _stash_value(window.stash, name, ex.stash_vars[name], where)  # type: ignore[union-attr]
+                env[ex.cell[name]] = value
         if note:
             note("dispatch", k, st.segment.name)
         res = st.fn(*(env[i] for i in st.reads))
@@ -198,7 +210,25 @@ def _run(
         mx.eval([x for _, res in to_note for x in res])
         for k, _ in to_note:
             note("complete", k, "synchronized at the end of the call")  # type: ignore[misc]
+    if fences is not None:
+        fences.calls += 1
     return [env[c] for c in ex.output_cells]
+
+
+def _stash_value(stash: Mapping[str, Any], name: str, var: Var, where: str) -> mx.array:
+    """The stash's array for entry value ``name``, of ``var``'s shape and dtype."""
+    if name not in stash:
+        raise ScheduleError(f"{where}: the stash holds no %{name}, an entry value of its window")
+    value = stash[name]
+    if not isinstance(value, mx.array):
+        raise ScheduleError(f"{where}: the stash's %{name} must be an mx.array, got {type(value).__name__}")
+    if tuple(value.shape) != var.shape or dtypes.short(value.dtype) != var.dtype:
+        got = f"{dtypes.short(value.dtype)}[{','.join(map(str, value.shape))}]"
+        raise ScheduleError(
+            f"{where}: the stash's %{name} is {got}, but its window reads a {var.type_str()} there "
+            "(a stash filled by a call of another shape?)"
+        )
+    return value
 
 
 _TIMELINE_COMPLETER: list[Completer] = []

@@ -15,13 +15,13 @@ from typing import Any
 
 import mlx.core as mx
 
-from ..errors import SignatureError
+from ..errors import ScheduleError, SignatureError
 from ..ir import WINDOW, Graph, Segment, segment_effects, segments, to_text, verify
 from ..lower import describe
 from ..lower.fused import lowering_for
 from ..passes import run_pass
 from ..passes.analysis import header_annotator
-from ..passes.fences import Schedule
+from ..passes.fences import Schedule, schedule_for
 from ..passes.pipeline import place
 from ..runtime import Aborted, Executor
 from ..runtime.executor import check_options
@@ -38,11 +38,11 @@ from .signature import CallSpec, Signature
 @dataclass(frozen=True)
 class Effects:
     """An engine's persistent additions to every graph of a jitted function: a boundary
-    schedule with the events it uses, windows (a function of each graph giving
-    ``{name: (first id, last id)}``: placed in every graph, run only when chosen) and a
-    call timeline."""
+    schedule with the events it uses (a ``Schedule``, or a function of each graph giving
+    one), windows (a function of each graph giving ``{name: (first id, last id)}``:
+    placed in every graph, run only when chosen) and a call timeline."""
 
-    schedule: Schedule | None = None
+    schedule: Schedule | Callable[[Graph], Schedule] | None = None
     fences: Fences | None = None
     windows: Callable[[Graph], Mapping[str, tuple[int, int]]] | None = None
     timeline: Timeline | None = None  # every call appends its waits, dispatches, signals and stash copies
@@ -93,11 +93,26 @@ class Traced:
                 g = run_pass("concat_projections", g)
             effects = effects or Effects()
             if effects.schedule is not None:
-                g = run_pass("fences", g, schedule=effects.schedule)
+                events = effects.fences.events if effects.fences is not None else None
+                g = run_pass("fences", g, schedule=schedule_for(g, effects.schedule, events))
             if effects.windows is not None:
-                for name, (first, last) in effects.windows(g).items():
+                for name, (first, last) in _windows_for(g, effects.windows).items():
                     g = run_pass("window", g, first=first, last=last, name=name)
         return Lowered(self, g, effects, attention)
+
+
+def _windows_for(g: Graph, windows: Callable[[Graph], Any]) -> dict[str, tuple[int, int]]:
+    """``windows(g)``, checked: a mapping of names to ``(first id, last id)`` int pairs."""
+    got = windows(g)
+    fn = getattr(windows, "__qualname__", None) or repr(windows)
+    what = f"the window function {fn} gave for graph {g.name!r}"
+    if not isinstance(got, Mapping):
+        raise ScheduleError(f"{what} a {type(got).__name__}, not a mapping of names to (first id, last id)")
+    for name, span in got.items():
+        ok = isinstance(span, tuple | list) and len(span) == 2
+        if not ok or any(isinstance(i, bool) or not isinstance(i, int) for i in span):
+            raise ScheduleError(f"{what} window {name!r}: {span!r}, not (first id, last id) as two ints")
+    return {name: (first, last) for name, (first, last) in got.items()}
 
 
 class Lowered:
@@ -187,6 +202,7 @@ class Compiled:
         self._timeline = eff.timeline
         # windows that restrict this graph (neither endpoint here: the graph runs in full)
         self._windows = {e.args[0] for e in self.graph.eqns if e.prim == WINDOW and e.args[3] == "range"}
+        self.placed = tuple(sorted(e.args[0] for e in self.graph.eqns if e.prim == WINDOW))  # every window
 
     @property
     def executor(self) -> Executor:
@@ -271,6 +287,10 @@ class Compiled:
         """
         slots = list(slots)
         if window is not None and window.name not in self._windows:
+            if window.name not in self.placed:  # a name never placed (a typo) must not run it all
+                raise ScheduleError(
+                    f"{self.graph.name}: no window {window.name!r} is placed (use_window); placed: {list(self.placed)}"
+                )
             window = None
         inputs = self._inputs(leaves, params, slots)
         starts = _input_starts(len(leaves), slots)  # before the donation empties the slots' inputs

@@ -30,7 +30,7 @@ import mlx.core as mx
 
 from ...errors import PagingError, ScheduleError
 from ...staging import jit
-from ..banded import BandWindows
+from ..banded import BandWindows, check_prompt
 from . import cudacopy
 from .kvplan import (
     at_capacity,
@@ -44,25 +44,13 @@ from .kvplan import (
     unpageable,
 )
 from .kvstore import KVBlock, KVStore
-from .pager import EVICT, Done, Pager
+from .options import OneCall, PagingStats, check_settings, kv_option
+from .pager import Done, Pager
 from .plan import CallPlan, Skeleton, band_members, call_plan
 from .source import DiskSource, HostSource, Reader
 from .tiles import Tiles, drop_outputs
 
 Hook = Callable[[int, int, list[mx.array]], None]  # (band, chunk, the outputs it makes)
-
-
-@dataclass
-class PagingStats:
-    calls: int = 0
-    bands: int = 0  # band calls dispatched
-    loaded_bytes: int = 0  # weight bytes read
-    recycled_bytes: int = 0  # of those, read straight into evicted pages' MLX buffers (no copy-in)
-    peak_resident: int = 0  # the most weight bytes held at once
-    needed: int = 0  # the largest budget a call so far needed (the smallest that runs them all)
-    kv_paged_calls: int = 0  # calls that paged the KV caches
-    kv_read_bytes: int = 0  # KV bytes read back from the KV store
-    kv_written_bytes: int = 0  # KV bytes written out to it
 
 
 @dataclass(frozen=True)
@@ -73,18 +61,13 @@ class _Call:
     limit: int
 
 
-def _kv_option(value: Any) -> bool | str:
-    if isinstance(value, bool | str) and value in (True, False, "auto"):
-        return cast(bool | str, value)
-    raise ScheduleError(f"kv_paging must be True, False or 'auto', got {value!r}")
-
-
 class PagedModel:
     """Model directory ``path`` run in ``budget`` bytes: its settings (``band``,
     ``depth``, ``evict``, ``mode``, ``source``, ``reader``, ``timeout``, ``kv_paging``,
     ``kv_dir``, ``recycle``, ``transfer``) are the table in docs/paging.md, "Settings".
     ``budget`` may be changed between calls; ``timeline`` set to a list records the
-    pager's and the dispatch thread's steps (``Pager.timeline``)."""
+    pager's and the dispatch thread's steps (``Pager.timeline``). Calls from several
+    threads run one at a time (``options.OneCall``)."""
 
     def __init__(
         self,
@@ -103,21 +86,18 @@ class PagedModel:
         recycle: bool = True,
         transfer: str = "auto",
     ):
-        for what, value, allowed in (
-            ("recycle", recycle, (True, False)),
-            ("mode", mode, ("fenced", "drain")),
-            ("source", source, ("disk", "host")),
-            ("evict", evict, EVICT),
-            ("transfer", transfer, ("auto", "host", "direct", "cuda")),
-        ):
-            if not any(value is a or (isinstance(a, str) and value == a) for a in allowed):
-                raise ScheduleError(f"{what} must be one of {allowed}, got {value!r}")
-        if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
-            raise ScheduleError(f"prefetch depth must be an int >= 0, got {depth!r}")
-        if not isinstance(band, int) or isinstance(band, bool) or band < 1:
-            raise ScheduleError(f"band must be an int >= 1, got {band!r}")
-        if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
-            raise PagingError(f"the budget is a number of bytes (an int >= 1), got {budget!r}")
+        timeout = check_settings(
+            budget=budget,
+            band=band,
+            depth=depth,
+            timeout=timeout,
+            recycle=recycle,
+            mode=mode,
+            source=source,
+            evict=evict,
+            transfer=transfer,
+        )
+        kv_paging = kv_option(kv_paging)
         self.path = Path(path)
         self.source = (HostSource if source == "host" else DiskSource)(self.path, reader=reader)
         self.transfer = ("cuda" if cudacopy.available() else "host") if transfer == "auto" else transfer
@@ -128,7 +108,7 @@ class PagedModel:
         self.n_layers = self.skeleton.n_layers
         self.band = min(band, self.n_layers)
         self.budget, self.depth, self.evict, self.mode, self.timeout = budget, depth, evict, mode, timeout
-        self.kv_paging, self.recycle = _kv_option(kv_paging), recycle
+        self.kv_paging, self.recycle = kv_paging, recycle
         self.kv = KVStore(kv_dir)  # outlives ``close``: the caches the caller holds read from it
         self.step = jit(self.model, boundaries="auto", validate=False, name=f"paged {self.path.name}")
         self.step.set_windows(BandWindows(self.n_layers, self.band))
@@ -143,6 +123,7 @@ class PagedModel:
         self._need = 0
         self.on_segment: Hook | None = None  # called after each band's dispatch
         self.timeline: list[tuple[float, str, int]] | None = None
+        self._one = OneCall(f"paged {self.path.name}")  # one call at a time, whatever the thread
         self._prepare([mx.array([[0]], dtype=mx.uint32)], self.make_cache())  # refused up front
 
     # ------------------------------------------------------------------ public
@@ -159,19 +140,23 @@ class PagedModel:
     def min_budget(self, x: mx.array, cache: list[Any], chunks: int = 1) -> int:
         """The smallest budget that runs ``x`` (``chunks`` chunks of its shape at once),
         with the KV caches paged where ``kv_paging`` allows it and that needs less."""
-        self._prepare([x] * chunks, cache, refuse=False)
-        return self._need
+        self._check_call(x, cache, "min_budget")
+        with self._one.hold("min_budget", self.timeout):
+            self._prepare([x] * chunks, cache, refuse=False)
+            return self._need
 
     def __call__(self, x: mx.array, cache: list[Any]) -> mx.array:
         """``model(x, cache=cache)``: one chunk (a prompt or a token) through every band."""
+        self._check_call(x, cache, "call")
         return self._run([x], cache, [(k, 0) for k in range(len(self.bands))])
 
     def prefill(self, prompt: mx.array, cache: list[Any], *, chunk: int = 256, banded: bool = True) -> mx.array:
         """Prefill ``cache`` with ``prompt`` (``[1, L]``) in chunks of ``chunk`` tokens;
         the last chunk's logits. ``banded``: band-major (each band's page loaded once per
         prompt); otherwise chunk by chunk (each page loaded once per chunk)."""
-        if chunk < 1:
-            raise ScheduleError(f"chunk must be >= 1, got {chunk}")
+        self._check_call(prompt, cache, "prefill")
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise ScheduleError(f"prefill: chunk must be an int >= 1, got {chunk!r}")
         xs = [prompt[:, s : s + chunk] for s in range(0, prompt.shape[1], chunk)]
         if not banded:
             out = None
@@ -196,13 +181,26 @@ class PagedModel:
     def close(self) -> None:
         """End the pager thread, drop every resident page and unmap the files (the next
         call maps them again). The KV store stays: caches the caller holds read from it
-        (its directory goes with the ``PagedModel``)."""
+        (its directory goes with the ``PagedModel``). Waits for a call another thread runs."""
+        with self._one.hold("close", self.timeout):
+            self._close()
+
+    def _close(self) -> None:
         if self.pager is not None:
             self.pager.close()
             self.pager = None
         self.source.close()
 
     # ------------------------------------------------------------------ internals
+
+    def _check_call(self, x: Any, cache: Any, what: str) -> None:
+        """A call's tokens (``[1, L]``, at least one) and caches (one per layer)."""
+        check_prompt(x, f"paged {what}")
+        if not isinstance(cache, list | tuple) or len(cache) != self.n_layers:
+            got = f"{len(cache)} caches" if isinstance(cache, list | tuple) else f"a {type(cache).__name__}"
+            raise PagingError(
+                f"paged {what}: {got} for {self.n_layers} layers (a list of mlx-lm caches: pm.make_cache())"
+            )
 
     def _plan(self, x: mx.array, cache: list[Any]) -> CallPlan:
         shapes = tuple(tuple(a.shape) for c in cache for a in cache_arrays(c))
@@ -241,7 +239,7 @@ class PagedModel:
         """Plan a call: whether it pages the KV caches, and the pager's limit (the budget
         less the call's reserve). A budget too small for one band's working set is
         refused with the smallest that works (``self._need``)."""
-        self.kv_paging = _kv_option(self.kv_paging)  # it may have been set since
+        self.kv_paging = kv_option(self.kv_paging)  # it may have been set since
         plans = self._plans_for(xs, cache, at_end=False)
         chunks = len(xs)
         fenced = self.mode == "fenced"
@@ -331,8 +329,10 @@ class PagedModel:
         return done
 
     def _run(self, xs: list[mx.array], cache: list[Any], order: list[tuple[int, int]]) -> mx.array:
-        if len(cache) != self.n_layers:
-            raise ScheduleError(f"paged call: {len(cache)} caches for {self.n_layers} layers")
+        with self._one.hold("call", self.timeout):
+            return self._run_bands(xs, cache, order)
+
+    def _run_bands(self, xs: list[mx.array], cache: list[Any], order: list[tuple[int, int]]) -> mx.array:
         call = self._prepare(xs, cache)
         pager = self._pager(call.limit)
         pager.recycle = self.recycle and not self._aliased
@@ -370,12 +370,13 @@ class PagedModel:
                 pager.complete(ticket, made, self._write_out(shadows, members) if last.get(k) == j else None)
                 pager.note("completed", ticket)
                 self.stats.bands += 1
+                self._one.progress()
                 if self.on_segment is not None:
                     self.on_segment(k, t, made)
                 del made, kept, y  # a band's buffers live no longer than its write-out needs
             pager.finish()
         except BaseException:
-            self.close()  # the pager thread ends; the next call starts another
+            self._close()  # the pager thread ends; the next call starts another
             raise
         finally:
             self.step.use_window(None)
