@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 from typing import NoReturn
 
@@ -41,6 +42,12 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {message}\n")
 
 
+def plain(doc: str) -> str:
+    """A module docstring as help text: reStructuredText's markup (````code````, a
+    literal block's ``::``) as plain text."""
+    return re.sub(r"``(.+?)``", r"\1", doc.replace("::\n", ":\n"))
+
+
 def build_parser() -> tuple[Parser, dict[str, object]]:
     parser = Parser(prog="segc", description="segc: segmented execution of MLX models, and the tools to debug it")
     parser.add_argument("--version", action="version", version=f"segc {VERSION}")
@@ -49,7 +56,7 @@ def build_parser() -> tuple[Parser, dict[str, object]]:
     mods: dict[str, object] = {}
     for name, modname in COMMANDS.items():
         mod = importlib.import_module(f"segc.cli.{modname}")
-        doc = (mod.__doc__ or "").strip()
+        doc = plain((mod.__doc__ or "").strip())
         p = sub.add_parser(
             name,
             help=doc.split("\n\n")[0].replace("\n", " ").split(". ")[0].rstrip(".:") if doc else None,

@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
                 "min_s": min(ts),
                 "max_s": max(ts),
                 "iqr_s": q[2] - q[0],
-                "ratio": f"{med / base:.2f}",
+                "ratio": med / base,  # raw in csv and json; two decimals in the table (common.cell)
                 "calls": len(ts),
             }
         )

@@ -10,10 +10,11 @@ import json
 import os
 import sys
 import traceback
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from ..errors import SegcError, UsageError
+from ..errors import SegcError, SegcWarning, UsageError
 
 FORMATS = ("table", "csv", "json")
 
@@ -23,7 +24,18 @@ def report(args: argparse.Namespace, body: Callable[[], int]) -> int:
     else one line too (status 1), unless ``--debug``."""
     where = f"segc {args.command}"
     try:
-        return body()
+        with warnings.catch_warnings():
+            shown = warnings.showwarning
+
+            def show(message: Any, category: type[Warning], *rest: Any, **kw: Any) -> None:
+                if issubclass(category, SegcWarning):  # segc's own: one line, as its errors
+                    print(f"{where}: warning: {' '.join(str(message).split())}", file=sys.stderr)
+                else:
+                    shown(message, category, *rest, **kw)
+
+            warnings.showwarning = show
+            warnings.filterwarnings("always", category=SegcWarning)  # each one shown, never raised
+            return body()
     except KeyboardInterrupt:
         print(f"{where}: interrupted", file=sys.stderr)
         return 130
@@ -35,7 +47,10 @@ def report(args: argparse.Namespace, body: Callable[[], int]) -> int:
             raise
         user = isinstance(exc, SegcError | OSError | ImportError)
         text = _message(exc)
-        if not user:
+        raised = None if user else user_raised(exc)
+        if raised is not None:
+            user, text = True, raised
+        elif not user:
             text = f"internal error: {type(exc).__name__}: {text} (run with --debug for the traceback)"
         print(f"{where}: {text}", file=sys.stderr)
         return 2 if user else 1
@@ -50,6 +65,29 @@ def _message(exc: BaseException) -> str:
             return f"this needs mlx-lm, which is not installed: pip install 'segc[lm]' ({exc})"
     text = " ".join(str(exc).split()) or type(exc).__name__
     return text if len(text) <= 600 else text[:600] + " ..."
+
+
+# the user's code (a ``file.py:function`` or ``module:function`` target's file) and the
+# name to report it by: an exception raised there is the user's mistake, not segc's
+USER_CODE: dict[str, str] = {}
+_SEGC = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep
+
+
+def user_code(path: str, name: str) -> None:
+    USER_CODE[os.path.realpath(path)] = name
+
+
+def user_raised(exc: BaseException) -> str | None:
+    """``<name> raised <type>: <message> (at file:line)`` when ``exc`` came out of the
+    user's code (a frame in a file of :data:`USER_CODE`, and no segc frame after it);
+    else None."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = [i for i, fr in enumerate(frames) if os.path.realpath(fr.filename) in USER_CODE]
+    if not where or any(os.path.realpath(fr.filename).startswith(_SEGC) for fr in frames[where[-1] + 1 :]):
+        return None
+    fr = frames[where[-1]]
+    name = USER_CODE[os.path.realpath(fr.filename)]
+    return f"{name} raised {type(exc).__name__}: {_message(exc)} (at {os.path.basename(fr.filename)}:{fr.lineno})"
 
 
 def debug_trace() -> str:
@@ -155,6 +193,8 @@ def cell(key: str, v: Any) -> str:
         return fmt_bytes(v)
     if isinstance(v, float) and (key.endswith("_s") or key.endswith("cost")):
         return fmt_seconds(v)
+    if isinstance(v, float) and key == "ratio":
+        return f"{v:.2f}"
     if isinstance(v, int) and key.endswith("flops"):
         return f"{v:,}"
     return str(v)

@@ -1,8 +1,9 @@
 """Sweep cut-placement strategies over models and workloads: predicted and measured time
 and memory, bit-identity against eager MLX; CSV, JSON, plots and plans.
 
-Models: ``small``, ``reference``, an mlx-lm architecture (``llama``, ``qwen3``,
-``mixtral``; ``llama:hidden_size=64,num_hidden_layers=2``), a local model directory, or
+Models: ``small``, ``reference``, an mlx-lm architecture as every subcommand's targets
+take it (``llama``, ``qwen3``, ``mixtral``; ``llama:layers=2,hidden=64`` or
+``llama:hidden_size=64,num_hidden_layers=2``), a local model directory, or
 ``file.py:function``. Workloads: ``decode:CONTEXT``, ``prefill:TOKENS``. Strategies: any
 spec of ``segc passes`` and ranges (``balanced:2..18``, ``balanced:2..18:4``,
 ``memory:0.5x..2x``, ``optimal:0.5x..2x:0.5x``).
@@ -30,8 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--workload", action="append", help="decode:C or prefill:L (repeatable; default decode:128, prefill:128)"
     )
     p.add_argument("--strategy", action="append", help="a strategy or a range (repeatable; default: a sweep of all)")
-    p.add_argument("--repeats", type=int, default=20, help="timed calls per plan (and process)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed calls per plan first")
+    p.add_argument("--repeats", type=int, default=20, help="timed calls per plan (and process; default 20)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed calls per plan first (default 2)")
     p.add_argument("--boundaries", default="layers.*", help="marker globs ('' for none)")
     p.add_argument("--machine", metavar="FILE", help="a machine model from segc calibrate (default: built in)")
     p.add_argument("--calibrate", action="store_true", help="calibrate a machine model first (as segc calibrate)")
@@ -91,6 +92,12 @@ def run(args: argparse.Namespace) -> int:
     from segc.passes.costmodel import MachineModel
     from segc.research import DEFAULT_STRATEGIES, Experiment, run_experiment
 
+    if args.machine and args.calibrate:
+        print(
+            "segc experiment: --calibrate measures a machine model, --machine reads one: give one of them",
+            file=sys.stderr,
+        )
+        return 2
     try:
         machine = None
         if args.machine:

@@ -8,8 +8,8 @@ from .common import positive_int, read_text
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--layers", type=positive_int(), default=2)
-    p.add_argument("--tokens", type=positive_int(), default=8)
+    p.add_argument("--layers", type=positive_int(), default=2, help="decoder layers of the tiny llama (default 2)")
+    p.add_argument("--tokens", type=positive_int(), default=8, help="prompt length traced (default 8)")
     p.add_argument("--boundaries", default="layers.*", help="glob over submodule paths ('' for none)")
     p.add_argument("--check", metavar="FILE", help="parse FILE ('-' for stdin), verify it, print it back")
 

@@ -22,8 +22,8 @@ import sys
 from typing import Any
 
 from ..errors import UsageError
-from .common import FORMATS, choice_error, emit, positive_int, progress, read_text, window
-from .target import Target, add_target_arguments, load, strategy_spec
+from .common import FORMATS, choice_error, emit, positive_int, progress, window
+from .target import Target, add_target_arguments, load, read_schedule, strategy_spec
 
 LLAMA = {"layers": 8, "hidden": 256, "intermediate": 688, "heads": 8, "kv_heads": 4, "vocab": 1024}
 STAGES = ("input", "cut", "concat_projections", "fences", "window")  # what --print-after can name, in order
@@ -53,7 +53,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="run the concat_projections pass after cut (sibling products over concatenated weights)",
     )
     p.add_argument("--compare", action="store_true", help="a table of the strategies")
-    p.add_argument("--format", choices=(*FORMATS, "markdown"), default="table", help="--compare's table format")
+    p.add_argument(
+        "--format", choices=(*FORMATS, "markdown"), help="with --compare: the table's format (default table)"
+    )
     p.add_argument("--check-bits", action="store_true", help="run each plan; compare with the unsegmented graph")
     p.add_argument(
         "--measure",
@@ -121,7 +123,7 @@ def default_specs(g: Any) -> list[Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..passes import Plan, Schedule, make_plan
+    from ..passes import Plan, make_plan
     from ..passes.pipeline import Step
     from ..passes.plan import diff
 
@@ -131,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
     wanted = _wanted(args.print_after)
     if (args.changed_only or args.diff) and not wanted:
         raise UsageError("--changed-only and --diff go with --print-after")
+    _check_options(args)
     if args.target is not None and args.graph:
         raise UsageError("give either a TARGET or --graph FILE, not both")
     spec = args.target or args.graph
@@ -146,11 +149,8 @@ def run(args: argparse.Namespace) -> int:
     specs = [strategy_spec(s) for s in args.strategy] if args.strategy else None
     if args.compare:
         return _compare(args, target, g, specs or default_specs(g), legalize, chosen=specs is not None)
-    schedule = Schedule.from_json(read_text(args.schedule)) if args.schedule else None
+    schedule = read_schedule(args.schedule) if args.schedule else None
     plan = Plan.load(args.plan_in) if args.plan_in else make_plan(g, (specs or ["markers"])[0], legalize=legalize)
-    if args.plan_out:
-        plan.save(args.plan_out)
-        print(f"plan {plan.strategy!r} ({len(plan.cuts)} cuts) -> {args.plan_out}", file=sys.stderr)
     steps = [Step("cut", {"plan": plan})]
     if args.concat_projections:
         steps.append(Step("concat_projections"))
@@ -159,6 +159,9 @@ def run(args: argparse.Namespace) -> int:
     if args.window:
         steps.append(Step("window", {"first": args.window[0], "last": args.window[1]}))
     out = _pipeline(args, g, steps, wanted)
+    if args.plan_out:  # once the pipeline ran: a failed run leaves no plan file
+        plan.save(args.plan_out)
+        print(f"plan {plan.strategy!r} ({len(plan.cuts)} cuts) -> {args.plan_out}", file=sys.stderr)
     if not wanted:
         print(out.as_text(), end="")
     for m in plan.moved:
@@ -168,11 +171,31 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _wanted(text: str | None) -> set[str]:
-    from ..passes.registry import PASSES
+# options a --compare table has no use for, and options only it uses
+PIPELINE_ONLY = ("plan_out", "plan_in", "schedule", "window", "print_after", "dump_dir", "concat_projections")
+COMPARE_ONLY = ("measure", "format")
 
+
+def _check_options(args: argparse.Namespace) -> None:
+    """Refuse options the chosen mode would ignore."""
+
+    def flags(names: tuple[str, ...]) -> list[str]:
+        return [f"--{n.replace('_', '-')}" for n in names if getattr(args, n) not in (None, False)]
+
+    def verb(given: list[str]) -> str:
+        return f"{', '.join(given)} {'goes' if len(given) == 1 else 'go'}"
+
+    if args.compare and flags(PIPELINE_ONLY):
+        raise UsageError(f"--compare tabulates strategies; {verb(flags(PIPELINE_ONLY))} without it")
+    if not args.compare and flags(COMPARE_ONLY):
+        raise UsageError(f"{verb(flags(COMPARE_ONLY))} with --compare")
+    if args.plan_in and args.strategy:
+        raise UsageError("--plan-in applies a saved plan; --strategy makes one: give one of them")
+
+
+def _wanted(text: str | None) -> set[str]:
     wanted = {w.strip() for w in (text or "").split(",") if w.strip()}
-    valid = {"all", "input", *STAGES, *PASSES}
+    valid = {"all", *STAGES}  # the passes this command runs (cut legalises its plan itself)
     for w in sorted(wanted - valid):
         raise choice_error("pass", w, sorted(valid))
     return wanted
@@ -282,7 +305,7 @@ def _compare(args: argparse.Namespace, target: Target, g: Any, specs: list[Any],
         print(summary + "\n")
         _markdown(rows, cols)
     else:
-        emit(rows, cols, args.format, title=summary, meta={"graph": g.name, "cost_model": model})
+        emit(rows, cols, args.format or "table", title=summary, meta={"graph": g.name, "cost_model": model})
     return 0 if all(r["bit_identical"] in (None, True) for r in rows) else 1
 
 

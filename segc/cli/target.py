@@ -23,27 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
-from .common import choice_error, positive_int, read_text
+from .common import choice_error, positive_int, read_text, user_code
 
 TARGET_HELP = (
     "module:function, file.py:function, an mlx-lm architecture (llama, llama:layers=4,hidden=256,bits=4), "
     "a local mlx-lm model directory, or an IR file (.segc)"
 )
 
-# an architecture target quantized as mlx-lm quantizes (affine): bits, and the group size
-# (segc.models.zoo.build's 32 by default)
-QUANT_KEYS = {"bits": (2, 3, 4, 5, 6, 8), "group": (32, 64, 128)}
-
-# short names for configuration fields of an architecture target
-ALIASES = {
-    "layers": "num_hidden_layers",
-    "hidden": "hidden_size",
-    "intermediate": "intermediate_size",
-    "heads": "num_attention_heads",
-    "kv_heads": "num_key_value_heads",
-    "vocab": "vocab_size",
-    "head_dim": "head_dim",
-}
 DTYPES = ("float32", "float16", "bfloat16", "int32", "int64", "uint32", "bool")
 
 
@@ -70,20 +56,15 @@ def add_target_arguments(p: argparse.ArgumentParser, *, optional: bool = False) 
 
 def architectures() -> list[str]:
     """mlx-lm's architecture modules, listed without importing mlx-lm."""
-    spec = importlib.util.find_spec("mlx_lm")
-    if spec is None or not spec.submodule_search_locations:
-        return []
-    models = Path(next(iter(spec.submodule_search_locations))) / "models"
-    return sorted(p.stem for p in models.glob("*.py") if "class ModelArgs" in p.read_text(errors="replace"))
+    from ..research.modelspec import architectures as archs
+
+    return archs()
 
 
 def check_arch(name: str) -> str:
-    archs = architectures()
-    if not archs:
-        raise UsageError("architecture targets need mlx-lm, which is not installed: pip install 'segc[lm]'")
-    if name not in archs:
-        raise choice_error("mlx-lm architecture", name, archs)
-    return name
+    from ..research.modelspec import check_arch as check
+
+    return check(name)
 
 
 @dataclass
@@ -204,61 +185,12 @@ def _looks_like_ir(path: Path) -> bool:
 
 
 def _arch(name: str, config: str, args: argparse.Namespace, boundaries: Any) -> Target:
-    import mlx.core as mx
+    """An architecture target: the spec parsed and built by ``segc.research.modelspec``,
+    as ``segc experiment --model`` builds it."""
+    from ..research.modelspec import build_arch, parse_arch
 
-    from ..models.zoo import build, tiny_config
-
-    check_arch(name)
-    fields = tiny_config(name)
-    extra: dict[str, Any] = {}
-    quant: dict[str, int] = {}
-    dtype = args.dtype
-    for item in filter(None, (x.strip() for x in config.split(","))):
-        key, eq, value = item.partition("=")
-        key = key.strip()
-        if not eq:
-            raise UsageError(f"target {name}: expected KEY=VALUE, got {item!r}")
-        if key == "dtype":
-            dtype = value
-            continue
-        if key in QUANT_KEYS:  # nn.quantize after building: bits=4[,group=64]
-            choices = QUANT_KEYS[key]
-            if value.strip() not in map(str, choices):
-                raise choice_error(f"{name} {key}", value.strip(), [str(c) for c in choices])
-            quant["bits" if key == "bits" else "group_size"] = int(value)
-            continue
-        field_name = ALIASES.get(key, key)
-        from ..models.zoo import model_classes
-
-        _, args_cls = model_classes(name)
-        known = set(getattr(args_cls, "__dataclass_fields__", {})) | set(fields)
-        if field_name not in known:
-            raise choice_error(
-                f"{name} configuration key", key, [*ALIASES, "dtype", *QUANT_KEYS, "(any ModelArgs field)"]
-            )
-        extra[field_name] = _value(value.strip(), key)
-    if "hidden_size" in extra and "intermediate_size" not in extra and "intermediate_size" in fields:
-        extra["intermediate_size"] = 4 * extra["hidden_size"]
-    if dtype is not None and dtype not in ("float32", "float16", "bfloat16"):
-        raise choice_error("dtype", dtype, ("float32", "float16", "bfloat16"))
-    if "group_size" in quant and "bits" not in quant:
-        raise UsageError(f"target {name}: group= quantizes with bits=; give bits=2, 3, 4, 5, 6 or 8 too")
-    model = build(name, seed=args.seed, dtype=getattr(mx, dtype or "float32"), **quant, **extra)
-    sized = ",".join(x.strip() for x in config.split(",") if x.strip())
-    return _model_target(f"{name}:{sized}" if sized else name, "arch", model, args, boundaries)
-
-
-def _value(text: str, key: str) -> Any:
-    for conv in (int, float):
-        try:
-            return conv(text)
-        except ValueError:
-            pass
-    if text in ("true", "false"):
-        return text == "true"
-    if not text:
-        raise UsageError(f"configuration key {key!r} has no value")
-    return text
+    spec = parse_arch(name, config, dtype=args.dtype)
+    return _model_target(spec.label, "arch", build_arch(spec, seed=args.seed), args, boundaries)
 
 
 def _model_dir(spec: str, args: argparse.Namespace, boundaries: Any) -> Target:
@@ -295,7 +227,10 @@ def _function(where: str, name: str, args: argparse.Namespace, boundaries: Any) 
         assert spec is not None and spec.loader is not None
         mod = importlib.util.module_from_spec(spec)
         sys.modules[modname] = mod
-        spec.loader.exec_module(mod)
+        try:
+            spec.loader.exec_module(mod)
+        except Exception as exc:  # the user's file: their mistake, named
+            raise UsageError(f"{where}: importing it raised {type(exc).__name__}: {_first_line(exc)}") from exc
     else:
         try:
             mod = importlib.import_module(where)
@@ -311,6 +246,9 @@ def _function(where: str, name: str, args: argparse.Namespace, boundaries: Any) 
         fn = getattr(fn, part)
     if not callable(fn):
         raise UsageError(f"{where}:{name} is a {type(fn).__name__}, not a function or an nn.Module")
+    source = getattr(mod, "__file__", None)
+    if source:  # what it raises is the user's mistake (common.report)
+        user_code(source, f"{where}:{name}")
     if not isinstance(fn, nn.Module) and boundaries == "auto":
         boundaries = None
     inputs = [parse_input(t) for t in args.input]
@@ -321,6 +259,10 @@ def _function(where: str, name: str, args: argparse.Namespace, boundaries: Any) 
     mx.eval(xs)
     sig = ", ".join(f"{n}={'x'.join(map(str, s)) or 'scalar'}:{d}" for n, s, d in inputs)
     return Target(f"{where}:{name}", "function", f"{where}:{name}({sig})", fn=fn, args=xs, boundaries=boundaries)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [""])[0]
 
 
 def add_strategy_argument(p: argparse.ArgumentParser) -> None:
@@ -343,6 +285,25 @@ def strategy_spec(text: str) -> Any:
         except (ImportError, AttributeError) as exc:
             raise UsageError(f"--strategy {text!r}: {exc}") from None
     return text
+
+
+def read_schedule(path: str) -> Any:
+    """The fence schedule (``segc.passes.Schedule``) in the JSON file ``path``: an
+    object with ``cuts``, ``waits`` and ``host_events``."""
+    import json
+
+    from ..passes import Schedule
+
+    text = read_text(path)
+    try:
+        d = json.loads(text)
+    except ValueError:
+        d = {}  # Schedule.from_json says what is wrong with it
+    if not isinstance(d, dict):
+        raise UsageError(
+            f"{path}: a schedule is a JSON object with cuts, waits and host_events, not a {type(d).__name__}"
+        )
+    return Schedule.from_json(text)
 
 
 def cut(g: Any, strategy: str, *, legalize: bool = True) -> tuple[Any, Any]:

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
-from .common import positive_int, read_text
-from .target import add_strategy_argument, add_target_arguments, cut, load, strategy_spec
+from .common import positive_int
+from .target import add_strategy_argument, add_target_arguments, cut, load, read_schedule, strategy_spec
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -26,6 +27,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--schedule", metavar="FILE", help="a fence schedule (JSON): its signals and waits run too")
 
 
+def writable(path: str) -> None:
+    """Raise the ``OSError`` of opening ``path`` for writing, leaving no file behind."""
+    existed = os.path.exists(path)
+    open(path, "a").close()
+    if not existed:
+        os.remove(path)
+
+
 def run(args: argparse.Namespace) -> int:
     import mlx.core as mx
 
@@ -34,18 +43,18 @@ def run(args: argparse.Namespace) -> int:
     from ..runtime.perfetto import to_chrome_trace, wait_complete
 
     if args.timeline:  # before the work: a path that cannot be written is a mistake now
-        open(args.timeline, "a").close()
+        writable(args.timeline)
     target = load(args)
     timeline: list = []
     if target.kind == "ir" or args.schedule:
         g, _ = cut(target.traced_graph(), args.strategy, legalize=not args.no_legalize)
         fences = None
         if args.schedule:
-            from ..passes import Schedule, run_pass
+            from ..passes import run_pass
             from ..runtime.events import Event
             from ..runtime.fenced import Fences
 
-            g = run_pass("fences", g, schedule=Schedule.from_json(read_text(args.schedule)))
+            g = run_pass("fences", g, schedule=read_schedule(args.schedule))
             used = {str(e.args[0]) for e in g.eqns if e.prim in ("segc.signal", "segc.wait", "segc.host_event")}
             fences = Fences({n: Event(name=n) for n in sorted(used)}, timeout=10.0)
         ex = Executor(g)
@@ -69,8 +78,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"{target.label}: {args.calls} calls, {len(names)} segments, {n} dispatches recorded")
     for why in fallbacks:
         print(f"segc run: fallback: {why}", file=sys.stderr)
-    if args.timeline:
+    if args.timeline:  # written whole, only now that the run succeeded
+        text = json.dumps(trace)
         with open(args.timeline, "w") as f:
-            json.dump(trace, f)
+            f.write(text)
         print(f"timeline: {len(trace['traceEvents'])} events -> {args.timeline} (open in ui.perfetto.dev)")
     return 0

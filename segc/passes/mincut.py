@@ -108,4 +108,5 @@ class MinBoundaryBytes:
         os2 = [os_[k] for k in order]
         reorder = None if order == list(range(n)) else tuple(e.id for e in os2)
         pts = [p for p in sorted(set(points)) if 0 < p < n]
-        return plan_at(g, "min_boundary_bytes", pts, os_=os2, order=reorder)
+        name = f"min_boundary_bytes({','.join(self.between)})" if self.between else "min_boundary_bytes"
+        return plan_at(g, name, pts, os_=os2, order=reorder)

@@ -28,7 +28,7 @@ import itertools
 import re
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import ScheduleError
@@ -211,18 +211,60 @@ _UNITS = {"": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g"
 
 
 def parse_bytes(text: str) -> int:
+    """A byte count: a whole number of bytes (``4096``), or a number with a unit
+    (``64MiB``, ``1.5GiB``; binary units)."""
     m = re.fullmatch(r"\s*([0-9.e+]+)\s*([a-zA-Z]*)\s*", text)
     if not m or m.group(2).lower().rstrip("b") not in {u.rstrip("b") for u in _UNITS}:
         raise ScheduleError(f"not a byte count: {text!r}")
     unit = m.group(2).lower()
     unit = unit if unit in _UNITS else unit.rstrip("b")
     try:
-        n = float(m.group(1)) * _UNITS[unit]
+        x = float(m.group(1))
+        n = x * _UNITS[unit]
         if not 0 <= n < 2**63:
             raise OverflowError
-        return int(n)
     except (ValueError, OverflowError):
         raise ScheduleError(f"not a byte count: {text!r} (a number of bytes below 2**63)") from None
+    if _UNITS[unit] == 1 and x != int(x):
+        raise ScheduleError(
+            f"not a byte count: {text!r} (a whole number of bytes, a unit as in 1.5MiB, "
+            "or for a factor of the layer's working set an x: 1.5x)"
+        )
+    return int(n)
+
+
+def _factor(name: str, arg: str) -> float:
+    """The ``F`` of ``name:Fx``: a finite number above 0."""
+    try:
+        f = float(arg[:-1])
+    except ValueError:
+        raise ScheduleError(f"strategy {name!r}: bad argument {arg!r} (a factor is a number and x: 1.5x)") from None
+    if not 0 < f < float("inf"):
+        raise ScheduleError(f"strategy {name!r}: bad argument {arg!r} (a factor must be above 0)")
+    return f
+
+
+def _bytes(name: str, arg: str) -> int:
+    try:
+        return parse_bytes(arg)
+    except ScheduleError as exc:
+        raise ScheduleError(f"strategy {name!r}: {exc}") from None
+
+
+def _count(name: str, arg: str, what: str) -> int:
+    try:
+        n = int(arg)
+    except ValueError:
+        raise ScheduleError(f"strategy {name!r}: bad argument {arg!r} ({name}:{what}, a whole number)") from None
+    if n < 1:
+        raise ScheduleError(f"{name}({what.lower()}) needs {what.lower()} >= 1, got {n}")
+    return n
+
+
+STRATEGIES = (
+    "none, markers, every:K, balanced:N, memory:BYTES, memory:Fx, optimal[:BYTES, Fx or markers], "
+    "min_boundary_bytes[:a,b,...]"
+)
 
 
 def resolve(spec: Any, model: MachineModel | None = None) -> Strategy:
@@ -231,7 +273,9 @@ def resolve(spec: Any, model: MachineModel | None = None) -> Strategy:
     ``memory:1.5x``: 1.5 times :func:`layer_working_set`), ``optimal`` (least predicted
     time; ``optimal:BYTES`` or ``optimal:Fx`` under a working-set budget,
     ``optimal:markers`` cutting only at the markers),
-    ``min_boundary_bytes`` (``min_boundary_bytes:a,b`` between markers a and b)."""
+    ``min_boundary_bytes`` (``min_boundary_bytes:a,b`` between markers a and b).
+    A text spec is checked here, before any graph: an unknown name, an argument a
+    strategy does not take, a missing one or a malformed one is a ``ScheduleError``."""
     if isinstance(spec, Plan):
         return lambda g: spec
     if isinstance(spec, NoCuts | Markers | Every | Balanced | Memory | MinBoundaryBytes | Optimal | UserCallable):
@@ -244,36 +288,39 @@ def resolve(spec: Any, model: MachineModel | None = None) -> Strategy:
     if not m:
         raise ScheduleError(f"cannot read strategy {spec!r}")
     name, arg = m.group(1), (m.group(2) or "").strip()
+    given = m.group(2) is not None  # a ':' or '(' was written, even with nothing after it
     arg = arg.split("=", 1)[-1] if "=" in arg else arg
-    try:
-        if name == "none":
-            return NoCuts()
-        if name == "markers":
-            return Markers()
-        if name == "every":
-            return Every(int(arg or 1))
-        if name == "balanced":
-            return Balanced(int(arg))
-        if name == "memory":
-            if arg.lower().endswith("x"):
-                return Memory(relative=float(arg[:-1]))
-            return Memory(parse_bytes(arg))
-        if name == "optimal":
-            if not arg:
-                return Optimal(None, model)
-            if arg.lower() == "markers":
-                return Optimal(None, model, markers=True)
-            if arg.lower().endswith("x"):
-                return _RelativeOptimal(float(arg[:-1]), model)
-            return Optimal(parse_bytes(arg), model)
-        if name == "min_boundary_bytes":
-            return MinBoundaryBytes(tuple(a.strip() for a in arg.split(",")) if arg else None)
-    except ValueError:
-        raise ScheduleError(f"strategy {name!r}: bad argument {arg!r}") from None
-    raise ScheduleError(
-        f"no strategy {name!r}; strategies: none, markers, every:K, balanced:N, memory:BYTES, memory:Fx, "
-        "optimal[:BYTES, Fx or markers], min_boundary_bytes"
-    )
+    if name in ("none", "markers") and arg:
+        raise ScheduleError(f"strategy {name!r} takes no argument, got {spec.strip()!r}")
+    forms = {"every": "every:K", "balanced": "balanced:N", "memory": "memory:BYTES or memory:Fx"}
+    if name in forms and not arg and (given or name != "every"):
+        raise ScheduleError(f"strategy {spec.strip()!r}: the argument is missing ({forms[name]})")
+    if name == "none":
+        return NoCuts()
+    if name == "markers":
+        return Markers()
+    if name == "every":
+        return Every(_count(name, arg, "K") if given else 1)
+    if name == "balanced":
+        return Balanced(_count(name, arg, "N"))
+    if name == "memory":
+        if arg.lower().endswith("x"):
+            return Memory(relative=_factor(name, arg))
+        return Memory(_bytes(name, arg))
+    if name == "optimal":
+        if not arg:
+            return Optimal(None, model)
+        if arg.lower() == "markers":
+            return Optimal(None, model, markers=True)
+        if arg.lower().endswith("x"):
+            return _RelativeOptimal(_factor(name, arg), model)
+        return Optimal(_bytes(name, arg), model)
+    if name == "min_boundary_bytes":
+        between = tuple(a.strip() for a in arg.split(",")) if arg else None
+        if between is not None and not all(between):
+            raise ScheduleError(f"strategy {spec.strip()!r}: an empty marker name")
+        return MinBoundaryBytes(between)
+    raise ScheduleError(f"no strategy {name!r}; strategies: {STRATEGIES}")
 
 
 @dataclass(frozen=True)
@@ -282,7 +329,9 @@ class _RelativeOptimal:
     model: MachineModel | None = None
 
     def __call__(self, g: Graph) -> Plan:
-        return Optimal(int(self.relative * layer_working_set(g)), self.model)(g)
+        budget = int(self.relative * layer_working_set(g))
+        plan = Optimal(budget, self.model)(g)
+        return replace(plan, strategy=f"optimal({self.relative:g}x={budget})")
 
 
 def make_plan(g: Graph, spec: Any, *, legalize: bool = True, model: MachineModel | None = None) -> Plan:

@@ -23,6 +23,7 @@ chain above stays the default: MLX's CPU build throttles the host to the device
 
 Each figure is the median of ``repeats`` runs after a warm-up. ``encode_s`` (host time
 per kernel that overlaps the device's work) and ``commit_s`` are 0 here;
+``queue_kernels`` is the built-in model's (MLX's own limit, not measured);
 :func:`fit_overheads` fits the overheads to whole calls of a real model (``fit.py``).
 """
 
@@ -40,7 +41,7 @@ import numpy as np
 from ..dtypes import to_bytes
 from ..errors import ScheduleError
 from ..lower import product_kernel
-from ..passes.costmodel import H200, MachineModel
+from ..passes.costmodel import CPU, H200, MachineModel
 
 
 def _median(fn: Callable[[], Any], repeats: int) -> float:
@@ -244,6 +245,9 @@ def calibrate(
         # MLX's CUDA build ends a command buffer past this many kernels on an H100/H200
         # (get_graph_limits; other GPUs differ): the memory prediction's buffers
         buffer_kernels=H200.buffer_kernels if gpu else 0,
+        # the host's queue is MLX's own limit (about 50 kernels on its CPU build, none on
+        # a GPU), not a figure measured here: the built-in model's, kept
+        queue_kernels=(H200 if gpu else CPU).queue_kernels,
     )
     if kinds:
         hk = host_kinds(dtype=dtype, size=2048 if big else 256, repeats=max(repeats, 5))

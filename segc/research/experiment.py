@@ -44,19 +44,20 @@ from typing import Any
 import mlx.core as mx
 
 from .. import dtypes
-from ..errors import SegcError
+from ..errors import ScheduleError, SegcError
 from ..ir import to_text
 from ..passes import make_plan
 from ..passes.commits import COMMITS
 from ..passes.costmodel import MachineModel, default_model
 from ..passes.plan import apply_plan
+from ..passes.strategies import resolve
 from ..runtime import resolve_commit
 from ..staging import jit
 from .calibrated import Prepared, calibrate, mark_held_out, predict_row
 from .models import load_model, make_workload
 from .noise import measured
 from .report import Results
-from .sweep import expand_all, slug, spread
+from .sweep import expand, expand_all, slug, spread
 from .timing import ORDERS, Job, Timed, adjust, time_in_processes, timed_calls, warm
 
 DEFAULT_STRATEGIES = ("none", "markers", "every:2", "balanced:2..18:4", "memory:0.5x..2x:0.5x", "optimal", "optimal:1x")
@@ -115,6 +116,16 @@ class Experiment:
             raise SegcError(f"order must be one of {ORDERS}, not {self.order!r}")
         if self.overheads not in ("group", "shared", "device"):
             raise SegcError(f"overheads must be 'group', 'shared' or 'device', not {self.overheads!r}")
+        if self.out is not None and Path(self.out).exists() and not Path(self.out).is_dir():
+            raise SegcError(f"out {str(self.out)!r} is a file, not a directory (results go into a directory)")
+        # every strategy is read before anything runs: a bad spec is a mistake, not a row
+        for what, specs in (("strategy", self.strategies), ("calibration", self.calibration)):
+            for spec in specs:
+                try:
+                    for x in expand(spec):
+                        resolve(x)
+                except ScheduleError as exc:
+                    raise ScheduleError(f"{what} {spec!r}: {exc}") from None
 
 
 class Progress:
@@ -155,8 +166,6 @@ def run_experiment(exp: Experiment) -> Results:
     calib = expand_all(exp.calibration)
     specs += [c for c in calib if c not in specs]
     out = Path(exp.out) if exp.out is not None else None
-    if out is not None:
-        (out / "plans").mkdir(parents=True, exist_ok=True)
     res = Results(machine=machine, experiment={k: v for k, v in vars(exp).items() if k not in ("machine", "log")})
     res.experiment["strategies_expanded"] = specs
     res.experiment["commit_policy"] = policy
@@ -240,6 +249,7 @@ def _prepare(
             row["plan_predicted_s"] = plan.info["predicted_s"]
         if out is not None:
             path = out / "plans" / f"{slug(mspec)}_{slug(wspec)}_{slug(spec)}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
             plan.save(path)
             row["plan_file"] = str(path.relative_to(out))
         # validate=False: a GPU's dynamic KV cache differs from eager in the last bits, and

@@ -7,8 +7,10 @@ Models (:func:`load_model`):
 - ``small``: a llama for this CPU (hidden 256, 8 layers, intermediate 688, 8/4 heads,
   vocab 1024, float32);
 - an mlx-lm architecture name from ``segc.models.zoo`` (``llama``, ``qwen3``,
-  ``mixtral``, ...), tiny, random weights, with optional config fields:
-  ``llama:hidden_size=128,num_hidden_layers=4``;
+  ``mixtral``, ...), tiny, random weights, with optional config fields as every
+  ``segc`` subcommand's targets take them (``modelspec.py``: short names, any
+  ``ModelArgs`` field, ``dtype``, ``bits``, ``group``; unknown keys refused):
+  ``llama:layers=4,hidden=128`` or ``llama:hidden_size=128,num_hidden_layers=4``;
 - a local mlx-lm model directory (``config.json`` and ``*.safetensors``);
 - ``path/file.py:function``: a function of no arguments returning an ``nn.Module``.
 
@@ -28,7 +30,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..errors import SegcError
+from ..errors import SegcError, UsageError
 
 REFERENCE: dict[str, Any] = {
     "hidden_size": 2048,
@@ -49,18 +51,9 @@ SMALL: dict[str, Any] = {
 }
 
 
-def _value(text: str) -> Any:
-    for conv in (int, float):
-        try:
-            return conv(text)
-        except ValueError:
-            pass
-    return {"true": True, "false": False}.get(text.lower(), text)
-
-
 def load_model(spec: str) -> nn.Module:
     """An evaluated ``nn.Module`` for a model spec (module docstring)."""
-    from ..models import zoo
+    from .modelspec import build_arch, parse_arch
 
     name, _, rest = spec.partition(":")
     if spec.endswith(".py") or (rest and name.endswith(".py")):
@@ -69,22 +62,19 @@ def load_model(spec: str) -> nn.Module:
         from ..engine.generate import load_local_model
 
         return load_local_model(spec)[0]
-    if name == "reference":
+    if name in ("reference", "small"):
+        from ..models import zoo
+
+        if rest:
+            raise UsageError(f"model {spec!r}: {name} takes no configuration; resize llama:KEY=VALUE,... instead")
+        if name == "small":
+            return zoo.build("llama", seed=0, **SMALL)
         return zoo.build("llama", dtype=mx.bfloat16, seed=0, **REFERENCE)
-    if name == "small":
-        return zoo.build("llama", seed=0, **SMALL)
-    extra: dict[str, Any] = {}
-    for item in filter(None, rest.split(",")):
-        k, eq, v = item.partition("=")
-        if not eq:
-            raise SegcError(f"model {spec!r}: {item!r} is not field=value")
-        extra[k.strip()] = _value(v.strip())
     try:
-        return zoo.build(name, **extra)
-    except ImportError as exc:
-        raise SegcError(f"model {spec!r}: not reference, small, a directory, file.py:function, or {exc}") from None
-    except (TypeError, ValueError) as exc:
-        raise SegcError(f"model {spec!r}: {exc}") from None
+        arch = parse_arch(name, rest)
+    except SegcError as exc:
+        raise UsageError(f"model {spec!r}: {exc}") from None
+    return build_arch(arch, seed=0)
 
 
 def _from_file(path: Path, fn: str) -> nn.Module:
@@ -95,11 +85,17 @@ def _from_file(path: Path, fn: str) -> nn.Module:
     sp = importlib.util.spec_from_file_location(f"segc_experiment_{path.stem}", path)
     assert sp is not None and sp.loader is not None
     mod = importlib.util.module_from_spec(sp)
-    sp.loader.exec_module(mod)
+    try:
+        sp.loader.exec_module(mod)
+    except Exception as exc:  # the user's file: their mistake, named
+        raise UsageError(f"model {path}:{fn}: importing {path} raised {type(exc).__name__}: {exc}") from exc
     f = getattr(mod, fn, None)
     if not callable(f):
         raise SegcError(f"model {path}:{fn}: no function {fn!r} in {path}")
-    model = f()
+    try:
+        model = f()
+    except Exception as exc:  # the user's builder: their mistake, named
+        raise UsageError(f"model {path}:{fn}: {fn}() raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(model, nn.Module):
         raise SegcError(f"model {path}:{fn} returned a {type(model).__name__}, not an mlx.nn.Module")
     mx.eval(model.parameters())

@@ -210,13 +210,14 @@ def noise(
 
 def verdict(rho: float | None, ceiling: float | None, target: float = 0.8, enough: bool = True) -> str:
     """Reads a rank correlation against the measurement's own noise (``enough``: were
-    there timings enough to estimate it)."""
+    there timings enough to estimate it; without them there is no verdict, whatever the
+    correlation: a few calls can rank plans right by chance)."""
     if rho is None or ceiling is None:
         return "n/a"
+    if not enough:
+        return f"not enough timings to judge (at least {ENOUGH[0]} processes of {ENOUGH[1]} calls)"
     if rho >= target:
         return f"meets {target}"
-    if not enough:
-        return f"too few timings to tell noise from the model (at least {ENOUGH[0]} processes of {ENOUGH[1]} calls)"
     if ceiling < target:
         return f"noise: the measurement's own ceiling is {ceiling:.2f} < {target}"
     return f"model: the measured order is reproducible (ceiling {ceiling:.2f}) and the prediction misses it"

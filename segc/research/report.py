@@ -33,6 +33,7 @@ COLUMNS = (
     "held_out",
     "predicted_s",
     "prior_predicted_s",
+    "plan_predicted_s",
     "measured_median_s",
     "measured_p25_s",
     "measured_p75_s",
@@ -305,7 +306,9 @@ def _noise(plans: list[dict[str, Any]]) -> dict[str, Any]:
         return {"noise": None, "verdict": "n/a"}
     stats = noise([r["times_s"] for r in timed], [r["predicted_s"] for r in timed])
     held = [r for r in timed if r.get("held_out")]
-    if any("calibration" in r for r in timed) and len(held) >= 3:
+    if any("calibration" in r for r in timed):  # calibrated: judged on the held-out plans alone
+        if len(held) < 3:
+            return {"noise": stats, "verdict": f"too few held-out plans to judge ({len(held)}; at least 3)"}
         h = noise([r["times_s"] for r in held], [r["predicted_s"] for r in held])
         stats["heldout"] = h
         rated, st = held, h

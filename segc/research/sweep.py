@@ -40,6 +40,8 @@ def expand(spec: str) -> list[str]:
             return [f"{name}:{k}" for k in range(a, b + 1, s)]
         if name in ("memory", "optimal") and lo.endswith("x") and hi.endswith("x"):
             vals = _floats(float(lo[:-1]), float(hi[:-1]), float((step or "0.25x").rstrip("x")))
+            if not vals:
+                raise ScheduleError(f"sweep {spec!r}: needs LO <= HI")
             return [f"{name}:{v:g}x" for v in vals]
         if name in ("memory", "optimal"):
             a2, b2 = parse_bytes(lo), parse_bytes(hi)
@@ -50,6 +52,8 @@ def expand(spec: str) -> list[str]:
             while v <= b2 * (1 + 1e-9):
                 out.append(f"{name}:{int(v)}")
                 v *= f
+            if not out:
+                raise ScheduleError(f"sweep {spec!r}: needs LO <= HI")
             return out
     except ValueError:
         raise ScheduleError(f"cannot read sweep {spec!r}") from None

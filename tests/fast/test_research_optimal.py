@@ -133,7 +133,7 @@ graph f(%a0: f32[4,8] arg="0", %p0: f32[8,8] param="w") {
     # the whole graph: a0 and the weight (384 B), and at most two 128 B values at once
     assert len(make_plan(g, "memory:1.25x").cuts) == 0 and len(make_plan(g, "memory:1.2x").cuts) == 2
     assert make_plan(g, "optimal").strategy == "optimal"
-    assert make_plan(g, "optimal:1x").strategy == "optimal(512)"
+    assert make_plan(g, "optimal:1x").strategy == "optimal(1x=512)"  # as memory:1x's label
     with pytest.raises(ScheduleError, match="bad argument"):
         make_plan(g, "memory:lotsx")
 
