@@ -15,8 +15,18 @@ the call's end. A buffer read earlier in the same command buffer is held there, 
 donates it to no output. So on a GPU the cuts change the peak: a large segment keeps
 more of its values alive (the reference llama's prefill of 512 tokens: 66 MB of
 activations with a segment per layer, 346 MB in one segment, as ``mx.get_peak_memory``
-measures; docs/experiments.md). On the CPU a value dies with its last reader and the
-prediction is the same for every legal plan.
+measures; docs/experiments.md).
+
+On the CPU (``lag_kernels``) a buffer lives longer too: MLX's CPU build allocates a
+kernel's output on the host when it encodes the kernel, and the kernel's task holds its
+inputs until the worker thread has run it; the host runs ahead of the worker by up to
+about 50 kernels (``MAX_ACTIVE_TASKS`` of 10 tasks of ``DISPATCHES_PER_TASK`` 10
+dispatches, two a kernel: ``mlx/transforms.cpp``, ``mlx/backend/cpu/encoder.h``). A chain
+of dependent 1 MiB matrix products peaks at 3, 6, 12 and 56 MiB for 3, 6, 12 and 60
+products (``mx.get_peak_memory``, eager as compiled), not at 2. So, with the host that
+far ahead (the bound the prediction gives), a buffer is freed ``lag_kernels`` kernels
+after its last reader, and an input an earlier kernel within that distance still holds
+is donated to no output.
 
 A call that owns its state buffers (``consumed_state``: segc's jit from a signature's
 second call hands them to the executor) frees each after its last reader. On a machine
@@ -61,6 +71,7 @@ def predict_memory(
     buffer_kernels: int = 0,
     commits: Sequence[bool] | None = None,
     consumed_state: bool = False,
+    lag_kernels: int = 0,
 ) -> MemoryPrediction:
     """MLX's peak allocation for one call of ``g`` (module docstring). ``copied_writes``:
     the rotated KV writes of ``g``'s segments are segc's CUDA kernel's (a fresh buffer
@@ -68,7 +79,8 @@ def predict_memory(
     kernels (MLX's CUDA build commits one past it, and at every commit: ``commits``, per
     segment, default all), a buffer read by a kernel living until that kernel's command
     buffer ends. ``consumed_state``: the call owns its state buffers (a jit's call from
-    its second on), which die after their last reader."""
+    its second on), which die after their last reader. ``lag_kernels`` > 0: a CPU whose
+    host runs that many kernels ahead of its worker (module docstring)."""
     os_ = ops(g)
     copied = _copied(g) if copied_writes else frozenset()
     oc = op_costs(g, _PRODUCTS if copied_writes else CPU)
@@ -84,6 +96,10 @@ def predict_memory(
             r = lv.root[v]
             last[r] = max(last.get(r, -1), end.get(k, k))
     buf, closes = command_buffers(g, oc.kernels, buffer_kernels, commits) if buffer_kernels > 0 else ([], [])
+    if lag_kernels > 0 and not closes:
+        cum, closes = _lagged(oc.kernels, lag_kernels)
+    else:
+        cum = []
     reads: dict[str, list[int]] = {}  # per buffer: the ops reading it, in order
     for k, e in enumerate(os_):
         for r in dict.fromkeys(lv.root[v] for v in e.ins):
@@ -96,6 +112,7 @@ def predict_memory(
             frees.setdefault(u, []).append(v)
     live: dict[str, int] = {v: lv.nbytes.get(v, 0) for v in state} if consumed_state else {}
     held = cur = peak = sum(live.values())
+    later: dict[int, list[str]] = {}
     for k, e in enumerate(os_):
         dying = {v for v in frees.get(k, []) if v in live}
         for o in e.outs:
@@ -108,7 +125,11 @@ def predict_memory(
                 if root in live:  # the consumed state buffer is now the update's
                     live[o.name] = live.pop(root)
                 continue  # a KV-cache update into the consumed state buffer: no new memory
-            ok = [v for v in sorted(dying) if live[v] == size and not (closes and _kept(reads[v], k, buf))]
+            ok = [
+                v
+                for v in sorted(dying)
+                if live[v] == size and not (closes and _held(reads[v], k, buf, cum, lag_kernels))
+            ]
             donor = next(iter(ok), None) if _donates(e) else None
             if donor is not None:  # MLX writes the output into the dying input's buffer
                 dying.discard(donor)
@@ -116,12 +137,15 @@ def predict_memory(
             live[o.name] = size
             cur += size
         peak = max(peak, cur)
+        for v in later.pop(k, []):  # held by a command buffer (or the CPU's queue) until now
+            if v in live:
+                cur -= live.pop(v)
         for v in frees.get(k, []):
             if v in live:
                 if not closes or closes[k] == k:
                     cur -= live.pop(v)
-                else:  # kept by the command buffer until it ends
-                    frees.setdefault(closes[k], []).append(v)
+                elif closes[k] < len(os_):  # kept by the command buffer (the CPU's queue) until then
+                    later.setdefault(closes[k], []).append(v)
     weights = sum(i.var.nbytes for i in g.inputs if i.kind == "param")
     other = sum(i.var.nbytes for i in g.inputs if i.kind != "param")
     consts = sum(c.var.nbytes for c in g.consts)
@@ -150,6 +174,37 @@ def _copied(g: Graph) -> frozenset[int]:
         for w in find_all(s.eqns(g), s.outputs, consts, avals, g.eqns, **CUDA_DEFAULTS).writes:
             out.update(e.id for e in w.eqns if e.prim == "DynamicSliceUpdate")
     return frozenset(out)
+
+
+def _lagged(kernels: Sequence[int], lag: int) -> tuple[list[int], list[int]]:
+    """Per op: the kernels encoded up to it (a count), and the op at which a buffer it
+    reads last is freed, the worker ``lag`` kernels behind (``len(kernels)``: at the
+    call's end, after the peak)."""
+    cum: list[int] = []
+    n = 0
+    for c in kernels:
+        n += c
+        cum.append(n)
+    ends = []
+    j = 0
+    for k in range(len(cum)):
+        j = max(j, k)
+        while j < len(cum) and cum[j] - cum[k] < lag:
+            j += 1
+        ends.append(j)
+    return cum, ends
+
+
+def _held(readers: list[int], k: int, buf: list[int], cum: list[int], lag: int) -> bool:
+    """Whether something still holds a buffer op ``k`` reads last: its GPU command buffer
+    (``buf``) or the CPU's queue (``cum``)."""
+    return _pending(readers, k, cum, lag) if cum else _kept(readers, k, buf)
+
+
+def _pending(readers: list[int], k: int, cum: list[int], lag: int) -> bool:
+    """Whether an earlier reader than op ``k``, fewer than ``lag`` kernels back, still
+    holds the buffer in the CPU's queue (MLX then donates it to no output)."""
+    return any(r < k and cum[k] - cum[r] < lag for r in readers)
 
 
 def _kept(readers: list[int], k: int, buf: list[int]) -> bool:

@@ -106,6 +106,8 @@ def predict_row(row: dict[str, Any], cut: Graph, plan: Plan, machine: MachineMod
         buffer_kernels=machine.buffer_kernels,
         commits=commit_flags(cut, policy, machine.device),
         consumed_state=True,
+        # MLX's CPU build: the host runs up to its queue of kernels ahead, holding buffers
+        lag_kernels=int(machine.queue_kernels) if machine.device == "cpu" else 0,
     )
     st = analyze(cut, machine.roofline())
     row.update(
