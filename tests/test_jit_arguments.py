@@ -74,3 +74,8 @@ def test_state_must_be_a_list(state: object) -> None:
     step = segc.jit(lambda a: a * 2, state=lambda: state)
     with pytest.raises(segc.StateError, match="returned a"):
         step(mx.ones(2))
+
+
+def test_a_misspelt_strategy_is_refused_when_jitting() -> None:
+    with pytest.raises(segc.ScheduleError, match="no strategy 'balancd'"):
+        segc.jit(lambda a: a, strategy="balancd:2")

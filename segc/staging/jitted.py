@@ -20,6 +20,7 @@ import mlx.nn as nn
 
 from ..errors import SegcWarning, StateError, TraceError, UsageError
 from ..lower import ATTENTION
+from ..passes.strategies import resolve as resolve_strategy
 from ..runtime import DISPATCH_LOCK, resolve_commit
 from ..runtime.fenced import WindowRun
 from ..trace import state as st
@@ -85,6 +86,8 @@ class Jitted(EngineHooks):
         if not isinstance(concat_projections, bool):
             raise UsageError(f"concat_projections must be True or False, not {concat_projections!r}")
         self.concat_projections = concat_projections  # sibling products as one (passes/concat.py)
+        if isinstance(strategy, str):
+            resolve_strategy(strategy)  # a misspelt spec is refused here, not at the first call
         self.strategy = strategy  # cut placement (segc.passes): None keeps the markers' cuts
         self.name = name or getattr(fn, "__qualname__", None) or type(fn).__name__
         if not isinstance(freeze_params, bool):
