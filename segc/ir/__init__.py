@@ -16,6 +16,7 @@ from .graph import Graph as Graph
 from .nodes import CUT as CUT
 from .nodes import EFFECTS as EFFECTS
 from .nodes import HOST_EVENT as HOST_EVENT
+from .nodes import INPUT_KINDS as INPUT_KINDS
 from .nodes import PSEUDO as PSEUDO
 from .nodes import SIGNAL as SIGNAL
 from .nodes import WAIT as WAIT
@@ -47,6 +48,7 @@ __all__ = [
     "EFFECTS",
     "ELIDE_BYTES",
     "HOST_EVENT",
+    "INPUT_KINDS",
     "PSEUDO",
     "SIGNAL",
     "WAIT",

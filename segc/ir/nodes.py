@@ -24,6 +24,7 @@ HOST_EVENT = "segc.host_event"  # args (event,): the host (not the graph) signal
 WINDOW = "segc.window"  # args (name, first_id, last_id, mode, entry values, exit values)
 EFFECTS = frozenset({SIGNAL, WAIT, HOST_EVENT, WINDOW})
 PSEUDO = frozenset({CUT}) | EFFECTS
+INPUT_KINDS = ("arg", "param", "state")  # an Input's kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +51,7 @@ class Input:
     array of a state object (``state``), with its pytree path or parameter name."""
 
     var: Var
-    kind: str  # "arg" | "param" | "state"
+    kind: str  # one of INPUT_KINDS: "arg" | "param" | "state"
     path: str
 
 

@@ -11,6 +11,7 @@ model.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +26,14 @@ Describe = Callable[[Eqn], str]
 _SMALL = 16  # constants of at most this many elements print as a JSON list
 _ONE_LINE = 4  # graphs with at most this many inputs print them on the header line
 ELIDE_BYTES = 1 << 16  # larger constants print as "elided"
+# a graph name printed as it is; any other name prints as a JSON string ("f(x)", "a b")
+BARE_NAME = re.compile(r"[A-Za-z0-9_.<>\-]+")
+
+
+def name_text(name: str) -> str:
+    """A graph's name as the header prints it: bare (``f``, ``<lambda>``) or, when the
+    parser could not read it back bare, as a JSON string."""
+    return name if BARE_NAME.fullmatch(name) else json.dumps(name)
 
 
 def _enc_arg(a: Any) -> Any:
@@ -39,6 +48,8 @@ def _dec_arg(a: Any) -> Any:
     if isinstance(a, list):
         return tuple(_dec_arg(x) for x in a)
     if isinstance(a, dict):
+        if set(a) != {"dtype"} or not isinstance(a["dtype"], str):
+            raise ValueError(f'an object among the arguments must be {{"dtype": name}}, got {a}')
         return DTypeArg(a["dtype"])
     return a
 
@@ -52,14 +63,18 @@ def args_from_json(text: str) -> tuple[Any, ...]:
 
 
 def _const_text(c: Const) -> str:
+    """``elided``, a JSON list of values (small constants whose values read back to the
+    same bytes), or ``hex:`` and the raw bytes: a NaN other than the dtype's canonical
+    one (a sign, a payload) does not survive a list, so such a constant prints as hex."""
     v = c.var
     if c.value is None or v.nbytes > ELIDE_BYTES:
         return "elided"
     data = c.data()
     assert data is not None
     if v.size <= _SMALL and v.dtype != "c64":
-        vals = dtypes.to_numpy(data, v.shape, v.dtype).reshape(-1).tolist()
-        return json.dumps(vals)
+        vals = json.dumps(dtypes.to_numpy(data, v.shape, v.dtype).reshape(-1).tolist())
+        if dtypes.from_values(json.loads(vals), v.shape, v.dtype) == data:
+            return vals
     return "hex:" + data.hex()
 
 
@@ -106,9 +121,9 @@ def to_text(
     is printed after an equation's id as a comment."""
     ins = [f"%{i.var.name}: {i.var.type_str()} {i.kind}={json.dumps(i.path)}" for i in g.inputs]
     if len(ins) <= _ONE_LINE:
-        lines = [f"graph {g.name}({', '.join(ins)}) {{"]
+        lines = [f"graph {name_text(g.name)}({', '.join(ins)}) {{"]
     else:
-        lines = [f"graph {g.name}(", *(f"    {x}," for x in ins), ") {"]
+        lines = [f"graph {name_text(g.name)}(", *(f"    {x}," for x in ins), ") {"]
     for c in g.consts:
         lines.append(f"  const %{c.var.name}: {c.var.type_str()} = {_const_text(c)}")
     starts: dict[int, Segment] = {}

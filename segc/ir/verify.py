@@ -1,8 +1,13 @@
 """The verifier: the IR's invariants, fences and windows included.
 
 :func:`verify` checks single assignment, definition before use, known dtypes, unique
-equation ids and that pseudo-equations define nothing. When the graph holds effects it
-also rejects, with an :class:`~segc.IRError` naming the equation:
+equation ids and that pseudo-equations read and define nothing; and that the graph
+prints as text that parses back to it: node types (a hand-built graph with a string
+among an equation's outputs is refused by name, not with an ``AttributeError``), value
+and primitive names the text can hold, whole dims >= 0 (not ``True``), equation ids
+that are ints >= 0, input kinds ``arg`` / ``param`` / ``state`` with string paths, and a
+``segc.cut`` with one string argument (its segment's name). When the graph holds effects
+it also rejects, with an :class:`~segc.IRError` naming the equation:
 - malformed fence arguments (event names, values that are not ints >= 1);
 - signal values of one event that do not strictly increase in program order;
 - a wait that no signal can satisfy: no ``segc.signal`` of its event reaches its value
@@ -15,50 +20,102 @@ also rejects, with an :class:`~segc.IRError` naming the equation:
 
 from __future__ import annotations
 
-from typing import TypeVar
+import re
+from typing import Any, TypeVar
 
 from .. import dtypes
 from ..errors import IRError, ScheduleError
-from .nodes import EFFECTS, HOST_EVENT, SIGNAL, WAIT, WINDOW, GraphLike, Var
+from .nodes import CUT, EFFECTS, HOST_EVENT, INPUT_KINDS, SIGNAL, WAIT, WINDOW, Const, Eqn, GraphLike, Input, Var
 from .segments import segment_of, window_args
 
 G = TypeVar("G", bound=GraphLike)
+# what the text form can hold: a value's name after '%', a primitive's name before '('
+VALUE_NAME = re.compile(r"[\w.\-]+")
+PRIM_NAME = re.compile(r"[\w.\-:]+")
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _const_value(c: Const) -> tuple[tuple[int, ...], str] | None:
+    """The shape and short dtype of a constant's value (None: elided); IRError when the
+    value is not an MLX array."""
+    if c.value is None:
+        return None
+    try:
+        return tuple(c.value.shape), dtypes.short(c.value.dtype)
+    except (AttributeError, KeyError, TypeError):
+        raise IRError(
+            f"constant {c.var.name}: its value must be an evaluated mx.array, got {type(c.value).__name__}"
+        ) from None
+
+
+def _check_eqn_fields(e: Any, where: str) -> None:
+    if not isinstance(e, Eqn):
+        raise IRError(f"{where}: not an Eqn: {type(e).__name__}")
+    if not _is_int(e.id) or e.id < 0:
+        raise IRError(f"{where}: the equation id must be an int >= 0, got {e.id!r}")
+    if not isinstance(e.prim, str) or not PRIM_NAME.fullmatch(e.prim):
+        raise IRError(f"{where}: bad primitive name {e.prim!r} (letters, digits, '_', '.', '-', ':')")
+    if not isinstance(e.ins, tuple) or not all(isinstance(v, str) for v in e.ins):
+        raise IRError(f"{where}: inputs must be a tuple of value names, got {e.ins!r}")
+    if not isinstance(e.outs, tuple) or not all(isinstance(o, Var) for o in e.outs):
+        raise IRError(f"{where}: outputs must be a tuple of Var, got {e.outs!r}")
+    if not isinstance(e.args, tuple):
+        raise IRError(f"{where}: arguments must be a tuple, got {type(e.args).__name__}")
+    if e.is_pseudo and (e.outs or e.ins):
+        raise IRError(f"{where}: a pseudo-equation reads and defines nothing")
+    if e.prim == CUT and (len(e.args) != 1 or not isinstance(e.args[0], str)):
+        raise IRError(f"{where}: a segc.cut takes one argument, its segment's name (a string), got {list(e.args)}")
 
 
 def verify(g: G) -> G:
     """Check the IR's invariants; raise :class:`IRError` naming the first violation."""
     defined: set[str] = set()
 
-    def define(v: Var, where: str) -> None:
+    def define(v: Any, where: str) -> None:
+        if not isinstance(v, Var):
+            raise IRError(f"{where}: not a Var: {v!r}")
+        if not isinstance(v.name, str) or not VALUE_NAME.fullmatch(v.name):
+            raise IRError(f"{where}: bad value name {v.name!r} (letters, digits, '_', '.', '-')")
         if v.name in defined:
             raise IRError(f"{where}: value {v.name} assigned twice")
-        if not dtypes.is_dtype_name(v.dtype):
+        if not isinstance(v.dtype, str) or not dtypes.is_dtype_name(v.dtype):
             raise IRError(f"{where}: unknown dtype {v.dtype!r} for {v.name}")
-        if any((not isinstance(d, int)) or d < 0 for d in v.shape):
-            raise IRError(f"{where}: bad shape {v.shape} for {v.name}")
+        if not isinstance(v.shape, tuple) or any(not _is_int(d) or d < 0 for d in v.shape):
+            raise IRError(f"{where}: bad shape {v.shape!r} for {v.name} (a tuple of ints >= 0)")
         defined.add(v.name)
 
+    if not isinstance(g.name, str):
+        raise IRError(f"the graph's name must be a string, got {g.name!r}")
     for i in g.inputs:
+        if not isinstance(i, Input) or not isinstance(i.path, str):
+            raise IRError(f"graph input {i!r}: expected an Input with a string path")
+        if i.kind not in INPUT_KINDS:
+            raise IRError(f"input {i.path!r}: unknown kind {i.kind!r}; kinds: {', '.join(INPUT_KINDS)}")
         define(i.var, f"input {i.path!r}")
     for c in g.consts:
+        if not isinstance(c, Const):
+            raise IRError(f"graph constant {c!r}: not a Const")
         define(c.var, "constant")
-        if c.value is not None and (tuple(c.value.shape) != c.var.shape or dtypes.short(c.value.dtype) != c.var.dtype):
+        got = _const_value(c)
+        if got is not None and got != (c.var.shape, c.var.dtype):
             raise IRError(f"constant {c.var.name}: value does not match {c.var.type_str()}")
     ids: set[int] = set()
     for e in g.eqns:
-        where = f"equation #{e.id} ({e.prim})"
+        where = f"equation #{getattr(e, 'id', '?')} ({getattr(e, 'prim', '?')})"
+        _check_eqn_fields(e, where)
         if e.id in ids:
             raise IRError(f"{where}: duplicate equation id")
         ids.add(e.id)
-        if e.is_pseudo and e.outs:
-            raise IRError(f"{where}: a pseudo-equation has no outputs")
         for v in e.ins:
             if v not in defined:
                 raise IRError(f"{where}: uses {v} before it is defined")
         for o in e.outs:
             define(o, where)
     for v in g.outputs:
-        if v not in defined:
+        if not isinstance(v, str) or v not in defined:
             raise IRError(f"graph output {v} is never defined")
     if any(e.prim in EFFECTS for e in g.eqns):
         verify_effects(g)

@@ -208,7 +208,8 @@ def host_range(e: Eqn) -> tuple[int, int, int] | None:
     an integer dtype, whole start, stop and step, at most ``ARANGE_CONSTANT_MAX`` values
     (MLX's count, the recorded shape, agreeing with Python's), every one within the
     dtype (a range that wraps is MLX's business). The cost model reads it too: such a
-    range launches no kernel."""
+    range launches no kernel. Float ranges (``bf16`` included, whose NumPy holder is
+    ``uint16``) always keep MLX's kernel, which rounds as eager does."""
     if e.prim != "Arange" or len(e.outs) != 1 or len(e.outs[0].shape) != 1:
         return None
     start, stop, step = e.args
@@ -216,8 +217,8 @@ def host_range(e: Eqn) -> tuple[int, int, int] | None:
     name = e.outs[0].dtype
     if not all(float(a).is_integer() for a in (start, stop, step)) or n > ARANGE_CONSTANT_MAX:
         return None
-    if not np.issubdtype(dtypes.np_dtype(name), np.integer):
-        return None
+    if not dtypes.is_dtype_name(name) or not mx.issubdtype(dtypes.to_mx(name), mx.integer):
+        return None  # by MLX's dtype: NumPy holds bf16's bits as u16, an integer type
     a, b, c = int(start), int(stop), int(step)
     if c == 0 or len(range(a, b, c)) != n:
         return None

@@ -5,7 +5,9 @@ A traced graph is right by construction; a graph parsed from text may claim anyt
 inputs. :func:`check_types` builds every equation's rule on placeholder inputs of the
 declared shapes and dtypes (lazily: nothing is evaluated or allocated) and compares the
 outputs with the declared ones, so such a graph is refused by name before it runs
-instead of failing inside MLX with an ``IndexError``.
+instead of failing inside MLX with an ``IndexError``. An equation given more inputs
+than its rule reads (``Exp(%a0, %a0)``) is refused too: the rule's inputs are a list
+that records which of them the rule touched.
 """
 
 from __future__ import annotations
@@ -19,6 +21,29 @@ from ..errors import IRError
 from ..ir import Graph
 from .prim import lookup
 from .replay import check_supported
+
+
+class _Seen(list):
+    """A rule's inputs, recording which it reads (an index, a slice, or all of them by
+    iterating)."""
+
+    def __init__(self, items: list[Any]):
+        super().__init__(items)
+        self.read: set[int] = set()
+
+    def __getitem__(self, k: Any) -> Any:
+        if isinstance(k, slice):
+            self.read.update(range(len(self))[k])
+        elif isinstance(k, int):
+            self.read.add(k % len(self) if len(self) else k)
+        return super().__getitem__(k)
+
+    def __iter__(self) -> Any:
+        self.read.update(range(len(self)))
+        return super().__iter__()
+
+    def unread(self) -> list[int]:
+        return [k for k in range(len(self)) if k not in self.read]
 
 
 def check_types(g: Graph) -> None:
@@ -36,10 +61,16 @@ def check_types(g: Graph) -> None:
         where = f"equation #{e.id} ({e.prim})"
         rule = lookup(e.prim).rule
         assert rule is not None  # check_supported refused it otherwise
+        ins = _Seen([env[v] for v in e.ins])
         try:
-            res = rule([env[v] for v in e.ins], e.args, e)
+            res = rule(ins, e.args, e)
         except (ValueError, TypeError, IndexError, KeyError, RuntimeError, AttributeError) as exc:
             raise IRError(f"{where}: its inputs {list(e.ins)} do not fit the primitive: {exc}") from None
+        if ins.unread():
+            extra = [e.ins[k] for k in ins.unread()]
+            raise IRError(
+                f"{where}: the primitive takes {len(e.ins) - len(extra)} inputs, got {len(e.ins)}: {extra} unused"
+            )
         outs = [res] if isinstance(res, mx.array) else list(res)
         if len(outs) != len(e.outs):
             raise IRError(f"{where}: declares {len(e.outs)} outputs, the primitive makes {len(outs)}")

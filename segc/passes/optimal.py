@@ -202,7 +202,14 @@ class Optimal:
     @staticmethod
     def _markers(g: Graph, os_: Sequence[Eqn]) -> list[int]:
         """The points (op indices) of ``g``'s markers, legalised as ``make_plan`` does."""
-        plan = legalize_plan(g, plan_of(g, "markers"))
+        asked = plan_of(g, "markers")
+        plan = legalize_plan(g, asked)
+        if not plan.cuts and asked.cuts:
+            why = "; ".join(f"#{m.requested}: {m.reason}" for m in plan.moved)
+            raise ScheduleError(
+                f"optimal:markers: {g.name} has {len(asked.cuts)} marker(s), but legalisation dropped every one "
+                f"({why}): none is a legal cut point"
+            )
         if not plan.cuts:
             raise ScheduleError(f"optimal:markers: {g.name} has no markers (segc.boundary or boundaries=) to cut at")
         pos = {e.id: k for k, e in enumerate(os_)}

@@ -5,7 +5,11 @@ checks on it verifies the graph after every pass (``segc.ir.verify``, fences and
 included) and checks that the pass kept every effect: a pass other than ``fences`` and
 ``window`` must leave the sequence of fences and windows exactly as it was; those two
 may only add to it. Checks are on when ``checks=True`` or when the environment sets
-``SEGC_CHECKS=1`` (the test suite sets it).
+``SEGC_CHECKS=1`` (the test suite sets it). Checks on or off, every step is checked
+(a :class:`Step`, a pass name or a ``(name, options)`` pair) and every pass name known
+before the first pass runs, and each pass runs through
+:func:`~segc.passes.registry.run_pass` (its options checked, a result that is not a
+``Graph`` refused, an error inside it naming it).
 
 Dumping: ``dump=`` (or the environment's ``SEGC_DUMP_IR``) is a directory (each pass's
 result written there as ``<graph>-<fingerprint>-NN-<pass>.segc``, the fingerprint the
@@ -24,23 +28,43 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import IRError
+from ..errors import IRError, ScheduleError
 from ..ir import EFFECTS, WINDOW, Graph, to_text, verify
 from ..lower import describe
-from .registry import EFFECT_PASSES, get
+from .registry import EFFECT_PASSES, get, run_pass
 
 Dump = str | Path | Callable[[str, Graph], None] | None
 
 
 @dataclass(frozen=True)
 class Step:
+    """A registered pass's name and its options (checked against the pass when it runs)."""
+
     name: str
     options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ScheduleError(f"Step: a pass name (a non-empty string), got {self.name!r}")
+        if not isinstance(self.options, Mapping) or not all(isinstance(k, str) for k in self.options):
+            raise ScheduleError(f"Step {self.name!r}: options must be a dict of option names, got {self.options!r}")
+
+
+def as_step(st: Any, where: str = "step") -> Step:
+    """A :class:`Step` from a step as ``run`` takes it: a ``Step``, a pass name, or a
+    ``(name, options)`` pair; anything else is a :class:`ScheduleError`."""
+    if isinstance(st, Step):
+        return st
+    if isinstance(st, str):
+        return Step(st)
+    if isinstance(st, tuple) and len(st) == 2:
+        return Step(st[0], st[1])
+    raise ScheduleError(f"{where}: expected a pass name, a Step or a (name, options) pair, got {st!r}")
 
 
 def checks_enabled(checks: bool | None = None) -> bool:
@@ -104,19 +128,22 @@ def run(
     dump: Dump = None,
 ) -> Graph:
     """Run ``steps`` over ``g``; see the module for checks and dumping."""
+    if not isinstance(g, Graph):
+        raise IRError(f"run: expected a segc Graph, got {type(g).__name__}")
+    if isinstance(steps, str | Step):
+        raise ScheduleError(f"run: steps must be a list of steps, got {steps!r}")
+    plan = [as_step(st, f"step {i}") for i, st in enumerate(steps, 1)]
     check = checks_enabled(checks)
     out = _dumper(dump)
     if check:
         verify(g)
     if out is not None:
         out(0, "input", g)
-    for i, st in enumerate(steps, 1):
-        if isinstance(st, str):
-            st = Step(st)
-        elif isinstance(st, tuple):
-            st = Step(st[0], dict(st[1]))
+    for st in plan:
+        get(st.name)  # an unknown pass is refused before any pass runs
+    for i, st in enumerate(plan, 1):
         before = g
-        g = get(st.name)(g, **st.options)
+        g = run_pass(st.name, g, **st.options)
         if check:
             try:
                 verify(g)

@@ -74,12 +74,16 @@ class Plan:
             d = json.loads(text)
             if d.get("segc_plan") != VERSION:
                 raise ScheduleError(f"not a segc plan (version {d.get('segc_plan')!r}, expected {VERSION})")
+            cuts = tuple(
+                Cut(_eqn_id(c["after"], f"cut {k} 'after'"), str(c["name"]), _cut_id(c.get("id"), f"cut {k} 'id'"))
+                for k, c in enumerate(d["cuts"])
+            )
             return Plan(
                 d["fingerprint"],
                 d["strategy"],
-                tuple(Cut(int(c["after"]), str(c["name"]), c.get("id")) for c in d["cuts"]),
+                cuts,
                 tuple(Move(int(m["requested"]), m["placed"], str(m["reason"])) for m in d.get("moved", [])),
-                tuple(int(i) for i in d["order"]) if d.get("order") is not None else None,
+                tuple(_eqn_id(i, "order") for i in d["order"]) if d.get("order") is not None else None,
                 dict(d.get("info", {})),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -91,6 +95,17 @@ class Plan:
     @staticmethod
     def load(path: str | Path) -> Plan:
         return Plan.from_json(Path(path).read_text())
+
+
+def _eqn_id(x: Any, what: str) -> int:
+    """An equation id read from a plan: an int >= 0 (JSON's 3.0 or "3" are refused)."""
+    if not isinstance(x, int) or isinstance(x, bool) or x < 0:
+        raise ScheduleError(f"plan: {what} must be an equation id (an int >= 0), got {x!r}")
+    return x
+
+
+def _cut_id(x: Any, what: str) -> int | None:
+    return None if x is None else _eqn_id(x, what)
 
 
 def plan_key(g: Graph) -> str:
@@ -207,7 +222,11 @@ def apply_plan(g: Graph, plan: Plan) -> Graph:
     used = {e.id for e in g.eqns if e.prim != CUT}
     base = max(used, default=-1) + 1
     after: dict[int, Cut] = {}
-    for c in plan.cuts:
+    for k, c in enumerate(plan.cuts):
+        _eqn_id(c.after, f"{plan.strategy!r}: cut {k} 'after'")
+        _cut_id(c.id, f"{plan.strategy!r}: cut {k} 'id'")
+        if not isinstance(c.name, str):
+            raise ScheduleError(f"plan {plan.strategy!r}: cut {k}'s name must be a string, got {c.name!r}")
         if c.after not in by_id:
             raise ScheduleError(f"plan {plan.strategy!r}: cut {c.name!r} after #{c.after}, which is not in {g.name}")
         after[c.after] = c

@@ -34,8 +34,8 @@ from typing import Any
 
 import mlx.core as mx
 
-from ..errors import MemoryLimitError, ScheduleError, SignatureError
-from ..ir import WINDOW, Graph, Segment, SegmentEffects, Var, segment_effects, segments, window_segments
+from ..errors import IRError, MemoryLimitError, ScheduleError, SignatureError
+from ..ir import ELIDE_BYTES, WINDOW, Graph, Segment, SegmentEffects, Var, segment_effects, segments, window_segments
 from ..lower import (
     attention_kernel,
     check_supported,
@@ -156,6 +156,14 @@ class Executor:
         commit: str = "auto",
         attention: Any = "auto",
     ):
+        # a constant a printed graph elided (over printer.ELIDE_BYTES) has no value to run
+        elided = [c.var.name for c in g.consts if c.value is None]
+        if elided:
+            raise IRError(
+                f"graph {g.name}: constant %{elided[0]} was elided from its text (over "
+                f"{ELIDE_BYTES} bytes) and has no value: a parsed graph with elided constants "
+                "can be inspected but not run"
+            )
         # a graph from elsewhere (parsed text) is type-checked against the rules; the
         # jit's own traced graphs are right by construction and skip it (check=False)
         if check:

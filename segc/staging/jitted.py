@@ -86,8 +86,8 @@ class Jitted(EngineHooks):
         if not isinstance(concat_projections, bool):
             raise UsageError(f"concat_projections must be True or False, not {concat_projections!r}")
         self.concat_projections = concat_projections  # sibling products as one (passes/concat.py)
-        if isinstance(strategy, str):
-            resolve_strategy(strategy)  # a misspelt spec is refused here, not at the first call
+        if strategy is not None:
+            resolve_strategy(strategy)  # a misspelt spec (or a 3) is refused here, not at the first call
         self.strategy = strategy  # cut placement (segc.passes): None keeps the markers' cuts
         self.name = name or getattr(fn, "__qualname__", None) or type(fn).__name__
         if not isinstance(freeze_params, bool):
