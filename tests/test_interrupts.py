@@ -8,6 +8,7 @@ untouched; decoding then goes on bit-identically to eager.
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable
 from typing import Any
 
@@ -22,8 +23,10 @@ pytest.importorskip("mlx_lm", reason="the mlx-lm models need the lm extra (pip i
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 
 import segc
+import segc.staging.stages as stages
 import segc.trace.state as trace_state
 from segc.models.zoo import build
+from segc.trace.writes import Writes
 
 ARCHS = ("llama", "qwen3", "gemma3_text")
 
@@ -133,6 +136,44 @@ def test_interrupt_inside_the_commit(llama: Any, monkeypatch: pytest.MonkeyPatch
     t = interrupted_call(llama, step, ce, cs, t, KeyboardInterrupt)
     monkeypatch.undo()
     lockstep(llama, step, ce, cs, t, 3)
+
+
+class Sigint:
+    """A real SIGINT sent to this process from inside ``owner.name`` (after it ran)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, owner: Any, name: str):
+        real = getattr(owner, name)
+        self.sent = 0
+
+        def hooked(*a: Any, **k: Any) -> Any:
+            out = real(*a, **k)
+            if not self.sent:
+                self.sent += 1
+                signal.raise_signal(signal.SIGINT)  # the handler runs at the next bytecode
+            return out
+
+        monkeypatch.setattr(owner, name, hooked)
+
+
+@pytest.mark.parametrize("where", ["donate", "advance"])
+def test_sigint_outside_the_dispatch_waits_for_the_commit(
+    llama: Any, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """A SIGINT right after the caches handed their buffers over (``Writes.donate``), or
+    after the dispatch returned (``rng.advance``), used to leave every cache with
+    ``keys`` None; it is now raised after the commit: the caches read as *after*."""
+    step = segc.jit(llama, boundaries="layers.*")
+    ce, cs, t = prefill(llama, step, "kv")
+    t = lockstep(llama, step, ce, cs, t, 3)  # donation on
+    owner = {"donate": Writes, "advance": stages.rng}[where]
+    sig = Sigint(monkeypatch, owner, where)
+    with pytest.raises(KeyboardInterrupt):
+        step(t, cache=cs)
+    monkeypatch.undo()
+    assert sig.sent == 1
+    le = llama(t, cache=ce)
+    assert observable(cs) == observable(ce)  # after the call, as eager
+    lockstep(llama, step, ce, cs, tok(le), 3)
 
 
 def test_exception_while_modules_are_wrapped_leaves_the_model_whole(llama: Any) -> None:

@@ -247,7 +247,6 @@ def test_scatter_axis_sum(seed: int, data: st.DataObject) -> None:
 @pytest.mark.parametrize(
     ("prim", "args", "ins", "out", "match"),
     [
-        ("RandomBits", ((3,), 4), [mx.array([0, 1], dtype=mx.uint32)], ((3,), mx.uint32), "even number"),
         ("RoPE", (4, False, 1e4, 1.0, False), [mx.zeros((1, 1, 2, 4)), mx.array(0)], ((1, 1, 2, 4), mx.float32), "VJP"),
         (
             "ScaledDotProductAttention",

@@ -529,6 +529,14 @@ def _sort(draw: Any) -> Built:
     return (lambda x: [mx.sort(x, axis=ax), mx.argsort(x, axis=ax)]), [x]
 
 
+@case("SearchSorted", "SearchSorted")
+def _searchsorted(draw: Any) -> Built:
+    dt = draw(st.sampled_from([*FLOATS, mx.int32]))
+    a = mx.sort(arr(draw, (draw(st.integers(1, 9)),), dt, -4, 4))  # sorted, duplicates and NaNs drawn
+    v = arr(draw, shape(draw, 0, 2, 1, 5), dt, -5, 5)
+    return (lambda a, v: [mx.searchsorted(a, v), mx.searchsorted(a, v, side="right")]), [a, v]
+
+
 @case("Partition/ArgPartition", "Partition", "ArgPartition")
 def _partition(draw: Any) -> Built:
     s = shape(draw, 1, 3, 1, 9)
@@ -770,7 +778,15 @@ def _random(draw: Any) -> Built:
     k = mx.random.key(draw(st.integers(0, 2**31)))
     n = draw(st.integers(1, 4))
     s = (draw(st.integers(1, 3)), 2 * draw(st.integers(1, 3)))
-    return (lambda k: [mx.random.split(k, n), mx.random.uniform(shape=s, key=k), mx.random.normal(s, key=k)]), [k]
+    odd = (draw(st.integers(0, 3)), draw(st.integers(1, 5)))  # any number of words (threefry.py)
+    return (
+        lambda k: [
+            mx.random.split(k, n),
+            mx.random.uniform(shape=s, key=k),
+            mx.random.normal(s, key=k),
+            mx.random.uniform(shape=odd, key=k, dtype=mx.float16),
+        ]
+    ), [k]
 
 
 @case("Depends", "Depends")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
-import pytest
 from conftest import assert_matches, bits
 
 import segc
@@ -65,10 +64,3 @@ def test_segmented_random_program_and_explicit_keys() -> None:
 def test_a_function_without_randomness_keeps_its_graph() -> None:
     g = segc.jit(lambda a: a * 2).trace(mx.ones((3,))).graph
     assert [i.path for i in g.inputs] == ["args[0]"]
-
-
-def test_odd_sized_random_bits_are_refused_by_name() -> None:
-    """RandomBits of an odd number of 32-bit words has no Python op that rebuilds it."""
-    step = segc.jit(lambda a: a + mx.random.uniform(shape=(3,)))
-    with pytest.raises(segc.UnsupportedPrimitive, match="RandomBits"):
-        step(mx.ones((3,)))

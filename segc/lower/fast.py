@@ -11,6 +11,7 @@ import mlx.core as mx
 from .. import dtypes
 from ..ir import Eqn, Var
 from .prim import no_flops, normalize_flops, rule
+from .threefry import random_bits
 
 
 def _sdpa_flops(e: Eqn, vs: dict[str, Var]) -> int:
@@ -71,30 +72,23 @@ def _sdpa(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
     )
 
 
-def _check_random_bits(e: Eqn, ins: list[Var]) -> str | None:
-    shape, width = e.args
-    if ins[0].shape != (2,) or (math.prod(shape) * width) % 8 != 0:
-        return "only random bits of an even number of 32-bit words (per key) can be rebuilt"
-    return None
-
-
-@rule(
-    "RandomBits",
-    check=_check_random_bits,
-    refused="the output is not an even number of 32-bit words per key",
-    rebuilt="not (n, 2) of width 4: mx.random.split's words, viewed and reshaped",
-)
+@rule("RandomBits", rebuilt="not one key and an even number of 32-bit words: threefry.random_bits")
 def _random_bits(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
     """``RandomBits(shape, width)``: Python exposes it only as ``mx.random.split(key, n)``
     (shape ``(n, 2)``, width 4). The bits depend only on the key and the number of 32-bit
-    words, so any output of an even whole number of words is split's, viewed and reshaped."""
+    words, so an output of one key and an even whole number of words is split's, viewed
+    and reshaped; any other (an odd number of words, a batch of keys) is MLX's kernel
+    rebuilt from MLX operations (``threefry.py``)."""
     shape, width = args
     (key,) = ins
     nbytes = math.prod(shape) * width
-    words = mx.random.split(key, nbytes // 8)
+    dtype = dtypes.to_mx(e.outs[0].dtype)
     if nbytes == 0:
-        return mx.zeros(tuple(shape), dtype=dtypes.to_mx(e.outs[0].dtype))
-    return mx.reshape(words.view(dtypes.to_mx(e.outs[0].dtype)), tuple(shape))
+        return mx.zeros(tuple(shape), dtype=dtype)
+    if tuple(key.shape) == (2,) and nbytes % 8 == 0:
+        words = mx.random.split(key, nbytes // 8)
+        return mx.reshape(words.view(dtype), tuple(shape))
+    return random_bits(key, tuple(shape), dtype)
 
 
 @rule("Depends", memory="view_keep", flops=no_flops)

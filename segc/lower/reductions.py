@@ -48,6 +48,11 @@ def _argsort(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
     return mx.argsort(ins[0], axis=args[0])
 
 
+@rule("SearchSorted")
+def _searchsorted(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
+    return mx.searchsorted(ins[0], ins[1], side="right" if args[0] else "left")
+
+
 @rule("Partition")
 def _partition(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
     return mx.partition(ins[0], args[0], axis=args[1])

@@ -29,7 +29,6 @@ _REASONS: dict[str, tuple[str, dict[str, Any]]] = {
         {"memory": "view", "flops": no_flops},
     ),
     "MaskedScatter": ("no rule yet: boolean-mask assignment (x[mask] = v)", {}),
-    "SearchSorted": ("no rule yet", {}),
     "FFT": ("no rule yet (mx.fft ops; CPU only)", {}),
     "QRF": (_LINALG, {}),
     "SVD": (_LINALG, {}),

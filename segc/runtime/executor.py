@@ -51,6 +51,7 @@ from ..passes.commits import COMMITS
 from ..units import fmt_bytes
 from .aborted import Aborted
 from .fenced import Fences, Timeline, WindowRun, run_effects
+from .interrupts import allowed
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,25 +316,26 @@ class Executor:
                 return run_effects(self, env, sync, fences, window, timeline, consume)  # type: ignore[return-value]
         with DISPATCH_LOCK:
             try:
-                for k, (fn, take, outs, dead, commit) in enumerate(self._plan):
-                    t0 = clock() if times is not None else 0.0
-                    res = fn(*take(env))
-                    done = k
-                    if times is not None:
-                        t1 = clock()
-                        if times.inspect is not None:
-                            times.inspect(k, res)
-                        hook = clock() - t1
-                        hooks += hook
-                    for i in dead:  # before the dispatch, so that MLX may donate those buffers
-                        env[i] = None
-                    for i, r in zip(outs, res):
-                        env[i] = r
-                    if commit:
-                        sync(res)
-                    if times is not None:
-                        steps.append(clock() - t0 - hook)
-                        built.append(t1 - t0)
+                with allowed():  # an interrupt here is handled below (interrupts.py)
+                    for k, (fn, take, outs, dead, commit) in enumerate(self._plan):
+                        t0 = clock() if times is not None else 0.0
+                        res = fn(*take(env))
+                        done = k
+                        if times is not None:
+                            t1 = clock()
+                            if times.inspect is not None:
+                                times.inspect(k, res)
+                            hook = clock() - t1
+                            hooks += hook
+                        for i in dead:  # before the dispatch, so that MLX may donate those buffers
+                            env[i] = None
+                        for i, r in zip(outs, res):
+                            env[i] = r
+                        if commit:
+                            sync(res)
+                        if times is not None:
+                            steps.append(clock() - t0 - hook)
+                            built.append(t1 - t0)
             except BaseException as exc:
                 if not consume:
                     raise

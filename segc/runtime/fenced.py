@@ -21,6 +21,7 @@ from ..ir import Graph, Var
 from .aborted import Aborted
 from .completion import Completer
 from .events import Event, checked_timeout
+from .interrupts import allowed
 
 
 class _Steps(Protocol):
@@ -110,7 +111,8 @@ def run_effects(
     are not run (unlike the stock loop, which finishes the call: a wait that timed out
     must not be passed over)."""
     try:
-        return _run(ex, env, sync, fences, window, timeline)
+        with allowed():  # an interrupt here is handled below (interrupts.py)
+            return _run(ex, env, sync, fences, window, timeline)
     except BaseException as exc:
         if not consume:
             raise

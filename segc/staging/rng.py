@@ -5,7 +5,9 @@ Eager MLX splits the global key once per draw (``KeySequence::next``: the key be
 ``split(key)[0]``, the draw uses ``split(key)[1]``). A trace captures the key as a
 constant, which would freeze every call's values. Instead:
 
-- :func:`key_words` reads the key before the trace and :func:`rewind` puts it back after
+- :func:`key_words` reads the key before the trace, :func:`sentinel` sets a fresh random
+  key for the trace (so the captured key is told from any other ``u32[2]`` constant by its
+  value), and :func:`rewind` with :func:`restore` put the caller's key back after
   (``mx.random.seed`` of its two words sets it exactly), counting the draws the trace
   made: tracing consumes no randomness;
 - :func:`key_as_input` turns the captured key into a graph input, so each call starts
@@ -18,6 +20,7 @@ A function that changes the key any other way (``mx.random.seed`` inside it) is 
 
 from __future__ import annotations
 
+import os
 from typing import cast
 
 import mlx.core as mx
@@ -40,6 +43,21 @@ def key_words() -> list[int]:
 
 def _seed_of(words: list[int]) -> int:
     return (words[0] << 32) | words[1]  # mx.random.key(seed) = [seed >> 32, seed & 0xffffffff]
+
+
+def sentinel() -> list[int]:
+    """Set the global key to a fresh random one for a trace, and return its words: the
+    trace then finds the global key among its constants by a value no other constant
+    has (a key the function makes itself, ``mx.random.key(0)`` after ``mx.random.seed(0)``,
+    would otherwise equal the global key and be taken for it)."""
+    words = [int.from_bytes(os.urandom(4), "little") for _ in range(2)]
+    mx.random.seed(_seed_of(words))
+    return words
+
+
+def restore(words: list[int]) -> None:
+    """Set the global key to ``words``."""
+    mx.random.seed(_seed_of(words))
 
 
 def rewind(words: list[int], where: str) -> int:
@@ -83,4 +101,4 @@ def advance(draws: int) -> None:
         mx.random.uniform(shape=(0,))
 
 
-__all__ = ["KEY_PATH", "advance", "current_key", "key_as_input", "key_words", "rewind"]
+__all__ = ["KEY_PATH", "advance", "current_key", "key_as_input", "key_words", "restore", "rewind", "sentinel"]

@@ -10,6 +10,7 @@ from, so that a :class:`Compiled` can check and flatten a call on its own.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,7 @@ from ..passes.pipeline import place
 from ..runtime import Aborted, Executor
 from ..runtime.executor import check_options
 from ..runtime.fenced import Fences, Timeline, WindowRun
+from ..runtime.interrupts import held
 from ..trace import state as st
 from ..trace.pytree import TreeDef, unflatten
 from ..trace.writes import Writes
@@ -294,6 +296,16 @@ class Compiled:
             window = None
         inputs = self._inputs(leaves, params, slots)
         starts = _input_starts(len(leaves), slots)  # before the donation empties the slots' inputs
+        # from the hand-over of the state buffers to the end of the commit, a SIGINT is
+        # raised only where the dispatch handles it, or after the commit (interrupts.py)
+        with held() if slots or self._draws else nullcontext():
+            outs = self._dispatch(inputs, starts, slots, window)
+        return unflatten(self.out_tree, outs[: len(outs) - self._n_state_out])
+
+    def _dispatch(
+        self, inputs: list[mx.array], starts: list[int], slots: list[st.Slot], window: WindowRun | None
+    ) -> list[mx.array]:
+        """Donate, dispatch, commit (``run``)."""
         # Once this signature has run, hand state buffers that the call rewrites to the
         # executor alone: MLX then updates them in place instead of copying every cache on
         # every decode step (the commit below puts the results back into the objects).
@@ -311,7 +323,7 @@ class Compiled:
         self._ran = True
         rng.advance(self._draws)  # leave MLX's global key where eager would
         self._commit(slots, outs)
-        return unflatten(self.out_tree, outs[: len(outs) - self._n_state_out])
+        return outs
 
     def _commit(self, slots: list[st.Slot], outs: list[mx.array]) -> None:
         """Write every state object's results (``writes.Writes.commit``: an exception in

@@ -103,8 +103,9 @@ def trace_call(
 
     state_paths = [f"state[{s.index}].{n}" for s in slots for n in s.names]
     t0 = time.perf_counter()
-    key = rng.key_words()
+    real = rng.key_words()
     watched = leaks.watch(leaks.roots(j.fn), skip=objs)
+    key = rng.sentinel()
     try:
         tr = trace(
             fn,
@@ -117,7 +118,10 @@ def trace_call(
             name=j.name,
         )
     finally:
-        draws = rng.rewind(key, j.name)  # the trace itself draws nothing
+        try:
+            draws = rng.rewind(key, j.name)  # the trace itself draws nothing
+        finally:
+            rng.restore(real)
         j.info.trace_seconds += time.perf_counter() - t0
         leaked = watched.leaks([*leaves, *params.values()])
         if leaked:

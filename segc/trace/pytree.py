@@ -15,6 +15,7 @@ that structure. Module parameters, which are plain nested dicts and lists, do go
 
 from __future__ import annotations
 
+import struct
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,9 +39,10 @@ def _hashable(x: Any) -> bool:
 def static_key(x: Any) -> tuple[str, Any]:
     """What identifies a static value in the trace-cache key: its type and its value, a
     float by its exact bits, so that values eager MLX treats differently never share an
-    entry (``2``/``2.0``/``True``, ``0.0``/``-0.0``) and equal NaNs do."""
-    if isinstance(x, float):
-        return type(x).__name__, x.hex()
+    entry (``2``/``2.0``/``True``, ``0.0``/``-0.0``, ``nan``/``-nan``) and NaNs of one bit
+    pattern do."""
+    if isinstance(x, float):  # its 64 bits: x.hex() gives "nan" for every NaN, whatever its sign
+        return type(x).__name__, struct.pack("<d", x).hex()
     if isinstance(x, mx.Dtype):
         return "Dtype", str(x)
     return f"{type(x).__module__}.{type(x).__qualname__}", x
