@@ -89,3 +89,21 @@ def test_batchnorm_statistics_in_train_mode_are_refused_eval_mode_runs() -> None
     assert bits(m.bn.running_mean) == mean0
     m.eval()
     assert_same_bits([segc.jit(m)(x)], [m(x)], "eval mode")
+
+
+@pytest.mark.parametrize("how", ["setitem", "iadd"])
+def test_a_write_into_an_argument_is_refused_and_the_argument_left_alone(how: str) -> None:
+    def f(a: mx.array) -> mx.array:
+        if how == "setitem":
+            a[0] = 100.0
+        else:
+            a += 1.0
+        return a * 2
+
+    x = mx.zeros((2, 2))
+    before = bits(x)
+    with pytest.raises(segc.StateError, match=r"writes into its argument args\[0\] in place"):
+        segc.jit(f)(x)
+    assert bits(x) == before
+    g = lambda a: a.at[0].add(100.0) * 2  # noqa: E731 - the functional form traces
+    assert_same_bits([segc.jit(g)(x)], [g(x)])

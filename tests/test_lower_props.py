@@ -11,6 +11,7 @@ has a rule, so coverage cannot silently regress.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -380,9 +381,10 @@ def _as_strided(draw: Any) -> Built:
 def _slice_key(draw: Any, s: tuple[int, ...]) -> tuple[slice, ...]:
     key = []
     for n in s:
-        step = draw(st.sampled_from([1, 1, 2, -1, -2]))
-        a = draw(st.one_of(st.none(), st.integers(-n, n)))
-        b = draw(st.one_of(st.none(), st.integers(-n - 1, n)))
+        step = draw(st.sampled_from([1, 1, 2, 3, -1, -2, -3]))
+        # starts and stops past either end too: MLX states them normalised (shapes.slices)
+        a = draw(st.one_of(st.none(), st.integers(-n - 3, n + 3)))
+        b = draw(st.one_of(st.none(), st.integers(-n - 3, n + 3)))
         key.append(slice(a, b, step))
     return tuple(key)
 
@@ -412,6 +414,23 @@ def _slice_update(draw: Any) -> Built:
         return getattr(y.at[key], how)(u)
 
     return f, [x, u]
+
+
+@case("MaskedScatter", "MaskedScatter")
+def _masked_scatter(draw: Any) -> Built:
+    s = shape(draw, 1, 3, 1, 5)
+    dt = draw(st.sampled_from([*FLOATS, mx.int32]))
+    x = arr(draw, s, dt)
+    m = mx.array(draw(st.lists(st.booleans(), min_size=math.prod(s), max_size=math.prod(s)))).reshape(s)
+    k = int(m.sum().item())
+    v = arr(draw, (k,), dt) if draw(st.booleans()) else arr(draw, (), dt)
+
+    def f(x: mx.array, m: mx.array, v: mx.array) -> mx.array:
+        y = x * 2
+        y[m] = v
+        return y
+
+    return f, [x, m, v]
 
 
 @case("DynamicSlice/DynamicSliceUpdate", "DynamicSlice", "DynamicSliceUpdate")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import mlx.core as mx
@@ -122,3 +123,26 @@ def _scatter_axis(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
             shape[d] = idx.shape[d]
             key.append(mx.broadcast_to(mx.arange(idx.shape[d], dtype=mx.int32).reshape(shape), idx.shape))
     return x.at[tuple(key)].add(u)
+
+
+def _check_masked_scatter(e: Eqn, ins: list) -> str | None:
+    if ins[0].shape[:1] != (1,) or ins[2].shape[:1] != (1,) or len(ins[2].shape) != 2:
+        return "a batch of more than one (Python's x[mask] = v makes a batch of one)"
+    return None
+
+
+@rule(
+    "MaskedScatter",
+    check=_check_masked_scatter,
+    refused="a batch of more than one",
+    memory="move",
+    flops=no_flops,
+)
+def _masked_scatter(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
+    """``x[mask] = v``: Python's assignment expands ``x``, ``mask`` and the flattened
+    values by a leading axis of one and makes this primitive of them, so it is made
+    again from the rows, and the axis put back."""
+    x, mask, values = ins
+    y = copy.copy(x[0])  # a new handle: __setitem__ rebinds only it
+    y[mask[0]] = values[0]
+    return mx.expand_dims(y, 0)

@@ -28,7 +28,6 @@ _REASONS: dict[str, tuple[str, dict[str, Any]]] = {
         "no Python op builds it; it appears only inside MLX's own shapeless compile",
         {"memory": "view", "flops": no_flops},
     ),
-    "MaskedScatter": ("no rule yet: boolean-mask assignment (x[mask] = v)", {}),
     "FFT": ("no rule yet (mx.fft ops; CPU only)", {}),
     "QRF": (_LINALG, {}),
     "SVD": (_LINALG, {}),

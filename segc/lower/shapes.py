@@ -81,14 +81,16 @@ def slices(args: tuple, counts: Sequence[int]) -> tuple[slice, ...]:
 
     MLX states a slice after normalising it; a non-negative stop means what it means in
     Python, but a reversed slice running to the front has ``stop = -n - 1``, which
-    Python's slice cannot restate: there the element count (the output shape) is used."""
+    Python's slice cannot restate: there the element count (the output shape) is used.
+    An empty slice is stated as one: a reversed slice whose start lies before the front
+    has ``start = -1``, the last element to Python (``x[-8:1:-3]`` of five)."""
     start, stop, strides = args
     out = []
     for a, b, s, n in zip(start, stop, strides, counts):
-        if b >= 0:
-            out.append(slice(a, b, s))
-        elif n == 0:
+        if n == 0:
             out.append(slice(0, 0, 1))
+        elif b >= 0:
+            out.append(slice(a, b, s))
         else:
             end = a + s * n
             out.append(slice(a, None if end < 0 else end, s))

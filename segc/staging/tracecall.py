@@ -17,6 +17,7 @@ import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
 from ..errors import StateError
+from ..ir import Graph
 from ..trace import leaks, module_boundaries, trace
 from ..trace import state as st
 from ..trace.clone import clone_modules
@@ -61,6 +62,7 @@ def trace_call(
 
     def rebuild(xs: list[mx.array]) -> tuple[tuple, dict]:
         held["state"] = xs[n_args:]
+        held["args"] = xs[:n_args]  # the placeholders fn gets: a write in place rebinds one
         d_args, d_kw, stat = unflatten(td, xs[:n_args])
         full = list(d_args)
         for kind, where, v in stat:
@@ -99,7 +101,8 @@ def trace_call(
                 )
             outs = [st.outputs_after(s, r) for s, r in zip(slots, recs)]
             recorded[:] = [st.commit_plan(s, r) for s, r in zip(slots, recs)]
-        return (out, tuple(x for o in outs for x in o)) if slots else out
+        result = (out, tuple(x for o in outs for x in o)) if slots else out
+        return result, tuple(held["args"])  # the arguments as fn left them (written_args)
 
     state_paths = [f"state[{s.index}].{n}" for s in slots for n in s.names]
     t0 = time.perf_counter()
@@ -133,11 +136,29 @@ def trace_call(
             + ", an object segc does not see: pass it as an argument or in segc.jit(..., state=[...]) "
             "(a KV cache the function closes over, a list it appends to); it is left as it was"
         )
-    out_tree = tr.out_tree.children[0] if slots else tr.out_tree
+    graph = written_args(tr.graph, n_args, list(paths), j.name)
+    out_tree = tr.out_tree.children[0]
+    out_tree = out_tree.children[0] if slots else out_tree
     exact = frozenset(s.index for s in slots if s.mode == "exact")
-    graph = rng.key_as_input(tr.graph, key) if draws else tr.graph
+    graph = rng.key_as_input(graph, key) if draws else graph
     rest = (tuple(recorded), exact, j.strategy)
     concat = j.concat_projections
     return Traced(
         j.spec, sig, graph, out_tree, *rest, draws=draws, concat=concat, concats=j._concats, attention=j.attention
     )
+
+
+def written_args(g: Graph, n_args: int, paths: list[str], name: str) -> Graph:
+    """``g`` without its last ``n_args`` outputs, the arguments as the function left
+    them; each must be the argument itself. A function that writes into an argument in
+    place (``a[0] = v``, ``a += 1``: MLX rebinds the caller's array) would change the
+    caller's array in eager MLX and not under segc, so it is refused, naming it."""
+    outs, extra = g.outputs[: len(g.outputs) - n_args], g.outputs[len(g.outputs) - n_args :]
+    args = [i.var.name for i in g.inputs if i.kind == "arg"]
+    for k, (o, a) in enumerate(zip(extra, args)):
+        if o != a:
+            raise StateError(
+                f"{name} writes into its argument {paths[k]} in place (a[...] = v, a += 1), which in eager MLX "
+                "changes the caller's array; segc does not write it back: return the new value instead"
+            )
+    return g.replace(outputs=outs)
