@@ -416,6 +416,47 @@ def _slice_update(draw: Any) -> Built:
     return f, [x, u]
 
 
+@case("FFT", "FFT")
+def _fft(draw: Any) -> Built:
+    s = shape(draw, 1, 3, 1, 6)
+    x = arr(draw, s, mx.float32, special=False)
+    ax = axis_of(draw, len(s))
+    n = draw(st.integers(1, 8))
+    return (
+        lambda x: [
+            mx.fft.fft(x * 2, axis=ax),
+            mx.fft.ifft(x + 1j * x, axis=ax),
+            mx.fft.rfft(x, n=n, axis=ax),
+            mx.fft.irfft(mx.fft.rfft(x, axis=ax), n=x.shape[ax], axis=ax),
+        ]
+    ), [x]
+
+
+@case("linalg", "Inverse", "Cholesky", "QRF", "SVD", "Eigh", "Eig")
+def _linalg(draw: Any) -> Built:
+    n = draw(st.integers(1, 5))
+    m = arr(draw, (n, n), mx.float32, special=False)
+    upper = draw(st.booleans())
+    cpu = mx.cpu
+
+    def f(m: mx.array) -> list[mx.array]:
+        a = m @ m.T + n * mx.eye(n)  # symmetric positive definite
+        return [
+            mx.linalg.inv(a, stream=cpu),
+            mx.linalg.tri_inv(mx.triu(a) if upper else mx.tril(a), upper=upper, stream=cpu),
+            mx.linalg.cholesky(a, upper=upper, stream=cpu),
+            *mx.linalg.qr(a, stream=cpu),
+            *mx.linalg.svd(a, stream=cpu),
+            mx.linalg.svd(a, compute_uv=False, stream=cpu),
+            *mx.linalg.eigh(a, UPLO="U" if upper else "L", stream=cpu),
+            mx.linalg.eigvalsh(a, stream=cpu),
+            *mx.linalg.eig(a, stream=cpu),
+            mx.linalg.eigvals(a, stream=cpu),
+        ]
+
+    return f, [m]
+
+
 @case("MaskedScatter", "MaskedScatter")
 def _masked_scatter(draw: Any) -> Built:
     s = shape(draw, 1, 3, 1, 5)

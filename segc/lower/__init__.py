@@ -13,7 +13,7 @@ The mappings below are read-only views of the table, for documentation and tests
 from types import MappingProxyType
 
 # importing the family modules fills PRIMS
-from . import elementwise, fast, indexing, matmul, reductions, refused, shapes  # noqa: F401
+from . import elementwise, fast, indexing, linalg, matmul, reductions, refused, shapes  # noqa: F401
 from .attention import ATTENTION as ATTENTION
 from .attention import attention_kernel as attention_kernel
 from .dequantized import wanted as dequantized_wanted

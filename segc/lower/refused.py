@@ -8,7 +8,6 @@ from typing import Any
 from .prim import Prim, define, matmul_flops, no_flops
 
 _NO_STATE = "MLX cannot export it (no state)"
-_LINALG = "no rule yet (linalg, CPU only)"
 
 _REASONS: dict[str, tuple[str, dict[str, Any]]] = {
     "BlockMaskedMM": (
@@ -28,13 +27,6 @@ _REASONS: dict[str, tuple[str, dict[str, Any]]] = {
         "no Python op builds it; it appears only inside MLX's own shapeless compile",
         {"memory": "view", "flops": no_flops},
     ),
-    "FFT": ("no rule yet (mx.fft ops; CPU only)", {}),
-    "QRF": (_LINALG, {}),
-    "SVD": (_LINALG, {}),
-    "Inverse": (_LINALG, {}),
-    "Cholesky": (_LINALG, {}),
-    "Eig": (_LINALG, {}),
-    "Eigh": (_LINALG, {}),
 }
 
 for _name, (_why, _facts) in _REASONS.items():
