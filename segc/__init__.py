@@ -11,6 +11,7 @@ from .errors import SignatureError as SignatureError
 from .errors import StateError as StateError
 from .errors import TraceError as TraceError
 from .errors import UnsupportedPrimitive as UnsupportedPrimitive
+from .errors import UsageError as UsageError
 from .errors import WaitTimeout as WaitTimeout
 from .ir import Graph as Graph
 from .ir import parse as parse
@@ -44,6 +45,7 @@ __all__ = [
     "TraceError",
     "Traced",
     "UnsupportedPrimitive",
+    "UsageError",
     "WaitTimeout",
     "boundary",
     "jit",

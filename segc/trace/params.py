@@ -114,7 +114,7 @@ class _Plan:
         return tuple(map(_TRAINING, self.modules))
 
 
-_TRAINING = operator.attrgetter("training")
+_TRAINING = operator.attrgetter("_training")  # nn.Module.training's field: no property call
 
 
 class ParamGatherer:
