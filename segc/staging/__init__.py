@@ -2,8 +2,8 @@
 (``signature.py``), the staged results ``Traced`` / ``Lowered`` / ``Compiled``
 (``stages.py``) and the check against eager MLX (``validate.py``)."""
 
+from .decorator import jit as jit
 from .jitted import Jitted as Jitted
-from .jitted import jit as jit
 from .signature import CacheInfo as CacheInfo
 from .signature import Signature as Signature
 from .stages import Compiled as Compiled

@@ -8,8 +8,10 @@ and records a readable reason (:attr:`Jitted.info`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
+import inspect
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -30,6 +32,7 @@ from ..trace.params import ParamGatherer
 from . import fastpath
 from .concat import Concats
 from .effects import EngineHooks
+from .retraces import STATIC_WARN, exact_limit_reason, static_only, static_warning
 from .signature import CacheInfo, CallSpec, Signature, as_tuple, check_state_option, check_static_names
 from .stages import Compiled, Effects, Lowered, Traced
 from .tracecall import trace_call
@@ -113,6 +116,7 @@ class Jitted(EngineHooks):
             raise TraceError(f"exact_trace_limit must be an int >= 0, got {exact_trace_limit!r}")
         self.exact_trace_limit = exact_trace_limit
         self._exact_traces = 0  # traces made with a state object in exact mode
+        self._static_retraces = 0  # traces for calls that differed only in static values
         self._cache: OrderedDict[Signature, Compiled] = OrderedDict()  # least recently used first
         self._effects = Effects()  # the engine's boundary schedule, windows and timeline
         self._active: WindowRun | None = None  # the window calls run, and its stash (use_window)
@@ -121,6 +125,7 @@ class Jitted(EngineHooks):
         self._fast = fastpath.Recent()  # the last hits' call patterns
         self.info = CacheInfo()
         functools.update_wrapper(self, fn if not isinstance(fn, nn.Module) else type(fn).__call__, updated=())  # type: ignore[arg-type]
+        self.__dict__["__call__"] = _with_signature(self, fn)  # what inspect finds on step.__call__
 
     def __getattr__(self, name: str) -> Any:
         """Attributes a ``Jitted`` lacks are the module's (``layers``, ``make_cache``,
@@ -175,6 +180,10 @@ class Jitted(EngineHooks):
         # against the entry this call was expected to hit (the nearest cached signature)
         expected = t.signature.closest(list(self._cache)) if self._cache else self._last
         self.info.retraces.append(t.signature.explain_change(expected))
+        if static_only(t.signature, expected):
+            self._static_retraces += 1
+            if self._static_retraces == STATIC_WARN:
+                warnings.warn(static_warning(self.name, STATIC_WARN), SegcWarning, stacklevel=4)
         self._cache[t.signature] = c
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
@@ -310,7 +319,7 @@ class Jitted(EngineHooks):
                 # (not under an engine's effects: an eager call would skip its windows and events)
                 plain = self._active is None and self._effects == Effects()
                 if cached and exact_slots and plain and self._exact_traces >= self.exact_trace_limit:
-                    raise _ExactLimit(self._exact_limit_reason())
+                    raise _ExactLimit(exact_limit_reason(self._exact_traces, self.state_mode, self.info.aborted, slots))
                 t = self._trace(sig, args, kwargs, leaves, params, slots)
                 self._exact_traces += exact_slots
             except st.NeedsGrowth as g:
@@ -324,17 +333,19 @@ class Jitted(EngineHooks):
                 exact |= {s.index for s in slots if s.kind == slots[e.slot].kind}
                 self._exact_after[sig] = frozenset(exact)
                 continue
+            except TraceError as err:  # the model cannot run on the dynamic stand-in: exact mode
+                dynamic = {s.index for s in slots if s.mode == "dynamic"}
+                if not dynamic or isinstance(err, StateError):
+                    raise
+                why = str(err).splitlines()[0][:200]
+                self.info.aborted.append(f"the dynamic caches' trace failed ({why}): traced in exact mode")
+                exact |= dynamic
+                self._exact_after[sig] = frozenset(exact)
+                continue
             if not cached:
                 return t, None, leaves, params, slots
             return t, self._compile(t), leaves, params, slots
         raise StateError(f"{self.name}: the state objects' layout did not settle: {self.info.aborted[-3:]}")
-
-    def _exact_limit_reason(self) -> str:
-        why = next((a for a in reversed(self.info.aborted) if "exact" in a), "state_mode='exact'")
-        return (
-            f"exact mode has traced {self._exact_traces} times (exact_trace_limit), once per new state "
-            f"offset ({why}), and would trace again (validate=False keeps the dynamic KV cache's graph)"
-        )
 
     def _forget(self) -> None:
         self._cache.clear()
@@ -358,41 +369,14 @@ class Jitted(EngineHooks):
         mx.clear_cache()
 
 
-def jit(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
-    """Trace ``fn`` (a function or an ``nn.Module``) once per signature and run it segmented.
+def _with_signature(step: Jitted, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``step.__call__`` as an attribute with ``fn``'s signature: mlx-lm asks
+    ``inspect.signature(model.__call__)`` whether a model takes ``input_embeddings``.
+    Calling ``step`` itself goes through the class's ``__call__``, as for any object."""
 
-    Options: ``boundaries`` (globs over submodule paths, e.g. ``"layers.*"``: a boundary
-    after each matching submodule; ``"auto"``: after each block of the model's
-    ``layers`` list), ``static_argnums``, ``static_argnames``,
-    ``drain`` (host ``mx.eval`` after every segment: a baseline for benchmarks),
-    ``commit`` (when segments are committed to the device: ``"auto"``, ``"segment"``,
-    ``"fences"``; see :mod:`segc.runtime.executor`), ``attention`` (``"auto"``, ``"on"``,
-    ``"off"``: whether a dynamic KV cache's masked decode attention runs as segc's fused
-    CUDA kernel; ``"auto"``: on a CUDA GPU unless ``SEGC_FUSED_ATTENTION=0``, see
-    :mod:`segc.lower.attention`),
-    ``name``,
-    ``state`` (objects ``fn`` captures and mutates, e.g. KV caches; caches passed as
-    arguments are found automatically), ``state_mode`` (``"auto"``: dynamic KV caches
-    that do not retrace per token; ``"exact"``: every state object functionalized as
-    is, retracing when its offset changes). See :mod:`segc.trace.state`.
-    ``strategy`` (cut placement: ``"balanced:4"``, a saved ``segc.passes.Plan``, a
-    callable, ...; see :mod:`segc.passes.strategies`), ``validate`` (default True: the
-    first call of each graph with dynamic KV caches is also run eagerly on copies of the
-    caches and compared; on a mismatch the function falls back to ``state_mode="exact"``),
-    ``cache_size`` (default 64: the most signatures kept, least recently used out),
-    ``concat_projections`` (default False; sibling products as one over concatenated
-    weights, the module's weights rebound to views: :mod:`segc.passes.concat`),
-    ``exact_trace_limit`` (default 16: the most traces with a state object in exact mode,
-    which traces once per new offset, i.e. per token of a decode loop; calls past it that
-    would trace run the function eagerly instead, with one ``SegcWarning``, as
-    ``torch.compile`` falls back to eager past its recompile limit),
-    ``freeze_params`` (default False: every call checks that the module's parameters are
-    the arrays it traced with, and retraces or rebinds when one changed; True: checked
-    at the first call, then taken as they were until ``clear_cache()``, as ``mx.compile``
-    captures the arrays a function closes over and ``torch.compile``'s freezing takes
-    weights as constants; saves about 0.06 ms a decode call of 16 layers on a GPU host).
-    Usable as ``@segc.jit`` or ``@segc.jit(boundaries=...)``.
-    """
-    if fn is None:
-        return lambda f: Jitted(f, **options)
-    return Jitted(fn, **options)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return Jitted.__call__(step, *args, **kwargs)
+
+    with contextlib.suppress(TypeError, ValueError):  # no introspectable signature: *args, **kwargs
+        call.__signature__ = inspect.signature(fn)  # type: ignore[attr-defined]
+    return call

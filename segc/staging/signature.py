@@ -42,6 +42,26 @@ def _state_str(key: tuple) -> str:
     return f"{key[0]}{one(tuple(key[1:]))}"
 
 
+def _static_change(a: TreeDef, b: TreeDef, path: str) -> str | None:
+    """``static value PATH: OLD -> NEW`` where two trees of one structure first differ in a
+    static leaf; None where the structures differ."""
+    if a.kind != b.kind or len(a.children) != len(b.children) or (a.kind == "dict" and a.keys != b.keys):
+        return None
+    if a.kind == "static":
+        return None if a.keys == b.keys else f"static value {path}: {a.value!r} -> {b.value!r}"
+    for i, (x, y) in enumerate(zip(a.children, b.children)):
+        if not path:  # the root: (args, kwargs, static)
+            sub = ROOTS[i]
+        elif a.kind == "dict":
+            sub = f"{path}[{a.keys[i]!r}]"
+        else:
+            sub = f"{path}[{i}]"
+        found = _static_change(x, y, sub)
+        if found is not None:
+            return found
+    return None
+
+
 def _modes_str(modes: tuple[bool, ...]) -> str:
     if all(modes):
         return "train"
@@ -87,7 +107,8 @@ class Signature:
         if old is None:
             return "first call"
         if old.tree != self.tree:
-            return f"argument structure changed: {old.tree} -> {self.tree}"
+            where = _static_change(old.tree, self.tree, "")
+            return where or f"argument structure changed: {old.tree} -> {self.tree}"
         for k, (a, b) in enumerate(zip(old.leaves, self.leaves)):
             if a != b:
                 where = self.paths[k] if k < len(self.paths) else f"array argument {k}"

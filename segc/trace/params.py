@@ -77,6 +77,8 @@ class _Plan:
         self.sizes: list[int] = []  # and its number of entries
         self._walk(module, "")
         self.modules = [c for c in self.containers if isinstance(c, nn.Module)]  # their train/eval flags
+        # a module whose __init__ skipped nn.Module's (mlx-lm's recurrent_gemma) has no flag: True, as made
+        self._get = _TRAINING if all("_training" in vars(m) for m in self.modules) else _training_or_true
 
     def _walk(self, c: Any, prefix: str) -> None:
         self.containers.append(c)
@@ -111,7 +113,11 @@ class _Plan:
         return list(map(operator.getitem, self.leaf_in, self.leaf_key))
 
     def modes(self) -> tuple[bool, ...]:
-        return tuple(map(_TRAINING, self.modules))
+        return tuple(map(self._get, self.modules))
+
+
+def _training_or_true(m: nn.Module) -> bool:
+    return bool(getattr(m, "_training", True))
 
 
 _TRAINING = operator.attrgetter("_training")  # nn.Module.training's field: no property call
@@ -146,7 +152,9 @@ class ParamGatherer:
         if self._checked and self._modes:
             return self._modes
         plan = self._plan
-        found = plan.modes() if plan is not None else tuple(m.training for _, m in self.module.named_modules())
+        found = (
+            plan.modes() if plan is not None else tuple(_training_or_true(m) for _, m in self.module.named_modules())
+        )
         if found != self._modes:
             self._modes = found
         return self._modes
