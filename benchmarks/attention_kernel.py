@@ -133,6 +133,8 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=50)
     a = ap.parse_args()
+    if not mx.cuda.is_available():
+        ap.exit(2, "attention_kernel.py: segc's decode attention kernel needs MLX's CUDA build and a GPU\n")
     ok = check()
     bench(a.layers, a.repeats)
     print("all checks ok" if ok else "SOME CHECKS FAILED")

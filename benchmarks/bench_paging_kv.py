@@ -217,3 +217,7 @@ def kv_case(a: argparse.Namespace, path: Path, weight_bytes: int) -> dict[str, A
         },
         "paged": rows,
     }
+
+
+if __name__ == "__main__":  # a module of bench_paging.py's KV case, not a script of its own
+    print(__doc__)

@@ -17,6 +17,7 @@ that it should not have.
 
 from __future__ import annotations
 
+import argparse
 import itertools
 
 import mlx.core as mx
@@ -28,6 +29,7 @@ from segc.passes.concat import members
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__).parse_args()  # --help; no options
     grid = itertools.product(
         [8, 32, 64, 96],
         [[1, 8], [8, 16], [16, 24, 64], [64, 64], [24, 1, 8, 16]],

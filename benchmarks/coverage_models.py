@@ -190,6 +190,9 @@ def table(results: list[dict]) -> str:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
     if argv[:1] == ["--one"]:
         print(json.dumps(try_one(argv[1])))
         return 0

@@ -10,6 +10,7 @@ layer segment's primitives (on the GPU, whether attention stays one fused
 
 from __future__ import annotations
 
+import argparse
 import collections
 
 import mlx.core as mx
@@ -22,6 +23,7 @@ from segc.passes.analysis import header_annotator
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__).parse_args()  # --help; no options
     model = tiny_llama(
         hidden_size=512,
         num_hidden_layers=2,

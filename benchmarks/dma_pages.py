@@ -37,6 +37,8 @@ def main() -> None:
     p.add_argument("--dir", required=True)
     p.add_argument("--rounds", type=int, default=5)
     a = p.parse_args()
+    if not mx.cuda.is_available():
+        p.exit(2, "dma_pages.py: the CUDA road of a page's bytes needs MLX's CUDA build and a GPU\n")
     src = HostSource(Path(a.dir))
     copier = cudacopy.CudaCopier(prefetch=True)  # the hint toggled below
     src.attach(copier)

@@ -133,6 +133,10 @@ def run(a: argparse.Namespace, path: Path) -> None:
             if a.read_delay:
                 slow(pm, a.read_delay)
             limit = int(f * pm.weight_bytes)
+            if limit < max(pm.page_bytes):  # as bench_paging.py: the pager could not hold one page
+                print(f"{mode} f={f:g}: refused (one page needs {max(pm.page_bytes)} bytes)")
+                pm.close()
+                continue
             res: dict[str, Any] = {}
             for n in [int(x) for x in a.prompts.split(",")]:
                 x = prompt(n, a.vocab)

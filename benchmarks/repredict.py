@@ -144,19 +144,23 @@ def main() -> None:
                 mark_held_out(prep)
             preps.append(prep)
             cuts.update(prep.cuts)
-        fitted[mspec] = calibrate(
-            machine, policy, preps, args.overheads, host_weight=args.host_weight, repeats=args.fit_repeats
-        )
+        if any(r.get("calibration") for prep in preps for r in prep.rows):
+            fitted[mspec] = calibrate(
+                machine, policy, preps, args.overheads, host_weight=args.host_weight, repeats=args.fit_repeats
+            )
+        elif args.regimes:
+            ap.error("--regimes: the run has no calibration plans to fit (it ran with --calibration '')")
     summary = Results(machine=machine, rows=rows).summary()
     for s in summary:
-        held = (s.get("noise") or {}).get("heldout") or {}
+        noise = s.get("noise") or {}  # None: too few timings to judge
+        held = noise.get("heldout") or {}
         print(
-            f"{s['model']} {s['workload']}: {s['plans']} plans, Spearman {s['spearman_time']:.2f}, held out "
-            f"({s['heldout_plans']}) {s['spearman_heldout']:.2f}; fastest calls {_f(s['spearman_min'])}, held out "
+            f"{s['model']} {s['workload']}: {s['plans']} plans, Spearman {_f(s['spearman_time'])}, held out "
+            f"({s['heldout_plans']}) {_f(s['spearman_heldout'])}; fastest calls {_f(s['spearman_min'])}, held out "
             f"{_f(s['spearman_min_heldout'])}; paired {_f(s['spearman_paired'])}, held out "
-            f"{_f(s['spearman_paired_heldout'])} (ceiling {_f(s['noise'].get('ceiling_paired'))}, held out "
-            f"{_f(held.get('ceiling_paired'))}); {fast_mode(check(s))}ceiling {s['noise']['ceiling']:.2f} "
-            f"(held out {held.get('ceiling', float('nan')):.2f}) -> {s['verdict']}; fastest measured "
+            f"{_f(s['spearman_paired_heldout'])} (ceiling {_f(noise.get('ceiling_paired'))}, held out "
+            f"{_f(held.get('ceiling_paired'))}); {fast_mode(check(s))}ceiling {_f(noise.get('ceiling'))} "
+            f"(held out {_f(held.get('ceiling'))}) -> {s['verdict']}; fastest measured "
             f"{s['fastest_measured']}, predicted {s['fastest_predicted']}; predicted time off by "
             f"{_f(s['time_error_mean'], '{:.1%}')} on average (at most {_f(s['time_error_max'], '{:.1%}')}, "
             f"held out {_f(s['time_error_heldout_mean'], '{:.1%}')}); largest peak-memory error "
