@@ -176,6 +176,30 @@ def test_sigint_outside_the_dispatch_waits_for_the_commit(
     lockstep(llama, step, ce, cs, tok(le), 3)
 
 
+def test_the_callers_sigint_handler_is_back_after_a_call(llama: Any) -> None:
+    """segc holds SIGINT only during a stateful call: the caller's handler is in place
+    outside it, a handler the caller installs and restores works, and Ctrl-C after the
+    call raises as it would without segc."""
+    step = segc.jit(llama, boundaries="layers.*")
+    cache = make_caches(llama, "kv")
+    before = signal.getsignal(signal.SIGINT)
+    step(mx.array([[1, 2, 3]]), cache=cache)
+    assert signal.getsignal(signal.SIGINT) is before
+    hits: list[int] = []
+    signal.signal(signal.SIGINT, lambda *a: hits.append(1))
+    try:
+        step(mx.array([[4]]), cache=cache)
+        signal.raise_signal(signal.SIGINT)
+        assert hits == [1]
+    finally:
+        signal.signal(signal.SIGINT, before)
+    with pytest.raises(KeyboardInterrupt):
+        signal.raise_signal(signal.SIGINT)
+        for _ in range(3):  # the handler runs at the next bytecodes
+            pass
+    assert hits == [1]
+
+
 def test_exception_while_modules_are_wrapped_leaves_the_model_whole(llama: Any) -> None:
     """Defect 2: an exception during a trace used to leave wrapper objects in the model."""
     x = mx.array([[1, 2, 3]])

@@ -107,3 +107,58 @@ def test_a_write_into_an_argument_is_refused_and_the_argument_left_alone(how: st
     assert bits(x) == before
     g = lambda a: a.at[0].add(100.0) * 2  # noqa: E731 - the functional form traces
     assert_same_bits([segc.jit(g)(x)], [g(x)])
+
+
+class Lazy(nn.Module):
+    """Keeps a table it computes on first use (as lazy RoPE implementations do)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self._cos: mx.array | None = None
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if self._cos is None:
+            self._cos = mx.cos(mx.arange(4, dtype=mx.float32))
+        return self.lin(x) * self._cos
+
+
+def test_a_table_of_constants_kept_on_first_use_is_left_alone() -> None:
+    m = seeded(Lazy, 0)
+    ref = seeded(Lazy, 0)
+    x = mx.ones((2, 4))
+    step = segc.jit(lambda t: m(t))  # m reached as a captured object, not traced as the jit's module
+    assert_same_bits([step(x), step(x)], [ref(x), ref(x)])
+    assert m._cos is not None
+    assert_same_bits([m._cos], [mx.cos(mx.arange(4, dtype=mx.float32))], "the kept table")
+
+
+class Proxy:
+    """An object whose every attribute lookup raises (a context-local outside its context)."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> None:
+        raise RuntimeError(f"not configured: {name}")
+
+
+PROXY = Proxy()
+
+
+def test_a_global_whose_lookups_raise_is_passed_over() -> None:
+    def f(x: mx.array) -> mx.array:
+        _ = PROXY
+        return x + 1
+
+    x = mx.ones((3,))
+    assert_same_bits([segc.jit(f)(x)], [f(x)])
+
+
+def test_a_jitted_function_is_freed_with_its_last_reference() -> None:
+    import weakref
+
+    step = segc.jit(lambda a: a * 2)
+    step(mx.ones(2))
+    ref = weakref.ref(step)
+    del step
+    assert ref() is None  # no cycle through step.__call__

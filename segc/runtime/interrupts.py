@@ -10,12 +10,11 @@ leave the objects without their buffers, or half committed. So a call runs
 inside :func:`allowed`, the regions that handle one (it is raised at once there, and on
 entering one if it came before).
 
-Swapping the handler on every call costs about 10 us (two ``sigaction`` calls), so the
-first :func:`held` wraps the process's SIGINT handler once: the wrapper calls the handler
-it wrapped at once unless a block holds the signal (``signal.getsignal`` then returns the
-wrapper; a handler installed later is wrapped again at the next call). Only the main
-thread receives signals; elsewhere, and when SIGINT has no Python handler (``SIG_DFL``,
-``SIG_IGN``), both are no-ops.
+The block installs its own SIGINT handler and puts the previous one back when it ends,
+so outside a call the process's handler is the caller's. It does so through ``_signal``
+(``signal.signal`` converts to and from enums: 6 us for the pair, against 0.6). Only
+the main thread receives signals; elsewhere, and when SIGINT has no Python handler
+(``SIG_DFL``, ``SIG_IGN``), both are no-ops.
 """
 
 from __future__ import annotations
@@ -29,36 +28,24 @@ from typing import Any
 
 _SIGINT = int(signal.SIGINT)
 _MAIN = threading.main_thread().ident
-_inner: list[Callable[[int, FrameType | None], Any]] = []  # the handler the wrapper calls
+_prev: list[Callable[[int, FrameType | None], Any]] = []  # the handler held() replaced
 _holding = [False]
 _allowed = [False]
 _pending: list[FrameType | None] = []
 
 
 def _handler(signum: int, frame: FrameType | None) -> None:
-    if _holding[0] and not _allowed[0]:
-        _pending.append(frame)
+    if _allowed[0]:
+        _prev[0](signum, frame)
     else:
-        _inner[0](signum, frame)
-
-
-def _installed() -> bool:
-    """Whether the wrapper handles SIGINT (wrapping it now if a Python handler does)."""
-    current = _signal.getsignal(_SIGINT)  # signal.getsignal converts to an enum: 2 us a call
-    if current is _handler:
-        return True
-    if not callable(current):
-        return False
-    _inner[:] = [current]
-    signal.signal(signal.SIGINT, _handler)
-    return True
+        _pending.append(frame)
 
 
 def _raise_pending() -> None:
     if _pending:
         frame = _pending[-1]
         _pending.clear()
-        _inner[0](signal.SIGINT, frame)
+        _prev[0](_SIGINT, frame)
 
 
 class _Held:
@@ -68,13 +55,20 @@ class _Held:
     __slots__ = ("on",)
 
     def __enter__(self) -> None:
-        self.on = not _holding[0] and threading.get_ident() == _MAIN and _installed()
-        if self.on:
-            _holding[0] = True
-            _pending.clear()
+        self.on = False
+        if _holding[0] or threading.get_ident() != _MAIN:
+            return
+        prev = _signal.getsignal(_SIGINT)
+        if not callable(prev):  # SIG_DFL, SIG_IGN: nothing of Python's to hold
+            return
+        _prev[:] = [prev]
+        _pending.clear()
+        _holding[0] = self.on = True
+        _signal.signal(_SIGINT, _handler)
 
     def __exit__(self, *exc: object) -> None:
         if self.on:
+            _signal.signal(_SIGINT, _prev[0])
             _holding[0] = False
             _raise_pending()
 

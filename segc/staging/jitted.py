@@ -13,6 +13,7 @@ import functools
 import gc
 import inspect
 import warnings
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -374,8 +375,10 @@ def _with_signature(step: Jitted, fn: Callable[..., Any]) -> Callable[..., Any]:
     ``inspect.signature(model.__call__)`` whether a model takes ``input_embeddings``.
     Calling ``step`` itself goes through the class's ``__call__``, as for any object."""
 
+    ref = weakref.ref(step)  # not step itself: the attribute would keep it alive in a cycle
+
     def call(*args: Any, **kwargs: Any) -> Any:
-        return Jitted.__call__(step, *args, **kwargs)
+        return Jitted.__call__(ref(), *args, **kwargs)  # type: ignore[arg-type]
 
     with contextlib.suppress(TypeError, ValueError):  # no introspectable signature: *args, **kwargs
         call.__signature__ = inspect.signature(fn)  # type: ignore[attr-defined]

@@ -28,6 +28,7 @@ _LEAVES = (str, bytes, int, float, complex, bool, type(None), mx.array, mx.Dtype
 _SKIP = (type, types.ModuleType, types.BuiltinFunctionType, types.CodeType)
 _LIMIT = 20000  # containers recorded at most: a walk is bounded whatever the function reaches
 _DEPTH = 8
+_WIDE = 4096  # containers of more entries are not entered (nor checked)
 
 
 @dataclass
@@ -50,7 +51,11 @@ class Watch:
         out = []
         for path, obj, how, _ in self.saved:
             for key, v in _items(obj, how):
-                if isinstance(v, mx.array) and (id(v) not in known or id(v) in self.broken):
+                if not isinstance(v, mx.array):
+                    continue
+                # a new array is a leak only if it reads the trace's placeholders: one made of
+                # constants (a table a module caches on first use) evaluates, as in eager MLX
+                if id(v) in self.broken or (id(v) not in known and not _evaluable(v)):
                     out.append(f"{path}{_key(key, how)}")
         return out
 
@@ -116,6 +121,16 @@ def roots(fn: Any) -> list[tuple[str, Any]]:
     return out
 
 
+def _attrs(obj: Any) -> dict | None:
+    """``obj.__dict__`` if it has a plain one; None for ``__slots__``, a mapping proxy, or
+    a proxy object whose attribute lookup raises (a context-local outside its context)."""
+    try:
+        attrs = object.__getattribute__(obj, "__dict__")
+    except Exception:  # whatever a lookup raises, the object is not walked
+        return None
+    return attrs if type(attrs) is dict else None
+
+
 def _full(cell: Any) -> bool:
     try:
         cell.cell_contents  # noqa: B018
@@ -147,6 +162,8 @@ def watch(named: list[tuple[str, Any]], skip: Iterable[Any] = ()) -> Watch:
             continue
         seen.add(id(obj))
         kids: list[tuple[str, Any]] = []
+        if isinstance(obj, list | tuple | dict) and len(obj) > _WIDE:
+            continue  # a table of thousands (a vocabulary): not where a cache or a list of outputs lives
         if isinstance(obj, types.FunctionType):
             kids = [(f"{path} -> {p}", o) for p, o in roots(obj) if not p.startswith("global")]
         elif isinstance(obj, list):
@@ -157,11 +174,10 @@ def watch(named: list[tuple[str, Any]], skip: Iterable[Any] = ()) -> Watch:
         elif isinstance(obj, dict):  # nn.Module too: its arrays and submodules are items
             w.saved.append((path, obj, "dict", dict(obj)))
             kids = [(f"{path}[{k!r}]", v) for k, v in dict.items(obj)]
-        if hasattr(obj, "__dict__") and not isinstance(obj, types.FunctionType):
-            attrs = obj.__dict__
-            if isinstance(attrs, dict):
-                w.saved.append((path, obj, "attrs", dict(attrs)))
-                kids += [(f"{path}.{k}", v) for k, v in attrs.items()]
+        attrs = _attrs(obj) if not isinstance(obj, types.FunctionType) else None
+        if attrs is not None and len(attrs) <= _WIDE:
+            w.saved.append((path, obj, "attrs", dict(attrs)))
+            kids += [(f"{path}.{k}", v) for k, v in attrs.items()]
         stack.extend((p, v, depth + 1) for p, v in reversed(kids))
     return w
 
