@@ -464,7 +464,9 @@ def _masked_scatter(draw: Any) -> Built:
     x = arr(draw, s, dt)
     m = mx.array(draw(st.lists(st.booleans(), min_size=math.prod(s), max_size=math.prod(s)))).reshape(s)
     k = int(m.sum().item())
-    v = arr(draw, (k,), dt) if draw(st.booleans()) else arr(draw, (), dt)
+    # values for the k positions, or one broadcast; never an empty array: MLX's own
+    # masked_scatter then divides by zero (SIGFPE, eager as well)
+    v = arr(draw, (k,), dt) if k and draw(st.booleans()) else arr(draw, (), dt)
 
     def f(x: mx.array, m: mx.array, v: mx.array) -> mx.array:
         y = x * 2

@@ -143,6 +143,8 @@ def _masked_scatter(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
     values by a leading axis of one and makes this primitive of them, so it is made
     again from the rows, and the axis put back."""
     x, mask, values = ins
+    if values.size == 0:  # nothing to write (MLX's kernel would divide by zero on it)
+        return mx.array(x)
     y = copy.copy(x[0])  # a new handle: __setitem__ rebinds only it
     y[mask[0]] = values[0]
     return mx.expand_dims(y, 0)
