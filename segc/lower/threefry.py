@@ -54,15 +54,9 @@ def random_bits(keys: mx.array, shape: tuple[int, ...], dtype: mx.Dtype) -> mx.a
     flat = mx.reshape(keys, (nk, 2))
     k0, k1 = flat[:, :1], flat[:, 1:]
     i = mx.arange(half, dtype=u)[None, :]
-    parts = []
-    if half:
-        first, second = threefry2x32(k0, k1, i, i + mx.array(half + odd, dtype=u))
-    if half:
-        parts.append(first)
-    if odd:
-        parts.append(threefry2x32(k0, k1, mx.array(half, dtype=u), mx.array(0, dtype=u))[0])
-    if half:
-        parts.append(second)
+    first, second = threefry2x32(k0, k1, i, i + mx.array(half + odd, dtype=u)) if half else (None, None)
+    middle = threefry2x32(k0, k1, mx.array(half, dtype=u), mx.array(0, dtype=u))[0] if odd else None
+    parts = [w for w in (first, middle, second) if w is not None]  # words [0, half), half, [half + odd, n)
     words = mx.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
     raw = mx.reshape(words, (nk, n)).view(mx.uint8)[:, :per_key]
     return mx.reshape(mx.reshape(raw, (-1,)).view(dtype), shape)
