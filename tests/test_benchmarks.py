@@ -89,16 +89,21 @@ def test_bench_llama_isolates_variants_and_compares_their_bytes(tmp_path: Path) 
         "--repeats=2",
         "--first-call-layers=0",
         "--no-dispatch",
-        "--variants=eager,segc,fences",
+        "--variants=eager,segc,fences+nographs",  # a suffix: MLX_USE_CUDA_GRAPHS=0 in its process
         "--bits=4",
         "--isolate",
         "--rounds=2",
     )
+    assert p.stdout.count("MLX_USE_CUDA_GRAPHS=0") == 2  # its two processes, and no other
     assert r["rounds"] == 2 and r["segc_bit_identical"] is True and not r["errors"]
     assert p.stdout.count("[isolate] round") == 6  # 3 variants x 2 rounds, each a process
+    # a child compares nothing (no eager beside it): it must not claim bit-identity
+    assert p.stdout.count("compared with eager's after the merge") == 6
+    assert p.stdout.count("in every workload: True") == 1
     for name, w in r["workloads"].items():
-        assert list(w["timings"]) == ["eager", "segc", "fences"], name
-        assert w["bit_identical_to_eager"] == {"eager": True, "segc": True, "fences": True}, name
+        assert list(w["timings"]) == ["eager", "segc", "fences+nographs"], name
+        assert w["bit_identical_to_eager"] == {"eager": True, "segc": True, "fences+nographs": True}, name
+        assert w["segments"] == {"segc": 5, "fences+nographs": 5}, name  # tiny: 4 layers and the head
         assert all(len(t["round_medians"]) == 2 for t in w["timings"].values()), name
 
 
@@ -471,3 +476,18 @@ def test_host_jitter_pins_each_mode_and_keeps_eagers_bytes() -> None:
     assert {("free", "segc"), ("core", "segc"), ("free", "eager"), ("core", "eager")} <= set(rows), p.stdout
     assert rows[("core", "segc")].rstrip(" |").endswith("| 1"), rows[("core", "segc")]  # it ran on one CPU
     assert "segc's output has eager's bytes in every process: True" in p.stdout
+
+
+def test_rel_diff_is_the_bound_s_measure() -> None:
+    """The figure printed where outputs differ: max |y - ref| / (1 + |ref|), by hand."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import numpy as np
+        from bench_llama import rel_diff
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    ref = np.array([0.0, 3.0, -1.0], dtype=np.float32)
+    y = np.array([0.5, 3.0, -3.0], dtype=np.float32)
+    assert rel_diff(y, ref) == 1.0  # max(0.5 / 1, 0 / 4, 2 / 2), exact in float32
+    assert rel_diff(ref, ref) == 0.0
+    assert rel_diff(y[:2], ref) == float("inf")
