@@ -554,6 +554,7 @@ def isolated(argv: list[str], variants: tuple[str, ...], out_json: str | None, r
     ok = (
         bool(r.get("workloads"))
         and not r.get("errors")
+        and not any(w.get("errors") for w in r["workloads"].values())  # a variant that failed in its process
         and all(
             passes(w, v, r["device_kind"] == "gpu")
             for w in r["workloads"].values()
@@ -568,13 +569,12 @@ def isolated(argv: list[str], variants: tuple[str, ...], out_json: str | None, r
     return 0 if ok else 1
 
 
-def rename(r: dict[str, Any], old: str, new: str) -> None:
-    """An --isolate child's results under the name its parent gave the variant
+def rename(w: dict[str, Any], old: str, new: str) -> None:
+    """An --isolate child's workload under the name its parent gave the variant
     (``frozen+nographs`` ran as ``frozen``): every per-variant key."""
-    for w in r["workloads"].values():
-        for d in w.values():
-            if isinstance(d, dict) and old in d:
-                d[new] = d.pop(old)
+    for d in w.values():
+        if isinstance(d, dict) and old in d and old != new:
+            d[new] = d.pop(old)
 
 
 def host_split(step: Any, f: Callable[[], Any], sync: Callable[[], Any], calls: int) -> dict[str, float]:
@@ -975,6 +975,8 @@ def main(argv: list[str] | None = None) -> int:
         w["floor_s"] = r["weight_bytes"] / HBM_BYTES_PER_S
         w["floor_what"] = "weight bytes / 4.8 TB/s"
         r["workloads"]["decode"] = w
+        if a.alias:
+            rename(w, variants[0], a.alias)
         print_workload(r, "decode", w)
 
     def do_prefill() -> None:
@@ -991,6 +993,8 @@ def main(argv: list[str] | None = None) -> int:
         w["floor_s"] = linear_flops(model, a.prefill) / BF16_FLOP_PER_S
         w["floor_what"] = "linear FLOPs / 790 TFLOP/s"
         r["workloads"]["prefill"] = w
+        if a.alias:
+            rename(w, variants[0], a.alias)
         print_workload(r, "prefill", w)
 
     def do_dispatch() -> None:
@@ -1013,8 +1017,6 @@ def main(argv: list[str] | None = None) -> int:
         if v in variants
     )
     r["segc_bit_identical"] = ok
-    if a.alias and a.alias != variants[0]:
-        rename(r, variants[0], a.alias)
     save()
     if a.outputs_dir is not None:  # an --isolate child: one variant, no eager beside it
         print("\nsegc outputs: compared with eager's after the merge (--isolate)")

@@ -51,3 +51,14 @@ def test_large_constants_are_elided_and_say_so() -> None:
     g2 = parse(text)
     assert g2.consts[0].value is None
     assert g2.fingerprint() == g.fingerprint()
+
+
+def test_an_empty_array_has_no_bytes_and_round_trips() -> None:
+    """``to_bytes`` of an empty array is empty without asking MLX for its data (MLX
+    0.32.4's CUDA build segfaults turning an empty ``mx.arange`` into numpy, docs/gpu.md),
+    and ``from_bytes`` gives the shape and type back."""
+    for name in ("f32", "bf16", "i32", "u32", "i64", "bool"):
+        for a in (mx.zeros((0, 3), dtype=dtypes.to_mx(name)), mx.arange(0, 0, 1).astype(dtypes.to_mx(name))):
+            assert dtypes.to_bytes(a) == b""
+            back = dtypes.from_bytes(b"", tuple(a.shape), name)
+            assert back.shape == a.shape and back.dtype == a.dtype
