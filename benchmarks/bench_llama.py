@@ -39,7 +39,9 @@ outputs are then compared byte for byte across the processes. There a variant ma
 carry a suffix that sets MLX's process-wide settings for its process alone:
 ``+nographs`` runs it with ``MLX_USE_CUDA_GRAPHS=0`` (MLX's CUDA build then launches
 each kernel as it encodes it, where by default a commit builds and launches a CUDA
-graph of the work since the last one), e.g. ``--variants eager,frozen,frozen+nographs``.
+graph of the work since the last one), e.g. ``--variants eager,frozen,frozen+nographs``;
+``+noremat`` with ``SEGC_REMAKE_VIEWS=0`` (no segment makes a view of constants again
+instead of reading it: docs/runtime.md).
 
 on two workloads: a decode step (one token; with a KV cache at ``--context`` when
 ``segc.jit`` accepts one, else a plain 1-token forward, and the output says which) and a
@@ -154,7 +156,10 @@ CONCAT = ("concat", "concatfences", "wholeconcat", *FROZEN)  # concat_projection
 FUSED = ("fused", "fusedfences")  # attention="on": segc's fused decode attention (CUDA)
 UNFUSED = ("unfused",)  # attention="off": MLX's decomposition of the masked attention
 DEFAULT_VARIANTS = ("eager", "compile", "segc", "drain")
-SETTINGS = {"nographs": {"MLX_USE_CUDA_GRAPHS": "0"}}  # a variant's "+suffix" (--isolate only)
+SETTINGS = {  # a variant's "+suffix" (--isolate only)
+    "nographs": {"MLX_USE_CUDA_GRAPHS": "0"},
+    "noremat": {"SEGC_REMAKE_VIEWS": "0"},  # every segment reads the views of constants it uses
+}
 
 
 def base_of(variant: str) -> str:

@@ -64,9 +64,13 @@ def segment_fn(
     kv_write: KVWrite | None = None,
     dequantize: bool = False,
     dense_experts: bool = False,
+    inputs: Sequence[str] | None = None,
+    prologue: Sequence[Eqn] = (),
 ) -> Callable[..., list[mx.array]]:
-    """A function of the segment's inputs, then of the constants named in ``const_args``,
-    returning its outputs by replaying its equations; other constants are captured.
+    """A function of the segment's inputs (``inputs`` where given: the segment's own less
+    those ``prologue``'s equations, replayed first, make from constants), then of the
+    constants named in ``const_args``, returning its outputs by replaying its
+    equations; other constants are captured.
     With ``attention`` (a kernel), each decomposed masked attention the segment holds
     (``attention.py``) is computed by it instead; with ``products``, each one-row product
     and the elementwise work after it (``products.py``); with ``kv_write``, each rotated
@@ -82,8 +86,8 @@ def segment_fn(
     typed = products is not None or kv_write is not None or dequantize or dense_experts
     avals = {n: (v.shape, v.dtype) for n, v in vs.items()} if typed else None
     return replay_fn(
-        seg.eqns(g),
-        (*seg.inputs, *const_args),
+        [*prologue, *seg.eqns(g)],
+        (*(seg.inputs if inputs is None else inputs), *const_args),
         seg.outputs,
         consts,
         attention,

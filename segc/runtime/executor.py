@@ -49,6 +49,7 @@ from ..lower import (
 )
 from ..passes.commits import COMMITS
 from ..units import fmt_bytes
+from . import remat
 from .aborted import Aborted
 from .fenced import Fences, Timeline, WindowRun, run_effects
 from .interrupts import allowed
@@ -66,6 +67,7 @@ class SegmentStep:
     writes: tuple[int, ...]
     dead: tuple[int, ...]  # cells whose last reader is this step: released after it
     effects: SegmentEffects
+    names: tuple[str, ...] = ()  # the values ``reads`` holds, in order: what ``fn`` takes
 
 
 @dataclass
@@ -195,12 +197,13 @@ class Executor:
         # taken into segc's write-with-attention kernel
         kv_write = kv_write_kernel(own_attention=not callable(attention))
         const_args: list[tuple[str, ...]] = []
-        for s in self.segments:
+        # per segment: the inputs it reads, less the views of constants it makes itself (remat.py)
+        reads = remat.plan(g, self.segments)
+        for s, (ins, again) in zip(self.segments, reads):
             used = dict.fromkeys(v for e in s.eqns(g) for v in e.ins if v in fragile)
             const_args.append(tuple(used))
-            fn = segment_fn(
-                g, s, const_args[-1], kernel, products, kv_write, dequantize=dequantize, dense_experts=dense_experts
-            )
+            extra = {"dequantize": dequantize, "dense_experts": dense_experts}
+            fn = segment_fn(g, s, const_args[-1], kernel, products, kv_write, **extra, inputs=ins, prologue=again)
             if compile and not _touches_empty(g, s, vs):
                 fn = mx.compile(fn)
             for o in s.outputs:
@@ -218,8 +221,8 @@ class Executor:
         # last reader is dispatched can be updated in place by MLX instead of copied
         const_cells = range(self.n_inputs, self.n_inputs + len(g.consts))
         last: dict[int, int] = {}
-        for k, s in enumerate(self.segments):
-            for v in s.inputs:
+        for k, (ins, _) in enumerate(reads):
+            for v in ins:
                 if cell[v] not in const_cells:
                     last[cell[v]] = k
         keep = set(self.output_cells)
@@ -231,10 +234,11 @@ class Executor:
             SegmentStep(
                 s,
                 fn,
-                tuple(cell[v] for v in (*s.inputs, *const_args[k])),
+                tuple(cell[v] for v in (*reads[k][0], *const_args[k])),
                 tuple(cell[v] for v in s.outputs),
                 tuple(dead.get(k, ())),
                 effects[k],
+                (*reads[k][0], *const_args[k]),
             )
             for k, (s, fn) in enumerate(zip(self.segments, fns))
         )

@@ -23,7 +23,7 @@ def measure_segments(
     env.update({c.var.name: c.value for c in g.consts})
     out: dict[str, float] = {}
     for st in ex.steps:
-        args = [env[v] for v in st.segment.inputs]
+        args = [env[v] for v in st.names]
         times = []
         for _ in range(max(repeats, 1) + 1):
             t0 = time.perf_counter()
