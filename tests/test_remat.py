@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-from conftest import assert_same_bits
+from conftest import assert_same_bits, examples
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from mlx_lm.models.cache import make_prompt_cache
 
 import segc
@@ -103,3 +105,70 @@ def test_decode_layers_read_fewer_inputs_with_eager_bits() -> None:
     decode = [e for e in step.entries() if e.executor.steps[1].segment.inputs]  # type: ignore[attr-defined]
     fewer = [len(s.reads) < len(s.segment.inputs) for e in decode for s in e.executor.steps[1:-1]]  # type: ignore[attr-defined]
     assert fewer and all(fewer)
+
+
+VIEWS = ("broadcast", "transpose", "reshape", "slice", "squeeze", "indexed")
+
+
+def _view(c: mx.array, kind: str) -> mx.array:
+    """``c`` (shape (4, 6)) through a view of kind ``kind``, shape (4, 6) again, so that
+    views chain (``"indexed"`` is the one that is not a view)."""
+    if kind == "broadcast":
+        return mx.broadcast_to(c[:1], (4, 6))
+    if kind == "transpose":
+        return c.T.reshape(6, 4).T  # a transpose of a transpose: the same shape, another layout
+    if kind == "reshape":
+        return c.reshape(6, 4).reshape(4, 6)
+    if kind == "slice":
+        return c[::-1][::-1]  # two reversing slices: a strided view, the same values
+    if kind == "squeeze":
+        return mx.expand_dims(c, 0).squeeze(0)
+    return mx.expand_dims(c, 0)[0]  # "indexed": an integer index is a Gather, which computes
+
+
+@settings(max_examples=examples(25), deadline=None)
+@given(
+    chain=st.lists(st.sampled_from(VIEWS), min_size=1, max_size=3),
+    uses=st.lists(st.sampled_from(("mul", "add", "sub", "max")), min_size=2, max_size=5),
+    dtype=st.sampled_from((mx.float32, mx.bfloat16, mx.float16)),
+    seed=st.integers(0, 2**16),
+    on=st.booleans(),
+)
+def test_views_of_a_constant_read_across_random_cuts_keep_eager_bits(
+    chain: list[str], uses: list[str], dtype: mx.Dtype, seed: int, on: bool
+) -> None:
+    """A constant with -0.0, NaN and infinities, a chain of views of it, read by a
+    segment after each cut, with the remake on and off: eager's bytes every time."""
+    key = mx.random.key(seed)
+    base = mx.random.normal((4, 6), key=key)
+    special = mx.array([-0.0, float("nan"), float("inf"), -float("inf"), 0.0, 1e-30])
+    const = mx.concatenate([base[:3], special[None]], axis=0).astype(dtype)
+    mx.eval(const)
+
+    def fn(x: mx.array) -> mx.array:
+        v = const
+        for kind in chain:
+            v = _view(v, kind)
+        h = x
+        for i, op in enumerate(uses):
+            h = {"mul": mx.multiply, "add": mx.add, "sub": mx.subtract, "max": mx.maximum}[op](h, v)
+            if i < len(uses) - 1:
+                h = segc.boundary(h, f"cut{i}")
+        return h
+
+    x = mx.random.normal((4, 6), key=mx.random.split(key)[0]).astype(dtype)
+    old = remat.REMAKE_VIEWS
+    remat.REMAKE_VIEWS = on
+    try:
+        step = segc.jit(fn)
+        assert_same_bits([step(x)], [fn(x)])
+        steps = _steps(step)
+        chains = remat.view_chains(step.entries()[0].graph)  # type: ignore[attr-defined]
+        read = [v for s in steps for v in s.names if v in chains]
+        crossing = [v for s in steps[1:] for v in s.segment.inputs if v in chains]
+        # a view of the constant crosses the cuts, unless the chain has a Gather ("indexed")
+        assert crossing or "indexed" in chain, chain
+        if on:
+            assert not read, read  # every view of the constant made where it is read
+    finally:
+        remat.REMAKE_VIEWS = old
