@@ -176,7 +176,7 @@ def main() -> None:
         for w, m in f["machines"].items():
             figs = {
                 k: f"{m[k] * 1e6:.2f} us"
-                for k in ("launch_s", "dispatch_s", "host_op_s", "segment_sq_s", "repeat_s")
+                for k in ("launch_s", "dispatch_s", "host_op_s", "segment_sq_s", "repeat_s", "repeat_op_s")
                 if k in m
             }
             print(mspec, w, "fitted", figs, f"scale {f['scales'][w]:.3g}")
@@ -271,7 +271,7 @@ def split_halves(rows: list[dict]) -> Halves:
     return out
 
 
-HOST_FIGURES = ("dispatch_s", "host_op_s", "encode_s", "commit_s", "repeat_s")
+HOST_FIGURES = ("dispatch_s", "host_op_s", "encode_s", "commit_s", "repeat_s", "repeat_op_s")
 
 
 def regimes_report(workload: str, hv: Halves, fitted: dict, cuts: dict[int, Graph], policy: str) -> str:

@@ -58,7 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--fit-repeats",
         action=argparse.BooleanOptionalAction,
-        help="calibration: fit the host's saving on a segment that repeats an earlier one's equations too "
+        help="calibration: fit the host's saving per equation of a segment that repeats an earlier one's equations too "
         "(default: on a GPU)",
     )
     p.add_argument(

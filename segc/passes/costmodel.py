@@ -29,11 +29,14 @@ device
   charged to the segment's span so that ``optimal`` stays an exact dynamic program.
 
 *Repeats*: a segment whose equations (primitive, output shapes and types, in order) an
-earlier segment of the call already had costs the host ``repeat`` less before the
-device may start it. On the H200, prefill plans whose segments repeat a layer's ran
-faster than the model without the term predicted, plans cut inside layers slower
-(docs/experiments-log.md, "The eighteenth run"). 0 in the built-in models, left to
-calibration (``fit.py``). ``optimal`` plans without it: whether a span repeats depends
+earlier segment of the call already had costs the host ``repeat_s`` less, and
+``repeat_op_s`` per equation of it, before the device may start it. On the H200,
+prefill plans whose segments repeat a layer's ran faster than the model without the
+term predicted, plans cut inside layers slower (docs/experiments-log.md, "The
+eighteenth run"), and the saving grows with the repeated segment: fitted per equation,
+it ranks the stored runs' prefill plans better than per segment ("Offline: the repeat
+saving per equation"). Both 0 in the built-in models; calibration fits
+``repeat_op_s`` (``fit.py``). ``optimal`` plans without it: whether a span repeats depends
 on the plan's other segments, which a span's cost cannot see.
 
 The device starts segment ``k`` when the host is ``p_k`` into it and segment ``k - 1``
@@ -185,14 +188,14 @@ class SegmentTime:
     queue_n: float = 0.0  # of queue: the kernels in it
     light: int = 0  # of kernels: those of elementwise equations only (elementwise_host of host_op_s each)
     part: int = 0  # a segment past a GPU's command-buffer size comes in parts (``_buffers``): which one
-    repeat: bool = False  # an earlier segment of the call had the same equations (``repeat_s``)
+    repeat: bool = False  # an earlier segment of the call had the same equations (``repeat_s``, ``repeat_op_s``)
 
     def retimed(self, m: MachineModel) -> SegmentTime:
         """The same segment with ``m``'s per-kernel and per-segment figures (its
         bandwidth and FLOP rate kept): what calibration fits."""
         pre = (m.dispatch_s if self.part == 0 else 0.0) + m.host_op_s * host_kernels(self, m.elementwise_host)
         if self.repeat and self.part == 0:
-            pre = max(pre - m.repeat_s, 0.0)
+            pre = max(pre - m.repeat_s - m.repeat_op_s * self.ops, 0.0)
         host = pre + m.encode_s * self.kernels
         dev = self.work + m.launch_s * self.kernels + m.segment_sq_s * self.kernels**2
         return replace(self, host=host, device=dev, pre=pre, queue=self.queue_work + m.launch_s * self.queue_n)

@@ -38,6 +38,7 @@ class MachineModel:
         0  # memory: a GPU's command buffer holds its kernels' inputs until it ends (memory.py); 0: none
     )
     repeat_s: float = 0.0  # host: saved on a segment that repeats an earlier one's equations in the call
+    repeat_op_s: float = 0.0  # host: saved per equation of such a segment (what calibration fits)
 
     def roofline(self) -> Machine:
         return Machine(self.name, self.flops_per_s, self.bytes_per_s)
@@ -65,7 +66,15 @@ class MachineModel:
             v = getattr(m, f.name)
             if f.name == "fused_products" and not isinstance(v, bool):
                 raise ScheduleError(f"machine model: fused_products must be true or false, got {v!r}")
-            zero = ("encode_s", "commit_s", "queue_kernels", "segment_sq_s", "buffer_kernels", "repeat_s")
+            zero = (
+                "encode_s",
+                "commit_s",
+                "queue_kernels",
+                "segment_sq_s",
+                "buffer_kernels",
+                "repeat_s",
+                "repeat_op_s",
+            )
             low = 0 if f.name in zero else 1e-300
             numeric = f.name not in ("name", "source", "device", "fused_products")
             if f.name == "buffer_kernels" and (isinstance(v, bool) or not isinstance(v, int)):

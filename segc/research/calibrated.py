@@ -64,8 +64,9 @@ def calibrate(
     rows, or ``"shared"``, one set for every workload (``fit.fit_machine``); ``host_weight``
     > 0 fits the rows' measured host times too (``fit.py``; off by default:
     docs/experiments-log.md, "The sixth and seventh runs"); ``repeats`` fits the host's
-    saving on a repeated segment too (``repeat_s``: ``costmodel``, "Repeats"; not with
-    ``"device"``)."""
+    saving on a repeated segment too, per equation of it (``repeat_op_s``: ``costmodel``,
+    "Repeats"; not with ``"device"``; docs/experiments-log.md, "Offline: the repeat
+    saving per equation")."""
     obs = []
     for prep in preps:
         for r in prep.rows:
@@ -76,7 +77,7 @@ def calibrate(
     if overheads == "device":  # the host's figures are the machine model's (measured apart): only the device's fitted
         fit = fit_machine(machine, obs, overheads="group", host_weight=host_weight, free=DEVICE_FIGURES)
     else:
-        free = (*FREE, "repeat_s") if repeats else FREE
+        free = (*FREE, "repeat_op_s") if repeats else FREE
         fit = fit_machine(machine, obs, overheads=overheads, host_weight=host_weight, free=free)
     for prep in preps:
         m = fit.machines.get(prep.workload.name)

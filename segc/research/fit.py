@@ -46,7 +46,8 @@ A figure the observations cannot tell apart is left at the base model's value:
 ``commit_s`` when every segment of every observation is committed (it then only adds
 to ``dispatch_s``), ``repeat_s`` (the host's saving on a segment that repeats an earlier
 one's equations: ``costmodel``, "Repeats") when every observation repeats as many
-segments. The host's queue (``queue_kernels``) is the base model's, not
+segments, ``repeat_op_s`` (that saving per equation of the repeated segment, what the
+experiment fits) when every observation repeats as many equations. The host's queue (``queue_kernels``) is the base model's, not
 fitted: MLX's source fixes it; its device time follows the fitted launches and scale.
 ``launch_s`` and a scale are told apart only by segments whose
 work per kernel differs (a shared scale over decode and prefill; with a scale per
@@ -77,10 +78,11 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "encode_s": (1e-9, 1e-4),
     "segment_sq_s": (1e-13, 1e-5),
     "repeat_s": (1e-9, 1e-4),
+    "repeat_op_s": (1e-12, 1e-5),
 }
 # figures at 0 in the built-in models, left to calibration: no prior pulls them to 0
-ONLY_FITTED = ("repeat_s",)
-FREE = ("scale", "launch_s", "dispatch_s", "host_op_s", "commit_s", "segment_sq_s")  # repeat_s: on request
+ONLY_FITTED = ("repeat_s", "repeat_op_s")
+FREE = ("scale", "launch_s", "dispatch_s", "host_op_s", "commit_s", "segment_sq_s")  # repeat_op_s: on request
 
 
 @dataclass(frozen=True)
@@ -123,14 +125,14 @@ def predict_many(obs: Sequence[Observation], base: MachineModel, values: dict[st
     the base model's; ``scale`` multiplies the work, ``scale:GROUP`` that group's)."""
     fig = _figures(base, values)
     p = len(fig("scale"))
-    names = ("launch_s", "dispatch_s", "host_op_s", "commit_s", "encode_s", "segment_sq_s", "repeat_s")
-    ln, dp, ho, cm, en, sq, rp = (fig(n) for n in names)
+    names = ("launch_s", "dispatch_s", "host_op_s", "commit_s", "encode_s", "segment_sq_s", "repeat_s", "repeat_op_s")
+    ln, dp, ho, cm, en, sq, rp, ro = (fig(n) for n in names)
     ew = base.elementwise_host
     out = np.empty((p, len(obs)))
     for j, o in enumerate(obs):
         sc = values.get(f"scale:{o.group}", fig("scale"))
         ks = [float(s.kernels) for s in o.segments]
-        pre = [_pre(s, dp, ho, rp, ew) for s in o.segments]
+        pre = [_pre(s, dp, ho, rp, ro, ew) for s in o.segments]
         host = [x + en * k for x, k in zip(pre, ks)]
         dev = [sc * s.work + ln * k + sq * k * k for s, k in zip(o.segments, ks)]
         flags = [s.commit for s in o.segments]
@@ -139,12 +141,15 @@ def predict_many(obs: Sequence[Observation], base: MachineModel, values: dict[st
     return out
 
 
-def _pre(s: SegmentTime, dp: np.ndarray, ho: np.ndarray, rp: np.ndarray, elementwise: float) -> np.ndarray:
+def _pre(
+    s: SegmentTime, dp: np.ndarray, ho: np.ndarray, rp: np.ndarray, ro: np.ndarray, elementwise: float
+) -> np.ndarray:
     """The host's seconds before the device may start ``s``, one per machine model
     (``SegmentTime.retimed``'s ``pre``): a segment's later command buffers (``part``) pay
-    no dispatch of their own, a repeated one ``rp`` less, never below 0."""
+    no dispatch of their own, a repeated one ``rp`` and ``ro`` per equation less, never
+    below 0."""
     first = s.part == 0
-    return np.maximum(dp * first + ho * host_kernels(s, elementwise) - rp * (s.repeat and first), 0.0)
+    return np.maximum(dp * first + ho * host_kernels(s, elementwise) - (rp + ro * s.ops) * (s.repeat and first), 0.0)
 
 
 def predict_host_many(obs: Sequence[Observation], base: MachineModel, values: dict[str, np.ndarray]) -> np.ndarray:
@@ -152,12 +157,14 @@ def predict_host_many(obs: Sequence[Observation], base: MachineModel, values: di
     segment's dispatch and kernels and every commit the loop makes), as
     :func:`predict_many` gives the whole call's."""
     fig = _figures(base, values)
-    dp, ho, cm, en, rp = (fig(n) for n in ("dispatch_s", "host_op_s", "commit_s", "encode_s", "repeat_s"))
+    dp, ho, cm, en, rp, ro = (
+        fig(n) for n in ("dispatch_s", "host_op_s", "commit_s", "encode_s", "repeat_s", "repeat_op_s")
+    )
     out = np.empty((len(dp), len(obs)))
     for j, o in enumerate(obs):
         k = float(sum(s.kernels for s in o.segments))
         commits = commit_count(tuple(s.commit for s in o.segments))
-        pre = sum(_pre(s, dp, ho, rp, base.elementwise_host) for s in o.segments)
+        pre = sum(_pre(s, dp, ho, rp, ro, base.elementwise_host) for s in o.segments)
         out[:, j] = pre + en * k + commits * cm
     return out
 
@@ -195,7 +202,14 @@ def identifiable(obs: Sequence[Observation], free: Sequence[str], base: MachineM
     """``free`` less the figures the observations cannot determine (module docstring)."""
     every = all(s.commit for o in obs for s in o.segments)
     repeats = {sum(s.repeat for s in o.segments) for o in obs}
-    return tuple(f for f in free if not (f == "commit_s" and every) and not (f == "repeat_s" and len(repeats) < 2))
+    repeated_ops = {sum(s.ops for s in o.segments if s.repeat and s.part == 0) for o in obs}
+    return tuple(
+        f
+        for f in free
+        if not (f == "commit_s" and every)
+        and not (f == "repeat_s" and len(repeats) < 2)
+        and not (f == "repeat_op_s" and len(repeated_ops) < 2)
+    )
 
 
 def fit_machine(

@@ -170,3 +170,17 @@ def test_a_repeated_segment_costs_the_host_repeat_s_less() -> None:
     other = TWO.replace("%v1: f32[4,8] = Matmul(%v0, %p0)", "%v1: f32[4,8] = Add(%v0, %v0)")
     assert [s.repeat for s in predict_time(parse(other), m).segments] == [False, False]
     assert predict_time(parse(TWO), replace(m, repeat_s=1.0)).segments[1].host == 0.0
+
+
+def test_a_repeated_segment_costs_the_host_repeat_op_s_less_per_equation() -> None:
+    """The per-equation saving: ``TWO``'s repeated second segment (one equation) costs
+    the host ``repeat_op_s`` less, on top of ``repeat_s``; a segment that repeats nothing
+    pays it all; the saving never makes a host share negative."""
+    host = 1e-5 + 1e-6  # TOY's dispatch and one kernel
+    tp = predict_time(parse(TWO), replace(TOY, repeat_op_s=3e-6))
+    ops = [s.ops for s in tp.segments]
+    assert ops == [1, 1] and [s.repeat for s in tp.segments] == [False, True]
+    assert [s.host for s in tp.segments] == pytest.approx([host, host - 3e-6 * ops[1]])
+    both = predict_time(parse(TWO), replace(TOY, repeat_s=4e-6, repeat_op_s=3e-6))
+    assert both.segments[1].host == pytest.approx(host - 4e-6 - 3e-6)
+    assert predict_time(parse(TWO), replace(TOY, repeat_op_s=1.0)).segments[1].host == 0.0

@@ -69,5 +69,8 @@ def test_machine_model_json(tmp_path) -> None:
     assert MachineModel.from_json('{"segc_machine": 1, "repeat_s": 0}').repeat_s == 0
     with pytest.raises(ScheduleError, match="repeat_s must be a positive number"):
         MachineModel.from_json('{"segc_machine": 1, "repeat_s": -1e-6}')
+    assert MachineModel.from_json('{"segc_machine": 1, "repeat_op_s": 0}').repeat_op_s == 0
+    with pytest.raises(ScheduleError, match="repeat_op_s must be a positive number"):
+        MachineModel.from_json('{"segc_machine": 1, "repeat_op_s": -1e-9}')
     with pytest.raises(ScheduleError, match="cannot read machine model"):
         MachineModel.load(tmp_path / "missing.json")
