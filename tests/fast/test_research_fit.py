@@ -227,16 +227,10 @@ def test_host_times_give_back_the_host_figures_of_a_device_bound_workload() -> N
     assert fit.scales["prefill"] == pytest.approx(1.3, rel=0.02)
 
 
-def test_fit_recovers_the_hosts_saving_on_a_repeated_segment() -> None:
-    """Segments of equal size repeat the first of that size (``SegmentTime.repeat``):
-    from timings the cost model generated with ``repeat_s`` = 15 us (host-bound decode
-    layers), the fit finds it; the fitter's host times are the cost model's; with every
-    observation repeating as many segments it cannot be told from the dispatch and is
-    left alone."""
-    from segc.research.fit import predict_host_many
-
-    true = dict(TRUE, repeat_s=1.5e-5)
-    truth = _truth(1.3, **true)
+def _repeating_plans(truth: MachineModel) -> list[Observation]:
+    """Plans of 16 decode layers, 16 to 1 layers a segment, whose segments of equal size
+    repeat the first of that size (``SegmentTime.repeat``), timed by the cost model
+    under ``truth``."""
     obs = []
     for per in (16, 8, 5, 4, 3, 2, 1):
         segs, seen = [], set()
@@ -246,41 +240,27 @@ def test_fit_recovers_the_hosts_saving_on_a_repeated_segment() -> None:
         sc = BASE.bytes_per_s / truth.bytes_per_s
         tp = timed([replace(s, work=s.work * sc).retimed(truth) for s in segs], truth)
         obs.append(Observation("decode", tuple(segs), tp.total, str(per), tp.host))
+    return obs
+
+
+@pytest.mark.parametrize("figure, value", [("repeat_s", 1.5e-5), ("repeat_op_s", 8e-7)])
+def test_fit_recovers_the_hosts_saving_on_a_repeated_segment(figure: str, value: float) -> None:
+    """From timings the cost model generated with a saving on each repeated segment
+    (``repeat_s`` = 15 us) or on each equation of one (``repeat_op_s`` = 0.8 us, what
+    the experiment fits), host-bound decode layers, the fit finds it; the fitter's host
+    times are the cost model's; with no segment repeated it cannot be told from the
+    dispatch and is left alone."""
+    from segc.research.fit import predict_host_many
+
+    true = dict(TRUE, **{figure: value})
+    obs = _repeating_plans(_truth(1.3, **true))
     assert sum(s.repeat for s in obs[-1].segments) == 15  # a layer a segment: all but the first repeat
-    vals = {f: np.array([true[f]]) for f in ("dispatch_s", "host_op_s", "commit_s", "repeat_s")}
+    vals = {f: np.array([true[f]]) for f in ("dispatch_s", "host_op_s", "commit_s", figure)}
     assert predict_host_many(obs, BASE, vals)[0] == pytest.approx([o.host for o in obs], rel=1e-9)
     base = replace(BASE, launch_s=TRUE["launch_s"], segment_sq_s=TRUE["segment_sq_s"], commit_s=TRUE["commit_s"])
-    fit = fit_machine(base, obs, free=("scale", "dispatch_s", "host_op_s", "repeat_s"), host_weight=1.0, prior_weight=0)
-    for f in ("dispatch_s", "host_op_s", "repeat_s"):
-        assert getattr(fit.machine, f) == pytest.approx(true[f], rel=0.03), f
-    same = [replace(o, segments=tuple(replace(s, repeat=False) for s in o.segments)) for o in obs]
-    assert "repeat_s" not in fit_machine(base, same, free=("scale", "dispatch_s", "repeat_s")).free
-
-
-def test_fit_recovers_the_hosts_saving_per_repeated_equation() -> None:
-    """The same plans as above, timed by the cost model with a saving of 0.8 us per
-    equation of a repeated segment (``repeat_op_s``, what the experiment fits): the fit
-    finds it, and the cost model's host times are the fitter's; with no segment
-    repeated it cannot be told apart and is left alone."""
-    from segc.research.fit import predict_host_many
-
-    true = dict(TRUE, repeat_op_s=8e-7)
-    truth = _truth(1.3, **true)
-    obs = []
-    for per in (16, 8, 5, 4, 3, 2, 1):
-        segs, seen = [], set()
-        for s in _layers(16, per, 14, 3e-6):
-            segs.append(replace(s, repeat=s.ops in seen and s.name != "head"))
-            seen.add(s.ops)
-        sc = BASE.bytes_per_s / truth.bytes_per_s
-        tp = timed([replace(s, work=s.work * sc).retimed(truth) for s in segs], truth)
-        obs.append(Observation("decode", tuple(segs), tp.total, str(per), tp.host))
-    vals = {f: np.array([true[f]]) for f in ("dispatch_s", "host_op_s", "commit_s", "repeat_op_s")}
-    assert predict_host_many(obs, BASE, vals)[0] == pytest.approx([o.host for o in obs], rel=1e-9)
-    base = replace(BASE, launch_s=TRUE["launch_s"], segment_sq_s=TRUE["segment_sq_s"], commit_s=TRUE["commit_s"])
-    free = ("scale", "dispatch_s", "host_op_s", "repeat_op_s")
+    free = ("scale", "dispatch_s", "host_op_s", figure)
     fit = fit_machine(base, obs, free=free, host_weight=1.0, prior_weight=0)
-    for f in ("dispatch_s", "host_op_s", "repeat_op_s"):
+    for f in ("dispatch_s", "host_op_s", figure):
         assert getattr(fit.machine, f) == pytest.approx(true[f], rel=0.03), f
     same = [replace(o, segments=tuple(replace(s, repeat=False) for s in o.segments)) for o in obs]
-    assert "repeat_op_s" not in fit_machine(base, same, free=free).free
+    assert figure not in fit_machine(base, same, free=free).free
