@@ -44,7 +44,7 @@
 # frozen with one segment (wholefrozen) and a segment per layer (frozen), every variant a process of its own, 2 rounds (the "variants isolated"); about
 # 4 to 7 minutes a model on the H200 (BENCH_LIMIT, 450 s: a slow host needs it), so MODELS=llama: (or llama_4bit:--bits,4 or
 # mixtral:--arch,mixtral) runs one model in a device call.
-# VARIANTS (default eager,compile,segc,each,whole,drain), REPEATS (40), ROUNDS (1),
+# VARIANTS (default eager,compile,segc,each,whole,drain; isolated: eager,compile,segc,wholefrozen,frozen), REPEATS (40), ROUNDS (1),
 # BENCH_LIMIT (400 s); experiment: WORKLOADS (decode:1024,prefill:512; plandevice: WORKLOAD), PROCESSES (4), ORDER (rounds; blocks, interleaved: the timing order), OVERHEADS (group; device: calibrate the
 # device's figures alone), MACHINE (a machine model JSON, e.g. with host_kinds.py's figures).
 set -u
@@ -89,7 +89,7 @@ for p in $parts; do
     for spec in ${MODELS:-llama: llama_4bit:--bits,4 mixtral:--arch,mixtral}; do  # about 4 min each
       spec=${spec//,/ }
       # shellcheck disable=SC2086  # the extra arguments are meant to split
-      VARIANTS=eager,compile,segc,wholefrozen,frozen ROUNDS=2 REPEATS=30 BENCH_LIMIT=${BENCH_LIMIT:-450} \
+      VARIANTS=${VARIANTS:-eager,compile,segc,wholefrozen,frozen} ROUNDS=2 REPEATS=30 BENCH_LIMIT=${BENCH_LIMIT:-450} \
         bench "isolated_${spec%%:*}" --prefill 0 --first-call-layers 0 --no-dispatch ${spec#*:}
     done
     ;;
