@@ -196,14 +196,14 @@ class Executor:
         # segc.lower.kvwrite.FUSED_KV_WRITE, read now; a caller's attention kernel is not
         # taken into segc's write-with-attention kernel
         kv_write = kv_write_kernel(own_attention=not callable(attention))
-        const_args: list[tuple[str, ...]] = []
-        # per segment: the inputs it reads, less the views of constants it makes itself (remat.py)
-        reads = remat.plan(g, self.segments)
-        for s, (ins, again) in zip(self.segments, reads):
-            used = dict.fromkeys(v for e in s.eqns(g) for v in e.ins if v in fragile)
-            const_args.append(tuple(used))
-            extra = {"dequantize": dequantize, "dense_experts": dense_experts}
-            fn = segment_fn(g, s, const_args[-1], kernel, products, kv_write, **extra, inputs=ins, prologue=again)
+        # per segment: the values its function takes, in order: the inputs it reads (less the
+        # views of constants it makes itself, remat.py), then the constants compile would lose
+        takes: list[tuple[str, ...]] = []
+        for s, (ins, again) in zip(self.segments, remat.plan(g, self.segments)):
+            used = tuple(dict.fromkeys(v for e in s.eqns(g) for v in e.ins if v in fragile))
+            takes.append((*ins, *used))
+            opts = {"dequantize": dequantize, "dense_experts": dense_experts}
+            fn = segment_fn(g, s, used, kernel, products, kv_write, **opts, inputs=ins, prologue=again)
             if compile and not _touches_empty(g, s, vs):
                 fn = mx.compile(fn)
             for o in s.outputs:
@@ -221,8 +221,8 @@ class Executor:
         # last reader is dispatched can be updated in place by MLX instead of copied
         const_cells = range(self.n_inputs, self.n_inputs + len(g.consts))
         last: dict[int, int] = {}
-        for k, (ins, _) in enumerate(reads):
-            for v in ins:
+        for k, names in enumerate(takes):
+            for v in names:
                 if cell[v] not in const_cells:
                     last[cell[v]] = k
         keep = set(self.output_cells)
@@ -234,11 +234,11 @@ class Executor:
             SegmentStep(
                 s,
                 fn,
-                tuple(cell[v] for v in (*reads[k][0], *const_args[k])),
+                tuple(cell[v] for v in takes[k]),
                 tuple(cell[v] for v in s.outputs),
                 tuple(dead.get(k, ())),
                 effects[k],
-                (*reads[k][0], *const_args[k]),
+                takes[k],
             )
             for k, (s, fn) in enumerate(zip(self.segments, fns))
         )

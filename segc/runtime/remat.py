@@ -52,10 +52,10 @@ def remade(s: Segment, chains: dict[str, tuple[Eqn, ...]]) -> tuple[tuple[str, .
     return tuple(v for v in s.inputs if v not in chains), tuple(sorted(eqns, key=lambda e: e.id))
 
 
-def plan(g: Graph, segs: Sequence[Segment], on: bool | None = None) -> list[tuple[tuple[str, ...], tuple[Eqn, ...]]]:
-    """Per segment, :func:`remade`'s inputs and equations (``on``: ``REMAKE_VIEWS``
-    unless given; off, every segment reads all its inputs)."""
-    if not (REMAKE_VIEWS if on is None else on):
+def plan(g: Graph, segs: Sequence[Segment]) -> list[tuple[tuple[str, ...], tuple[Eqn, ...]]]:
+    """Per segment, :func:`remade`'s inputs and equations (with ``REMAKE_VIEWS`` off,
+    every segment reads all its inputs)."""
+    if not REMAKE_VIEWS:
         return [(s.inputs, ()) for s in segs]
     chains = view_chains(g)
     return [remade(s, chains) for s in segs]
