@@ -89,6 +89,12 @@ def test_adjust_puts_every_call_at_the_hosts_median_speed() -> None:
     # a slope of 1 with t = 2.5 on 3 degrees of freedom (r^2 = 100/148): below SLOPE_T, none
     weak = Timed([2.0, 1.0, 4.0, 3.0, 6.0], [0.0] * 5, [1.0, 2.0, 3.0, 4.0, 5.0])
     assert adjust([[weak]]) == ([[weak]], (0.0, 0.0))
+    # the times' slope (3.47, t over SLOPE_T) would make the fourth call last
+    # 0.04 - 3.47 x (1.3 - 1.2) < 0: none; the host shares' (0.65) leaves each positive
+    short = Timed([0.01, 0.02, 0.03, 0.04, 10.0], [1.0, 1.1, 1.2, 1.3, 3.0], [1.0, 1.1, 1.2, 1.3, 4.0])
+    ((kept,),), (bt, bh) = adjust([[short]])
+    assert bt == 0.0 and kept.times == short.times
+    assert bh == pytest.approx(0.6518, abs=1e-4) and all(h > 0 for h in kept.host)
     # calls timed without probes (runs before them): unchanged, no slope
     bare = Timed([1.0, 2.0], [0.1, 0.2])
     assert adjust([[bare]]) == ([[bare]], (0.0, 0.0))

@@ -86,14 +86,18 @@ def adjust(plans: Sequence[Sequence[Timed]]) -> tuple[list[list[Timed]], tuple[f
     a regression adjustment on a covariate, so that neither the plans' differences nor a
     process's level set it, and the plans, timed in rounds alike, are shifted alike in
     expectation. A slope whose t statistic is under :data:`SLOPE_T` is taken as 0: where
-    the probe does not track the calls (this CPU's, say) it would only add noise. Calls
-    without probes (runs before 2026-12-04): unchanged."""
+    the probe does not track the calls (this CPU's, say) it would only add noise; so is
+    one that would make some call's time (or host share) 0 or less. Calls without probes
+    (runs before 2026-12-04): unchanged."""
     if any(len(p.probe) != len(p.times) or not p.probe for t in plans for p in t):
         return [list(t) for t in plans], (0.0, 0.0)
     groups = [p for t in plans for p in t]
     xs, ys, hs = ([d for p in groups for d in _centred(getattr(p, f))] for f in ("probe", "times", "host"))
     bt, bh = (_slope(xs, v, len(xs) - len(groups) - 1) for v in (ys, hs))
     ref = statistics.median(x for p in groups for x in p.probe)
+    # a slope that would leave some call no time at all (a few short calls on a busy
+    # host) says the probe does not describe the calls: taken as none
+    bt, bh = (_positive(b, groups, f, ref) for b, f in ((bt, "times"), (bh, "host")))
     out = [
         [
             Timed(
@@ -106,6 +110,12 @@ def adjust(plans: Sequence[Sequence[Timed]]) -> tuple[list[list[Timed]], tuple[f
         for t in plans
     ]
     return out, (bt, bh)
+
+
+def _positive(slope: float, groups: list[Timed], field: str, ref: float) -> float:
+    """``slope``, or 0 where adjusting by it would make some call's ``field`` 0 or less."""
+    bad = any(y - slope * (x - ref) <= 0 for p in groups for x, y in zip(p.probe, getattr(p, field)))
+    return 0.0 if bad else slope
 
 
 def _centred(v: list[float]) -> list[float]:
