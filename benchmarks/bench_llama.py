@@ -41,7 +41,8 @@ carry a suffix that sets MLX's process-wide settings for its process alone:
 each kernel as it encodes it, where by default a commit builds and launches a CUDA
 graph of the work since the last one), e.g. ``--variants eager,frozen,frozen+nographs``;
 ``+noremat`` with ``SEGC_REMAKE_VIEWS=0`` (no segment makes a view of constants again
-instead of reading it: docs/runtime.md).
+instead of reading it: docs/runtime.md); ``+chain`` with ``SEGC_CHAIN_PRODUCTS=1`` (a
+layer's MLP as one kernel, not three: docs/lowering.md).
 
 on two workloads: a decode step (one token; with a KV cache at ``--context`` when
 ``segc.jit`` accepts one, else a plain 1-token forward, and the output says which) and a
@@ -159,6 +160,7 @@ DEFAULT_VARIANTS = ("eager", "compile", "segc", "drain")
 SETTINGS = {  # a variant's "+suffix" (--isolate only)
     "nographs": {"MLX_USE_CUDA_GRAPHS": "0"},
     "noremat": {"SEGC_REMAKE_VIEWS": "0"},  # every segment reads the views of constants it uses
+    "chain": {"SEGC_CHAIN_PRODUCTS": "1"},  # a layer's MLP as one kernel, not three
 }
 
 

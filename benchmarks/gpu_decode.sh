@@ -6,8 +6,10 @@
 #
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_decode.sh [PARTS]
 #
-# PARTS: any of  dense quant moe concat isolated runtime kernels select products check generate device ablate commits census kv attn kvattn prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
-# (default: dense runtime). kernels: fewer_kernels.py (what each kernel and each of the
+# PARTS: any of  dense quant moe concat chain isolated runtime kernels select products check generate device ablate commits census kv attn kvattn prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
+# (default: dense runtime). chain: a layer's MLP as one kernel (segc.lower.cuda_chain; off by
+# default): its GPU tests, chain_device.py (its device time against the three kernels, several
+# grids), the isolated decode with it (frozen+chain) and without, two rounds. kernels: fewer_kernels.py (what each kernel and each of the
 # dynamic cache's differences costs); select: segc's one-position KV write as a select
 # against MLX's, three models; products: segc's product kernels (segc.lower.products)
 # against MLX's own kernels, the llama and the mixtral; check: the CUDA kernels' tests
@@ -84,6 +86,15 @@ for p in $parts; do
         --variants "eager,compile$extra,segcauto,segcconcat,segcwhole,segcwholeconcat" >"$OUT/$name.txt" 2>&1
       echo "$name: rc=$?"
     done
+    ;;
+  chain)  # a layer's MLP as one kernel (segc.lower.cuda_chain): its bits, its device time, the decode with and without
+    timeout 200 $PY -m pytest -o addopts= -p no:benchmark -p no:cacheprovider -n 14 --timeout 180 -q \
+      tests/test_products_cuda.py -k "chain or llama_decode" >"$OUT/chain_tests.txt" 2>&1
+    echo "chain tests: rc=$?"
+    timeout 120 $PY benchmarks/chain_device.py --reps 8 --repeats 10 >"$OUT/chain_device.txt" 2>&1
+    echo "chain device: rc=$?"
+    VARIANTS=${VARIANTS:-eager,compile,frozen,frozen+chain} ROUNDS=2 REPEATS=30 BENCH_LIMIT=${BENCH_LIMIT:-300} \
+      bench isolated_chain --prefill 0 --first-call-layers 0 --no-dispatch
     ;;
   isolated)
     for spec in ${MODELS:-llama: llama_4bit:--bits,4 mixtral:--arch,mixtral}; do  # about 4 min each

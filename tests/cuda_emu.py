@@ -51,6 +51,7 @@ EMULATED = r"""
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <cstdlib>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -81,6 +82,14 @@ inline float __shfl_xor_sync(unsigned, float v, int o) {
 }
 inline unsigned atomicAdd(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }
 inline float __ldcg(const float* p) { return *p; }
+inline unsigned short __ldcg(const unsigned short* p) { return *p; }
+inline unsigned __ldcg(const unsigned* p) { return *p; }
+inline long long clock64() {  // a wait that never ends traps after a few thousand looks
+  static std::atomic<long long> now{0};
+  return now += 1ll << 20;
+}
+inline void __nanosleep(unsigned) {}
+[[noreturn]] inline void __trap() { std::abort(); }
 inline float __int_as_float(int x) { float f; std::memcpy(&f, &x, 4); return f; }
 struct __nv_bfloat16 {
   uint16_t bits;
@@ -105,6 +114,7 @@ inline float __fmul_rn(float a, float b) { return a * b; }
 inline __nv_bfloat16 __hmul_rn(__nv_bfloat16 a, __nv_bfloat16 b) { return a * b; }
 inline __half __hmul_rn(__half a, __half b) { return a * b; }
 struct alignas(16) uint4 { unsigned x, y, z, w; };
+inline uint4 __ldcg(const uint4* p) { return *p; }
 struct Shape { int32_t v[8]; int32_t operator[](int i) const { return v[i]; } };
 using Strides = Shape;
 inline float rsqrt(float x) { return 1.f / std::sqrt(x); }
@@ -234,12 +244,18 @@ def _main(made: dict[str, Any], call: dict[str, Any], launches: int) -> str:
             f'    snprintf(path, sizeof path, "%s/out{j}_%d.bin", dir, launch);',
             f'    {{ FILE* f = fopen(path, "wb"); fwrite(out{j}.data(), 1, out{j}.size(), f); fclose(f); }}',
         ]
+    for i, _ in enumerate(ins):  # the inputs as the launch left them (a counter's state)
+        lines += [
+            f'    snprintf(path, sizeof path, "%s/in{i}_%d.bin", dir, launch);',
+            f'    {{ FILE* f = fopen(path, "wb"); fwrite(in{i}.data(), 1, in{i}.size(), f); fclose(f); }}',
+        ]
     lines += ["  }", "  return 0;", "}"]
     return "\n".join(lines) + "\n"
 
 
-def run(made: dict[str, Any], call: dict[str, Any], launches: int = 1) -> list[list[np.ndarray]]:
-    """Each launch's outputs (numpy arrays; bfloat16 as its uint16 bits)."""
+def run(made: dict[str, Any], call: dict[str, Any], launches: int = 1, inputs: bool = False) -> list[list[np.ndarray]]:
+    """Each launch's outputs (numpy arrays; bfloat16 as its uint16 bits); with
+    ``inputs``, followed by the inputs as the launch left them."""
     assert GXX is not None
     header = "".join(
         x
@@ -260,13 +276,22 @@ def run(made: dict[str, Any], call: dict[str, Any], launches: int = 1) -> list[l
             Path(d, f"in{i}.bin").write_bytes(np.array(x.view(mx.uint16) if x.dtype == mx.bfloat16 else x).tobytes())
         res = subprocess.run([str(exe), d], capture_output=True, text=True, timeout=120)
         assert res.returncode == 0, f"the emulated kernel failed ({res.returncode}): {res.stderr[-2000:]}"
-        return [
+        got = [
             [
                 np.frombuffer(Path(d, f"out{j}_{k}.bin").read_bytes(), dtype=NP[dt]).reshape(shape)
                 for j, (shape, dt) in enumerate(zip(call["output_shapes"], call["output_dtypes"], strict=True))
             ]
             for k in range(launches)
         ]
+        if inputs:
+            for k in range(launches):
+                got[k] += [
+                    np.frombuffer(Path(d, f"in{i}_{k}.bin").read_bytes()[: x.nbytes], dtype=NP[x.dtype]).reshape(
+                        x.shape
+                    )
+                    for i, x in enumerate(call["inputs"])
+                ]
+        return got
 
 
 def recorder() -> tuple[Any, list[tuple[dict[str, Any], dict[str, Any]]]]:
@@ -301,9 +326,10 @@ def recording(monkeypatch: Any) -> Iterator[list[tuple[dict[str, Any], dict[str,
 def kernel_makers() -> tuple[Any, ...]:
     """segc's functions that make its CUDA kernels (each ``functools.cache``'d: a test
     that replaces ``mx.fast.cuda_kernel`` empties their caches before and after)."""
-    from segc.lower import cuda_attention, cuda_gather, cuda_kvattention, cuda_kvwrite, cuda_products
+    from segc.lower import cuda_attention, cuda_chain, cuda_gather, cuda_kvattention, cuda_kvwrite, cuda_products
 
     return (
+        cuda_chain._kernel,
         cuda_gather._kernel,
         cuda_attention._kernels,
         cuda_attention._one_kernel,

@@ -22,7 +22,8 @@ from hypothesis import strategies as hst
 from test_attention_cuda import _inputs as _attention_inputs
 
 from segc import dtypes
-from segc.lower import cuda_attention, cuda_gather, cuda_kvattention, cuda_kvwrite, cuda_products, products
+from segc.errors import UsageError
+from segc.lower import cuda_attention, cuda_chain, cuda_gather, cuda_kvattention, cuda_kvwrite, cuda_products, products
 from segc.lower.attention import reference_attention
 from segc.lower.product_match import ProductMatch, norm_blocks
 
@@ -346,3 +347,94 @@ def test_a_mixtral_decode_through_segc_with_its_gathered_kernels_emulated(monkey
     called = _emulated_decode(monkeypatch, model, (cuda_products._kernel, cuda_gather._kernel), attention="off")
     kinds = [n.rsplit("_", 1)[0] for n in called]  # the name without its source's hash
     assert kinds.count("segc_gather_gglu") == kinds.count("segc_gather_gmoe") == 2 * 3, called
+
+
+def chain_match(
+    h: int, n: int, concat: bool, orders: tuple[bool, ...], eps: float = 1e-5, shape: tuple[int, ...] = ()
+) -> ProductMatch:
+    """A chain (``product_chain.py``): ``h`` hidden rows, ``n`` inner, its output of
+    ``shape`` (default ``(1, h)``); concatenated, the gate's rows first where the gate's
+    value comes first in its product with the sigmoid (``orders[1]``)."""
+    shape = shape or (1, h)
+    a = ProductMatch("add", ("o", "wo", "r"), (0,), h, orders[:1], "h", shape, 0, frozenset())
+    rows = ((0, n) if orders[1] else (n, 0)) if concat else (0, 0)
+    ws = ("wgu",) if concat else ("wg", "wu")
+    b = ProductMatch("glu", ("h", *ws, "nw"), rows, n, orders[1:3], "a", (1, 1, n), 1, frozenset(), eps=eps)
+    c = ProductMatch("add", ("a", "wd", "h"), (0,), h, orders[3:], "out", shape, 2, frozenset())
+    ins = ("o", "wo", "r", *ws, "nw", "wd")
+    return ProductMatch("chain", ins, rows, n, orders, "out", shape, 2, frozenset(), eps, None, (a, b, c))
+
+
+@pytest.mark.parametrize(
+    ("dt", "k", "h", "n", "concat", "orders"),
+    [
+        (mx.float32, 64, 96, 40, False, (True, True, True, False)),
+        (mx.bfloat16, 128, 256, 72, True, (False, True, False, True)),
+        (mx.bfloat16, 96, 128, 12, False, (True, False, True, True)),
+        (mx.float16, 32, 64, 9, True, (False, False, False, False)),
+    ],
+)
+def test_the_chain_kernel_is_the_three_product_kernels(recorded, dt, k, h, n, concat, orders) -> None:
+    """A layer's MLP as one kernel (``cuda_chain.py``) against the three product kernels
+    it stands for (``add``, the normed ``glu``, ``add``), each run by the emulator: the
+    same bytes (the same host arithmetic, so what differs is indexing, a stage's wait or
+    what it reads), in two launches (the counters back to zero), and against MLX's ops
+    within the dtype's rounding. Row counts not a multiple of the block's 8 rows; the
+    attention's width ``k`` not the hidden size."""
+    m = chain_match(h, n, concat, orders)
+    mx.random.seed(k + h + n)
+    o, r = mx.random.normal((1, k)).astype(dt), mx.random.normal((1, h)).astype(dt)
+    wo = (mx.random.normal((h, k)) * 0.1).astype(dt)
+    ws = (
+        [(mx.random.normal((2 * n, h)) * 0.1).astype(dt)]
+        if concat
+        else [(mx.random.normal((n, h)) * 0.1).astype(dt) for _ in range(2)]
+    )
+    nw = mx.random.uniform(0.5, 1.5, (h,)).astype(dt)
+    wd = (mx.random.normal((h, n)) * 0.1).astype(dt)
+    ins = [o, wo, r, *ws, nw, wd]
+    cuda_chain.chain(m, ins)
+    ((made, call),) = recorded
+    launches = run(made, call, launches=2, inputs=True)
+    assert [x.tobytes() for x in launches[0][:3]] == [x.tobytes() for x in launches[1][:3]]
+    assert [launch[-1].tolist() for launch in launches] == [[0] * cuda_chain.COUNTERS] * 2  # back to zero
+    recorded.clear()
+    a, b, c = m.parts
+    blocks = norm_blocks(h, dtypes.short(dt))
+
+    def one(kind, part, xs, norm=None):
+        cuda_products.product(kind, xs, part.rows, part.n, part.shape, part.order, norm)
+        ((made1, call1),) = recorded
+        recorded.clear()
+        ((out,),) = run(made1, call1)
+        return _as_mx(out, dt)
+
+    hv = one("add", a, [o, wo, r])
+    av = one("glu", b, [hv, *(ws * 2 if concat else ws), nw], (1e-5, blocks))
+    want = one("add", c, [av, wd, hv])
+    out, h_out, a_out = launches[0][:3]
+    assert out.tobytes() == _bits(want) and h_out.tobytes() == _bits(hv) and a_out.tobytes() == _bits(av)
+    ref = products.reference_products(m, [x.astype(mx.float32) for x in ins])
+    tol = {mx.float32: 1e-4, mx.float16: 2e-2, mx.bfloat16: 8e-2}[dt]
+    np.testing.assert_allclose(np.array(_as_mx(out, dt).astype(mx.float32)), np.array(ref), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("blocks", ["1", "12"])
+def test_the_chain_kernel_on_any_grid(recorded, monkeypatch, blocks) -> None:
+    """Any grid (``SEGC_CHAIN_BLOCKS``): one block taking every ticket, or more blocks
+    than any stage has tickets; the same bytes as the default grid."""
+    m = chain_match(40, 72, False, (True, True, False, True))
+    mx.random.seed(7)
+    ins = [mx.random.normal(s) for s in [(1, 16), (40, 16), (1, 40), (72, 40), (72, 40), (40,), (40, 72)]]
+    cuda_chain.chain(m, ins)
+    monkeypatch.setenv("SEGC_CHAIN_BLOCKS", blocks)
+    cuda_chain.chain(m, ins)
+    (made, call), (made2, call2) = recorded
+    assert call["grid"][0] == 32 * 5 and call2["grid"][0] == 32 * int(blocks)  # the default: 40 rows / 8
+    want = run(made, call)[0]
+    got = run(made2, call2, inputs=True)[0]
+    assert [x.tobytes() for x in got[:3]] == [x.tobytes() for x in want]
+    assert got[-1].tolist() == [0] * cuda_chain.COUNTERS
+    monkeypatch.setenv("SEGC_CHAIN_BLOCKS", "0")
+    with pytest.raises(UsageError, match="SEGC_CHAIN_BLOCKS"):
+        cuda_chain.chain(m, ins)

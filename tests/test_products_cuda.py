@@ -13,6 +13,7 @@ import pytest
 from conftest import examples, products_in_agreeing_decodes, same_bits
 from hypothesis import assume, given, settings
 from hypothesis import strategies as hst
+from test_cuda_emulated import chain_match
 
 from segc.dtypes import short
 from segc.lower import products
@@ -189,9 +190,52 @@ def test_quantized_kernels_are_mlx_qmv_then_the_rest(dt, bits, group, k, n, kind
     assert same_bits(got, want)
 
 
+@settings(max_examples=examples(30), deadline=None)
+@given(
+    dt=hst.sampled_from(DTYPES),
+    k=hst.sampled_from([7, 64, 2048]),
+    h=hst.sampled_from([64, 100, 512, 2048, 4096]),
+    n=hst.sampled_from([1, 5, 33, 1000, 8192]),
+    concat=hst.booleans(),
+    orders=hst.tuples(*[hst.booleans()] * 4),
+    eps=hst.sampled_from([1e-5, 0.5]),
+    odd=hst.booleans(),
+    seed=hst.integers(0, 2**31),
+)
+def test_a_chain_is_mlx_s_kernels_for_a_layers_mlp(dt, k, h, n, concat, orders, eps, odd, seed) -> None:
+    """A layer's MLP as one kernel (``cuda_chain.py``): the output product and the
+    residual, the norm, the gate and up products and the gated activation, the down
+    product and the residual, each as MLX runs it eagerly, byte for byte."""
+    assume(max(2 * h, n) * dt.size <= 40 * 1024)  # what the finder takes (product_chain.SHARED_MAX)
+    o, wo = _values((1, k), dt, seed, odd), _values((h, k), dt, seed + 1, odd)
+    r, nw = _values((1, 1, h), dt, seed + 2, odd), _values((h,), dt, seed + 3, odd)
+    wg, wu = _values((n, h), dt, seed + 4, odd), _values((n, h), dt, seed + 5, odd)
+    wd = _values((h, n), dt, seed + 6, odd)
+    pfa, gfirst, gsfirst, pfc = orders
+    y = (o @ wo.T).reshape(1, 1, h)
+    hh = y + r if pfa else r + y
+    hn = mx.fast.rms_norm(hh, nw, eps).reshape(1, h)
+    if concat:
+        w = mx.concatenate([wg, wu] if orders[1] else [wu, wg])
+        yy = hn @ w.T
+        gv, uv = (yy[:, :n], yy[:, n:]) if orders[1] else (yy[:, n:], yy[:, :n])
+        ws = [w]
+    else:
+        gv, uv, ws = hn @ wg.T, hn @ wu.T, [wg, wu]
+    s = mx.sigmoid(gv)
+    gs = gv * s if gfirst else s * gv
+    act = gs * uv if gsfirst else uv * gs
+    d = (act.reshape(1, n) @ wd.T).reshape(1, 1, h)
+    want = d + hh if pfc else hh + d
+    m = chain_match(h, n, concat, orders, eps, (1, 1, h))
+    got = products.product_kernel("auto")(m, [o, wo, r, *ws, nw, wd])  # type: ignore[misc]
+    assert same_bits(got, want)
+
+
+@pytest.mark.parametrize("chains", ["1", "0"])
 @pytest.mark.parametrize("concat", [False, True])
 @pytest.mark.parametrize("bits", [None, 4])
-def test_a_llama_decode_keeps_its_bits_with_the_kernels(bits, concat, monkeypatch) -> None:
+def test_a_llama_decode_keeps_its_bits_with_the_kernels(bits, concat, chains, monkeypatch) -> None:
     """segc with the kernels against segc with MLX's kernels (``FUSED_PRODUCTS =
     "never"``): logits and caches byte for byte over a prompt and ten decode steps; also
     quantized (4 bits, mlx-lm's groups of 64; every product's row longer than a group: the
@@ -200,8 +244,12 @@ def test_a_llama_decode_keeps_its_bits_with_the_kernels(bits, concat, monkeypatc
     model = build("llama", num_hidden_layers=2, hidden_size=256, intermediate_size=1024, head_dim=64, dtype=mx.bfloat16)
     if bits:
         nn.quantize(model, group_size=64, bits=bits)
+    monkeypatch.setenv("SEGC_CHAIN_PRODUCTS", chains)
     seen = [(m.kind, m.quant) for m in products_in_agreeing_decodes(monkeypatch, model, concat_projections=concat)]
     q = (64, bits) if bits else None
-    assert seen.count(("glu", q)) >= 2 and seen.count(("add", q)) >= 4, seen
+    if chains == "1" and not bits:  # each layer's MLP one kernel (the quantized ones stay three)
+        assert seen.count(("chain", None)) >= 2 and ("glu", q) not in seen, seen
+    else:
+        assert seen.count(("glu", q)) >= 2 and seen.count(("add", q)) >= 4, seen
     # q/k/v (one product or three) with their norm, and the logits with the final norm
     assert seen.count(("gemv", q)) >= (3 if concat else 7), seen

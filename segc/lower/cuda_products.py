@@ -116,6 +116,18 @@ __device__ void segc_rows2(const T* ma, int ra, const T* mb, int rb, const T* ve
   sb = cg::reduce(warp, sb, cg::plus<float>{});
 }
 
+// the gated activation of a row's gate and up sums, each step rounded to the dtype as
+// eager's kernels round it, the operands in the recorded order
+template <typename T, bool GFIRST, bool GSFIRST>
+__device__ __forceinline__ T segc_glu(float sg, float su) {
+  T g = static_cast<T>(sg);
+  T u = static_cast<T>(su);
+  using mlx::core::cu::Multiply;
+  T s = mlx::core::cu::Sigmoid{}(g);
+  T gs = GFIRST ? Multiply{}(g, s) : Multiply{}(s, g);
+  return GSFIRST ? Multiply{}(gs, u) : Multiply{}(u, gs);
+}
+
 // MLX's rms_norm_small<T, BS, NCH, ALIGNED, NR> for one row, by the block's first BS
 // threads (the same sums in the same order, the same block reduction); the normalised
 // row lands in `xs` for the products
@@ -198,11 +210,7 @@ _BODY = {
         float sg, su;
         segc_rows2<T>(wg, OG + row, wu, OU + row, vec, K, sg, su);
         if (threadIdx.x == 0) {
-            T g = static_cast<T>(sg);
-            T u = static_cast<T>(su);
-            T s = Sigmoid{}(g);
-            T gs = GFIRST ? Multiply{}(g, s) : Multiply{}(s, g);
-            out[row] = GSFIRST ? Multiply{}(gs, u) : Multiply{}(u, gs);
+            out[row] = segc_glu<T, GFIRST, GSFIRST>(sg, su);
         }
     }
 """,

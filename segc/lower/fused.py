@@ -15,11 +15,19 @@ from typing import Any
 from ..ir import Eqn
 from .attention import AttentionMatch, eager_fuses, find_attention
 from .kvwrite import KVWriteMatch, find_kv_writes
+from .product_chain import chain_products, chains_wanted
 from .product_match import ProductMatch, find_products
 
 # what segc's lowering takes on a CUDA GPU by default (the cost model and `segc segments`
 # count these): every attention eager would fuse, products, writes, writes with attentions
-CUDA_DEFAULTS = {"attention": True, "where_eager_fuses": True, "products": True, "writes": True, "pairs": True}
+CUDA_DEFAULTS = {
+    "attention": True,
+    "where_eager_fuses": True,
+    "products": True,
+    "chains": False,  # product_chain.CHAIN_PRODUCTS: off by default
+    "writes": True,
+    "pairs": True,
+}
 
 
 # the attention setting segments lowered in this context take (``lowering_for``), and
@@ -48,6 +56,7 @@ def kernel_flags(attention: Any = None) -> dict[str, bool] | None:
         "attention": kernel is not None,
         "where_eager_fuses": bool(getattr(kernel, "where_eager_fuses", False)),
         "products": product_kernel() is not None,
+        "chains": product_kernel() is not None and chains_wanted(),
         "writes": write is not None,
         "pairs": getattr(write, "with_attention", None) is not None,
     }
@@ -112,13 +121,15 @@ def find_all(
     attention: bool = False,
     where_eager_fuses: bool = False,
     products: bool = False,
+    chains: bool = False,
     writes: bool = False,
     pairs: bool = False,
 ) -> Fused:
     """Every pattern asked for in ``eqns`` (a segment's, or a whole graph's for an
     estimate); ``keep`` the segment's outputs, ``consts`` the captured constants' values,
     ``avals`` every var's ``(shape, dtype)``, ``context`` the whole graph's equations.
-    ``where_eager_fuses``: only the attentions eager MLX runs fused (``"auto"``)."""
+    ``where_eager_fuses``: only the attentions eager MLX runs fused (``"auto"``);
+    ``chains``: a layer's MLP products as one kernel (``product_chain.py``)."""
     shapes = {n: a[0] for n, a in avals.items()}
     found = find_attention(eqns, keep, consts, shapes, context) if attention else []
     if where_eager_fuses:
@@ -126,6 +137,8 @@ def find_all(
         found = [m for m in found if eager_fuses(m, shapes, producers)]
     skip = {i for m in found for i in m.skip}
     prods = [p for p in find_products(eqns, keep, avals, context) if not p.skip & skip] if products else []
+    if chains:
+        prods = chain_products(prods, eqns, keep, context)
     skip |= {i for p in prods for i in p.skip}
     ws = find_kv_writes(eqns, keep, avals, context, frozenset(skip)) if writes else []
     return Fused(found, prods, ws, _pairs(ws, found, eqns, keep, avals) if pairs else [])

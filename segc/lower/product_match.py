@@ -32,7 +32,8 @@ class ProductMatch:
     weight comes last; with ``quant`` ((group size, bits) of an affine quantization),
     each weight is three values: the packed weight, its scales, its biases. ``rows`` is
     the first weight row of each part (``add``: one; ``glu``: gate, up) and ``n`` the rows a part
-    has; ``order`` the recorded operand orders (``add``: the product first;
+    has; a ``chain`` (``product_chain.py``) is an ``add``, a normed ``glu`` and an ``add``
+    as one kernel, its ``parts``; ``order`` the recorded operand orders (``add``: the product first;
     ``glu``: ``g`` first in ``g * sigmoid(g)``, that product first in its product with
     ``u``). Gathered (``gather_match.py``): ``gglu`` is ``glu`` over the experts'
     weights ``(E, N, K)`` with their indices last; ``gmoe``: (slots' rows, down weights,
@@ -51,6 +52,7 @@ class ProductMatch:
     skip: frozenset[int]
     eps: float | None = None
     quant: tuple[int, int] | None = None
+    parts: tuple[ProductMatch, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,8 @@ kernel each (``product_match.py`` finds them, ``cuda_products.py`` computes them
   q/k/v product, the logits) one kernel with its norm, and each of several plain
   products reading one norm (q, k and v not concatenated). On a GPU the trace records
   ``RMSNorm`` whole; on the CPU it records its decomposition, and no norm is matched;
+- a layer's MLP from the attention's output product on (an ``add``, a normed ``glu``,
+  an ``add``) as one kernel: ``product_chain.py`` and ``cuda_chain.py``;
 - a mixture of experts' products (``gather_mm`` of one row: ``gglu``, the experts' gate
   and up with SwiGLU; ``gmoe``, their down products weighted, summed and added to the
   residual): ``gather_match.py`` and ``cuda_gather.py``.
@@ -76,6 +78,8 @@ def reference_products(m: ProductMatch, ins: Sequence[mx.array]) -> mx.array:
     x = ins[0]
     if m.kind in ("gglu", "gmoe"):
         return _gathered(m, ins)
+    if m.kind == "chain":
+        return _chained(m, ins)
     if m.eps is not None:
         x = mx.fast.rms_norm(x, ins[-1], m.eps)
         ins = ins[:-1]
@@ -97,6 +101,15 @@ def reference_products(m: ProductMatch, ins: Sequence[mx.array]) -> mx.array:
     s = mx.sigmoid(gv)
     gs = gv * s if m.order[0] else s * gv
     return gs * uv if m.order[1] else uv * gs
+
+
+def _chained(m: ProductMatch, ins: Sequence[mx.array]) -> mx.array:
+    """A chain (``product_chain.py``): its three parts in turn, the activation flattened
+    to the row the down product reads."""
+    a, b, c = m.parts
+    h = reference_products(a, ins[:3])
+    act = reference_products(b, [h, *ins[3:-1]])
+    return reference_products(c, [act.reshape(1, b.n), ins[-1], h])
 
 
 def _gathered(m: ProductMatch, ins: Sequence[mx.array]) -> mx.array:
@@ -156,6 +169,10 @@ def cuda_products(m: ProductMatch, ins: Sequence[mx.array]) -> mx.array:
     """``m`` computed by one CUDA kernel (``cuda_products.py``, imported on first use)."""
     from .cuda_products import product
 
+    if m.kind == "chain":
+        from .cuda_chain import chain
+
+        return chain(m, ins)
     if m.kind in ("gglu", "gmoe"):
         from .cuda_gather import gathered
 

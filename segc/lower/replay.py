@@ -22,6 +22,7 @@ from .fused import find_all
 from .kvwrite import Kernel as KVWrite
 from .kvwrite import KVWriteMatch, WithAttention
 from .prim import Rule, lookup
+from .product_chain import chains_wanted
 from .products import Kernel as Products
 from .products import fused_rule
 
@@ -189,6 +190,7 @@ def replay_fn(
         attention=attention is not None,
         where_eager_fuses=getattr(attention, "where_eager_fuses", False),  # "auto": attention.eager_fuses
         products=products is not None,
+        chains=products is not None and chains_wanted(),
         writes=kv_write is not None,
         pairs=with_attention is not None,
     )

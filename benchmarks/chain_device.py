@@ -1,0 +1,130 @@
+"""A layer's MLP as one kernel (``segc.lower.cuda_chain``) against the three product
+kernels it stands for and against eager MLX, on the GPU's own clock and on the host's.
+
+Device: ``R`` MLPs of the reference llama's sizes (distinct weights, so that L2 serves
+none of them) between two stamp kernels (``device_time.stamped``): microseconds an MLP.
+Host: the same ``R`` MLPs built and committed one at a time (``mx.async_eval`` after
+each, as the executor commits a segment), the host's seconds an MLP, then a wait.
+Each variant's output is compared with eager's byte for byte (the last column).
+
+    python benchmarks/chain_device.py [--reps 8] [--repeats 10] [--blocks 1024,528,264]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import mlx.core as mx
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from device_time import CUDA, stamped
+
+from segc.lower import cuda_chain, products
+from segc.lower.products import ProductMatch
+
+EPS = 1e-5
+
+
+def _match(h: int, n: int) -> ProductMatch:
+    """The chain of a llama MLP over concatenated gate and up weights (gate rows first)."""
+    a = ProductMatch("add", ("o", "wo", "r"), (0,), h, (False,), "h", (1, 1, h), 0, frozenset())
+    b = ProductMatch("glu", ("h", "wgu", "nw"), (0, n), n, (True, True), "a", (1, 1, n), 1, frozenset(), EPS)
+    c = ProductMatch("add", ("a", "wd", "h"), (0,), h, (True,), "out", (1, 1, h), 2, frozenset())
+    ins = ("o", "wo", "r", "wgu", "nw", "wd")
+    return ProductMatch(
+        "chain", ins, (0, n), n, (False, True, True, True), "out", (1, 1, h), 2, frozenset(), EPS, None, (a, b, c)
+    )
+
+
+def variants(h: int, n: int, blocks: list[int]) -> dict[str, Callable[..., mx.array]]:
+    """Each way to run one MLP: ``f(o, r, wo, wgu, nw, wd)``."""
+    m = _match(h, n)
+    a, b, c = m.parts
+
+    def eager(o, r, wo, wgu, nw, wd):
+        hh = r + (o @ wo.T).reshape(1, 1, h)
+        y = mx.fast.rms_norm(hh, nw, EPS).reshape(1, h) @ wgu.T
+        g, u = y[:, :n].reshape(1, 1, n), y[:, n:].reshape(1, 1, n)
+        act = (g * mx.sigmoid(g)) * u
+        return hh + (act.reshape(1, n) @ wd.T).reshape(1, 1, h)
+
+    out: dict[str, Callable[..., mx.array]] = {"eager": eager}
+    kernel = products.product_kernel("auto")
+    if kernel is None:
+        return out
+
+    def three(o, r, wo, wgu, nw, wd):
+        hh = kernel(a, [o, wo, r])
+        act = kernel(b, [hh, wgu, nw])
+        return kernel(c, [act.reshape(1, n), wd, hh])
+
+    out["segc, 3 kernels"] = three
+    out["segc, chain"] = lambda o, r, wo, wgu, nw, wd: cuda_chain.chain(m, [o, wo, r, wgu, nw, wd])
+    for g in blocks:
+        out[f"segc, chain, {g} blocks"] = lambda o, r, wo, wgu, nw, wd, g=g: cuda_chain.chain(
+            m, [o, wo, r, wgu, nw, wd], blocks=g
+        )
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--intermediate", type=int, default=8192)
+    ap.add_argument("--reps", type=int, default=8, help="MLPs between the stamps (distinct weights)")
+    ap.add_argument("--repeats", type=int, default=10, help="measurements per figure (the median)")
+    ap.add_argument("--blocks", default="1024,528,132", help="grids to try besides the default")
+    args = ap.parse_args()
+    h, n = args.hidden, args.intermediate
+    dt = mx.bfloat16
+    o = (mx.random.normal((1, h)) * 0.5).astype(dt)
+    r = (mx.random.normal((1, 1, h)) * 0.5).astype(dt)
+    ws = []
+    for i in range(args.reps):
+        key = mx.random.split(mx.random.key(i), 4)
+        ws.append(
+            [
+                (mx.random.normal((h, h), key=key[0]) * 0.02).astype(dt),
+                (mx.random.normal((2 * n, h), key=key[1]) * 0.02).astype(dt),
+                mx.random.uniform(0.5, 1.5, (h,), key=key[2]).astype(dt),
+                (mx.random.normal((h, n), key=key[3]) * 0.02).astype(dt),
+            ]
+        )
+    mx.eval(o, r, ws)
+    blocks = [int(b) for b in args.blocks.split(",") if b]
+    print(
+        f"segc chain_device: MLP of hidden {h}, intermediate {n}, bf16, {args.reps} MLPs a measurement, device {mx.default_device()}"
+    )
+    if not CUDA:
+        print("  (no CUDA: device figures are host and device together)")
+    print(f"  {'variant':<28}{'device us/MLP':>15}{'host us/MLP':>13}  same as eager")
+    want = None
+    for name, f in variants(h, n, blocks).items():
+        got = bytes(memoryview(f(o, r, *ws[0])))
+        want = got if want is None else want
+
+        def body(y: mx.array, f=f) -> list[mx.array]:
+            return [f(y, r, *w) for w in ws]
+
+        for _ in range(2):
+            stamped(o, body)
+        dev = statistics.median(stamped(o, body) for _ in range(args.repeats)) / len(ws)
+        hosts = []
+        for _ in range(args.repeats):
+            mx.synchronize()
+            t = time.perf_counter()
+            for w in ws:
+                mx.async_eval(f(o, r, *w))
+            hosts.append((time.perf_counter() - t) / len(ws))
+            mx.synchronize()
+        print(f"  {name:<28}{dev * 1e6:>15.1f}{statistics.median(hosts) * 1e6:>13.1f}  {got == want}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,264 @@
+"""The kernel of ``product_chain.py`` (a layer's MLP from the attention's output product
+on) for MLX's CUDA backend (``mx.fast.cuda_kernel``): three stages in one launch.
+
+1. ``h = r + o @ Wo.T``, rows of 8 a ticket, as the ``add`` kernel computes them;
+2. ``a = silu(norm(h) @ Wg.T) * (norm(h) @ Wu.T)``, as the normed ``glu`` kernel does
+   (each block normalises ``h`` once into shared memory);
+3. ``out = h + a @ Wd.T``, as the ``add`` kernel does (``a`` copied into shared memory
+   once a block).
+
+The code of each row is ``cuda_products.py``'s (the same bits). A stage reads what the
+one before wrote, so the blocks take **tickets** in order from a counter
+(``ctl[0]``) rather than by their index, and count each stage's tickets done
+(``ctl[32]``, ``ctl[64]``: each counter on a cache line of its own); a block waits for a stage only when it holds a ticket of the
+next. Every ticket of the stage waited for is held by a block that is running, so no
+wait depends on a block the GPU has not started: no deadlock, whatever the grid and
+however many blocks are resident (the decoupled look-back's argument). The grid is a
+block per ticket of the first stage (``SEGC_CHAIN_BLOCKS`` sets another). A wait longer
+than about 2^32 cycles traps (a CUDA error, not a hang). Values another block wrote are
+read through L2 (``__ldcg``). The last block to leave sets the counters back to zero
+for the next call; the counters are a small uint32 array made at each traced call, as
+the attention kernel's are (``cuda_attention.counter``), so two compiled segments never
+share one. Only imported on a machine whose MLX has CUDA (importing needs no GPU).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from .. import dtypes
+from ..errors import UsageError
+from .cuda_kernel import cuda_kernel
+from .cuda_products import _HEADER, ROWS_PER_BLOCK
+from .product_chain import shared_elems
+from .product_match import ProductMatch, norm_blocks
+
+_CHAIN_HEADER = r"""
+template <int N> struct segc_bits;
+template <> struct segc_bits<2> { using type = unsigned short; };
+template <> struct segc_bits<4> { using type = unsigned int; };
+
+__device__ __forceinline__ bool segc_lead() { return threadIdx.x == 0 && threadIdx.y == 0; }
+
+// a value another block wrote in this launch, read through L2
+template <typename T>
+__device__ __forceinline__ T segc_l2(const T* p) {
+  using U = typename segc_bits<sizeof(T)>::type;
+  U b = __ldcg(reinterpret_cast<const U*>(p));
+  return *reinterpret_cast<T*>(&b);
+}
+
+// `n` values other blocks wrote, into shared memory (16 bytes a load where aligned;
+// `dst` is)
+template <typename T>
+__device__ void segc_fetch(T* dst, const T* src, int n) {
+  const int t = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
+  const int bytes = n * static_cast<int>(sizeof(T));
+  if (bytes % 16 == 0 && reinterpret_cast<size_t>(src) % 16 == 0) {
+    const uint4* s = reinterpret_cast<const uint4*>(src);
+    uint4* d = reinterpret_cast<uint4*>(dst);
+    for (int i = t; i < bytes / 16; i += nt) {
+      d[i] = __ldcg(s + i);
+    }
+  } else {
+    using U = typename segc_bits<sizeof(T)>::type;
+    for (int i = t; i < n; i += nt) {
+      reinterpret_cast<U*>(dst)[i] = __ldcg(reinterpret_cast<const U*>(src) + i);
+    }
+  }
+  __syncthreads();
+}
+
+// this block's ticket done: its writes seen device-wide first
+__device__ void segc_done(uint32_t* cnt) {
+  __threadfence();
+  __syncthreads();
+  if (segc_lead()) {
+    atomicAdd(cnt, 1u);
+  }
+}
+
+// wait until a stage's tickets are all done; each is held by a running block
+__device__ void segc_wait(const uint32_t* cnt, uint32_t want) {
+  if (segc_lead()) {
+    const long long start = clock64();
+    unsigned pause = 32;  // backing off: many blocks may poll one counter
+    while (*reinterpret_cast<const volatile uint32_t*>(cnt) < want) {
+      __nanosleep(pause);
+      pause = pause < 512 ? 2 * pause : pause;
+      if (clock64() - start > (1ll << 32)) {
+        __trap();
+      }
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+"""
+
+_BODY = r"""
+    uint32_t* ctl = const_cast<uint32_t*>(ctlin);
+    constexpr int LINE = 32;  // each counter on a cache line of its own
+    constexpr uint32_t TA = (H + RPB - 1) / RPB, TB = (NI + RPB - 1) / RPB, TOTAL = 2 * TA + TB;
+    __shared__ uint32_t ticket;
+    __shared__ __align__(16) T buf[SH];
+    T* xs = buf;         // the normalised row (stage 2), or the activation (stage 3)
+    T* hrow = buf + XO;  // h (stage 2)
+    bool normed = false, fetched = false;
+    for (;;) {
+        if (segc_lead()) {
+            ticket = atomicAdd(ctl, 1u);
+        }
+        __syncthreads();
+        const uint32_t tk = ticket;
+        __syncthreads();
+        if (tk >= TOTAL) {
+            break;
+        }
+        if (tk < TA) {
+            const int row = tk * RPB + threadIdx.y;
+            if (row < H) {
+                float s = segc_row<T>(wo, x, row, KA);
+                if (threadIdx.x == 0) {
+                    T y = static_cast<T>(s);
+                    h[row] = PFA ? Add{}(y, r[row]) : Add{}(r[row], y);
+                }
+            }
+            segc_done(ctl + LINE);
+        } else if (tk < TA + TB) {
+            if (!normed) {
+                segc_wait(ctl + LINE, TA);
+                segc_fetch<T>(hrow, h, H);
+                segc_rms<T, NBS, NCH, NR>(hrow, nw, xs, H, EPS);
+                normed = true;
+            }
+            const int row = (tk - TA) * RPB + threadIdx.y;
+            if (row < NI) {
+                float sg, su;
+                segc_rows2<T>(wg, OG + row, wu, OU + row, xs, H, sg, su);
+                if (threadIdx.x == 0) {
+                    a[row] = segc_glu<T, GFIRST, GSFIRST>(sg, su);
+                }
+            }
+            segc_done(ctl + 2 * LINE);
+        } else {
+            if (!fetched) {
+                segc_wait(ctl + 2 * LINE, TB);
+                segc_fetch<T>(xs, a, NI);
+                fetched = true;
+            }
+            const int row = (tk - TA - TB) * RPB + threadIdx.y;
+            if (row < H) {
+                float s = segc_row<T>(wd, xs, row, NI);
+                if (threadIdx.x == 0) {
+                    T y = static_cast<T>(s);
+                    T hr = segc_l2<T>(h + row);
+                    out[row] = PFC ? Add{}(y, hr) : Add{}(hr, y);
+                }
+            }
+        }
+    }
+    if (segc_lead()) {
+        __threadfence();
+        if (atomicAdd(ctl + 3 * LINE, 1u) == gridDim.x * gridDim.y * gridDim.z - 1) {
+            ctl[0] = 0u;  // the last block gone: ready for the next call
+            ctl[LINE] = 0u;
+            ctl[2 * LINE] = 0u;
+            ctl[3 * LINE] = 0u;
+            __threadfence();
+        }
+    }
+"""
+
+INPUTS = ["x", "wo", "r", "wg", "wu", "nw", "wd", "ctlin"]
+OUTPUTS = ["out", "h", "a"]
+
+
+@functools.cache
+def _kernel(eps_bits: int) -> Any:
+    return cuda_kernel(
+        name=f"segc_chain_{eps_bits:08x}",
+        input_names=INPUTS,
+        output_names=OUTPUTS,
+        source=_BODY,
+        header=_HEADER + _CHAIN_HEADER + f"#define EPS (__int_as_float(0x{eps_bits:08x}))\n",
+    )
+
+
+COUNTERS = 4 * 32  # four counters, each on a 128-byte line of its own
+
+
+def counter() -> mx.array:
+    """A fresh set of the kernel's four counters (module docstring)."""
+    return mx.array(np.zeros(COUNTERS, dtype=np.uint32))
+
+
+def launch(m: ProductMatch, ins: Sequence[mx.array]) -> tuple[list[tuple[str, Any]], list[mx.array], int]:
+    """The template, the inputs and the number of blocks of the chain ``m`` over ``ins``
+    (``product_chain.chain_products``: o, Wo, r, the gate's and up's weights (one when
+    concatenated), the norm's weight, Wd)."""
+    a, b, c = m.parts
+    x, wo, r = ins[0], ins[1], ins[2]
+    wb = list(ins[3:-2])
+    nw, wd = ins[-2], ins[-1]
+    if len(wb) == 1:  # one concatenated weight, read twice
+        wb = wb * 2
+    hidden, inner, dt = a.n, b.n, x.dtype
+    size = dtypes.itemsize(dtypes.short(dt))
+    blocks = norm_blocks(hidden, dtypes.short(dt))
+    assert blocks is not None and b.eps is not None  # (the finder took only such norms)
+    step = max(1, 16 // size)
+    tmpl: list[tuple[str, Any]] = [
+        ("T", dt),
+        ("KA", x.shape[-1]),
+        ("H", hidden),
+        ("NI", inner),
+        ("RPB", ROWS_PER_BLOCK),
+        ("OG", b.rows[0]),
+        ("OU", b.rows[1]),
+        ("PFA", a.order[0]),
+        ("GFIRST", b.order[0]),
+        ("GSFIRST", b.order[1]),
+        ("PFC", c.order[0]),
+        ("NBS", blocks[0]),
+        ("NCH", blocks[1]),
+        ("NR", blocks[2]),
+        ("SH", shared_elems(hidden, inner, size)),
+        ("XO", -(-hidden // step) * step),
+    ]
+    # a block per ticket of the first stage: none waits at the start, and each takes
+    # about inner / hidden tickets of the second (any grid is correct)
+    grid = -(-hidden // ROWS_PER_BLOCK)
+    return tmpl, [x, wo, r, wb[0], wb[1], nw, wd, counter()], grid
+
+
+def chain(m: ProductMatch, ins: Sequence[mx.array], blocks: int | None = None) -> mx.array:
+    """The chain ``m`` over ``ins`` by one kernel: its output (``m.shape``). ``blocks``:
+    the grid (default: the environment's ``SEGC_CHAIN_BLOCKS``, else as many blocks as
+    the first stage has tickets; any number is correct, module docstring)."""
+    tmpl, inputs, most = launch(m, ins)
+    if blocks is None:
+        given = os.environ.get("SEGC_CHAIN_BLOCKS", "").strip()
+        if given and (not given.isdigit() or int(given) < 1):
+            raise UsageError(f"SEGC_CHAIN_BLOCKS must be a number of blocks (1 or more), not {given!r}")
+        blocks = int(given) if given else most
+    blocks = max(1, blocks)
+    a, b, _ = m.parts
+    assert b.eps is not None
+    eps_bits = struct.unpack("<I", struct.pack("<f", b.eps))[0]
+    out, _h, _a = _kernel(eps_bits)(
+        inputs=inputs,
+        template=tmpl,
+        grid=(32 * blocks, ROWS_PER_BLOCK, 1),
+        threadgroup=(32, ROWS_PER_BLOCK, 1),
+        output_shapes=[m.shape, (a.n,), (b.n,)],
+        output_dtypes=[inputs[0].dtype] * 3,
+    )
+    return out
