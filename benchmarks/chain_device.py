@@ -79,7 +79,7 @@ def main() -> None:
     ap.add_argument("--intermediate", type=int, default=8192)
     ap.add_argument("--reps", type=int, default=8, help="MLPs between the stamps (distinct weights)")
     ap.add_argument("--repeats", type=int, default=10, help="measurements per figure (the median)")
-    ap.add_argument("--blocks", default="1024,528,132", help="grids to try besides the default")
+    ap.add_argument("--blocks", default="528,256,132", help="grids to try besides the default")
     args = ap.parse_args()
     h, n = args.hidden, args.intermediate
     dt = mx.bfloat16

@@ -430,7 +430,7 @@ def test_the_chain_kernel_on_any_grid(recorded, monkeypatch, blocks) -> None:
     monkeypatch.setenv("SEGC_CHAIN_BLOCKS", blocks)
     cuda_chain.chain(m, ins)
     (made, call), (made2, call2) = recorded
-    assert call["grid"][0] == 32 * 5 and call2["grid"][0] == 32 * int(blocks)  # the default: 40 rows / 8
+    assert call["grid"][0] == 32 * 9 and call2["grid"][0] == 32 * int(blocks)  # the default: 72 rows / 8
     want = run(made, call)[0]
     got = run(made2, call2, inputs=True)[0]
     assert [x.tobytes() for x in got[:3]] == [x.tobytes() for x in want]

@@ -9,12 +9,14 @@ on) for MLX's CUDA backend (``mx.fast.cuda_kernel``): three stages in one launch
 
 The code of each row is ``cuda_products.py``'s (the same bits). A stage reads what the
 one before wrote, so the blocks take **tickets** in order from a counter
-(``ctl[0]``) rather than by their index, and count each stage's tickets done
+(``ctl[0]``; a block claims its next ticket while it works on one) rather than by their
+index, and count each stage's tickets done
 (``ctl[32]``, ``ctl[64]``: each counter on a cache line of its own); a block waits for a stage only when it holds a ticket of the
-next. Every ticket of the stage waited for is held by a block that is running, so no
-wait depends on a block the GPU has not started: no deadlock, whatever the grid and
+next. Every ticket of the stage waited for is held by a block that is running (a block
+works on its lower ticket first), so no wait depends on a block the GPU has not started: no deadlock, whatever the grid and
 however many blocks are resident (the decoupled look-back's argument). The grid is a
-block per ticket of the first stage (``SEGC_CHAIN_BLOCKS`` sets another). A wait longer
+block per ticket of the largest stage, as many as the three kernels' largest grid
+(``SEGC_CHAIN_BLOCKS`` sets another). A wait longer
 than about 2^32 cycles traps (a CUDA error, not a hang). Values another block wrote are
 read through L2 (``__ldcg``). The last block to leave sets the counters back to zero
 for the next call; the counters are a small uint32 array made at each traced call, as
@@ -112,15 +114,15 @@ _BODY = r"""
     T* xs = buf;         // the normalised row (stage 2), or the activation (stage 3)
     T* hrow = buf + XO;  // h (stage 2)
     bool normed = false, fetched = false;
-    for (;;) {
+    if (segc_lead()) {
+        ticket = atomicAdd(ctl, 1u);
+    }
+    __syncthreads();
+    uint32_t tk = ticket, next = 0;
+    __syncthreads();
+    while (tk < TOTAL) {
         if (segc_lead()) {
-            ticket = atomicAdd(ctl, 1u);
-        }
-        __syncthreads();
-        const uint32_t tk = ticket;
-        __syncthreads();
-        if (tk >= TOTAL) {
-            break;
+            next = atomicAdd(ctl, 1u);  // the next ticket, claimed while this one runs
         }
         if (tk < TA) {
             const int row = tk * RPB + threadIdx.y;
@@ -164,6 +166,12 @@ _BODY = r"""
                 }
             }
         }
+        __syncthreads();  // (every warp done with `ticket` and with this ticket's rows)
+        if (segc_lead()) {
+            ticket = next;
+        }
+        __syncthreads();
+        tk = ticket;
     }
     if (segc_lead()) {
         __threadfence();
@@ -233,16 +241,16 @@ def launch(m: ProductMatch, ins: Sequence[mx.array]) -> tuple[list[tuple[str, An
         ("SH", shared_elems(hidden, inner, size)),
         ("XO", -(-hidden // step) * step),
     ]
-    # a block per ticket of the first stage: none waits at the start, and each takes
-    # about inner / hidden tickets of the second (any grid is correct)
-    grid = -(-hidden // ROWS_PER_BLOCK)
+    # a block per ticket of the largest stage: the gate and up products as many warps
+    # in flight as their own kernel has (any grid is correct; SEGC_CHAIN_BLOCKS)
+    grid = max(-(-hidden // ROWS_PER_BLOCK), -(-inner // ROWS_PER_BLOCK))
     return tmpl, [x, wo, r, wb[0], wb[1], nw, wd, counter()], grid
 
 
 def chain(m: ProductMatch, ins: Sequence[mx.array], blocks: int | None = None) -> mx.array:
     """The chain ``m`` over ``ins`` by one kernel: its output (``m.shape``). ``blocks``:
     the grid (default: the environment's ``SEGC_CHAIN_BLOCKS``, else as many blocks as
-    the first stage has tickets; any number is correct, module docstring)."""
+    the largest stage has tickets; any number is correct, module docstring)."""
     tmpl, inputs, most = launch(m, ins)
     if blocks is None:
         given = os.environ.get("SEGC_CHAIN_BLOCKS", "").strip()
