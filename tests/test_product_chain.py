@@ -247,3 +247,29 @@ def test_find_products_alone_makes_no_chain() -> None:
     eqns = _layer(8, 16, 12, "f32", False, (True, True, True, True))
     avals = _avals(eqns, _inputs(8, 16, 12, mx.float32, False, 1))
     assert sorted(m.kind for m in find_products(eqns, ["out"], avals, eqns)) == ["add", "add", "glu"]
+
+
+def test_the_cost_model_and_legality_count_a_chain_as_one_kernel(monkeypatch) -> None:
+    """With chains on, the H200 cost model counts two kernels fewer a layer, and no cut
+    is legal inside a layer's MLP (from its output product to its down product's
+    residual) where one was without."""
+    from segc.passes.analysis import ops
+    from segc.passes.costmodel import H200, op_costs
+    from segc.passes.legalize import legal_points
+
+    g = parse(GRAPH.read_text())
+    counted, points = {}, {}
+    for env in ("1", "0"):
+        monkeypatch.setenv("SEGC_CHAIN_PRODUCTS", env)
+        counted[env] = sum(op_costs(g, H200).kernels)
+        points[env] = set(legal_points(g, kernels=True))
+    assert counted["1"] == counted["0"] - 2 * 16
+    os_ = ops(g)
+    # a layer's two residual additions (of the hidden row's shape): after its attention's
+    # output product, and after its MLP's down product
+    adds = [k for k, e in enumerate(os_) if e.prim == "Add" and e.outs[0].shape == (1, 1, 2048)]
+    spans = [(adds[i] - 2, adds[i + 1]) for i in range(0, len(adds), 2)]
+    assert all(os_[a].prim == "Matmul" for a, _ in spans)  # the output product, unflattened, added
+    inside = {p for a, b in spans for p in range(a + 1, b + 1)}
+    assert len(spans) == 16 and points["1"] <= points["0"]
+    assert not points["1"] & inside and points["0"] & inside

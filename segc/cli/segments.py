@@ -50,7 +50,7 @@ def machine_text(m: Any) -> str:
 def segment_rows(g: Any) -> tuple[list[dict[str, Any]], Any]:
     from ..ir import segment_effects, segments
     from ..ir.printer import effect_text
-    from ..lower.fused import CUDA_DEFAULTS, find_all
+    from ..lower.fused import cuda_defaults, find_all
     from ..passes.analysis import H200, analyze
 
     vs = g.vars()
@@ -60,7 +60,7 @@ def segment_rows(g: Any) -> tuple[list[dict[str, Any]], Any]:
     rows = []
     for s, ss, eff in zip(segments(g), stats.segments, segment_effects(g)):
         fences = [effect_text(e) for e in g.eqns[s.start : s.stop] if e.is_pseudo and e.prim != "segc.window"]
-        found = find_all(s.eqns(g), s.outputs, consts, avals, g.eqns, **CUDA_DEFAULTS)
+        found = find_all(s.eqns(g), s.outputs, consts, avals, g.eqns, **cuda_defaults())
         kinds = Counter(
             m.kind + ("+norm" if m.eps is not None else "") + (f"/q{m.quant[1]}" if m.quant else "")
             for m in found.products

@@ -18,16 +18,23 @@ from .kvwrite import KVWriteMatch, find_kv_writes
 from .product_chain import chain_products, chains_wanted
 from .product_match import ProductMatch, find_products
 
-# what segc's lowering takes on a CUDA GPU by default (the cost model and `segc segments`
-# count these): every attention eager would fuse, products, writes, writes with attentions
+# what segc's lowering takes on a CUDA GPU by default: every attention eager would fuse,
+# products, writes, writes with attentions; a layer's MLP as one kernel only where
+# turned on (product_chain.CHAIN_PRODUCTS, SEGC_CHAIN_PRODUCTS: cuda_defaults())
 CUDA_DEFAULTS = {
     "attention": True,
     "where_eager_fuses": True,
     "products": True,
-    "chains": False,  # product_chain.CHAIN_PRODUCTS: off by default
+    "chains": False,
     "writes": True,
     "pairs": True,
 }
+
+
+def cuda_defaults() -> dict[str, bool]:
+    """:data:`CUDA_DEFAULTS` with chains as this process's setting has them: what the
+    cost model, ``legalize`` and ``segc segments`` count for a CUDA GPU."""
+    return {**CUDA_DEFAULTS, "chains": chains_wanted()}
 
 
 # the attention setting segments lowered in this context take (``lowering_for``), and

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from ..errors import ScheduleError
 from ..ir import CUT, SIGNAL, Eqn, Graph
-from ..lower.fused import CUDA_DEFAULTS, kernel_flags
+from ..lower.fused import cuda_defaults, kernel_flags
 from ..lower.prim import PRIMS
 from .analysis import ops
 from .plan import Cut, Move, Plan, apply_plan, plan_of
@@ -104,7 +104,7 @@ def pinned_groups(g: Graph, kernels: Kernels = None) -> list[tuple[tuple[int, ..
     CUDA device, or with the jit's callable attention), True those of the CUDA
     lowering's defaults, False none, or ``find_all``'s flags."""
     out = [(grp, "fused chain") for grp in fusion_groups(g)]
-    flags = kernel_flags() if kernels is None else (CUDA_DEFAULTS if kernels is True else kernels or None)
+    flags = kernel_flags() if kernels is None else (cuda_defaults() if kernels is True else kernels or None)
     if flags:
         out += [(grp, "kernel of segc's lowering") for grp in lowering_kernels(g, ops(g), flags)]
     return out

@@ -42,7 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from ..ir import Eqn, Graph, segments
-from ..lower.fused import CUDA_DEFAULTS, find_all
+from ..lower.fused import cuda_defaults, find_all
 from ..lower.prim import lookup
 from .analysis import ops
 from .costmodel import CPU, command_buffers, op_costs
@@ -171,7 +171,7 @@ def _copied(g: Graph) -> frozenset[int]:
     consts = {c.var.name: c.value for c in g.consts}
     out: set[int] = set()
     for s in segments(g):
-        for w in find_all(s.eqns(g), s.outputs, consts, avals, g.eqns, **CUDA_DEFAULTS).writes:
+        for w in find_all(s.eqns(g), s.outputs, consts, avals, g.eqns, **cuda_defaults()).writes:
             out.update(e.id for e in w.eqns if e.prim == "DynamicSliceUpdate")
     return frozenset(out)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from ..ir import Eqn, Graph, segments
-from ..lower.fused import CUDA_DEFAULTS, find_all
+from ..lower.fused import cuda_defaults, find_all
 from .analysis import Liveness, is_view
 
 
@@ -47,7 +47,7 @@ def with_products(g: Graph, os_: Sequence[Eqn], groups: Sequence[Sequence[int]],
         return is_view(e) and bool(e.outs) and lv.root[e.outs[0].name] != e.outs[0].name
 
     for s in segments(g):
-        for kernel in find_all(s.eqns(g), s.outputs, consts, avals, g.eqns, **CUDA_DEFAULTS).kernels():
+        for kernel in find_all(s.eqns(g), s.outputs, consts, avals, g.eqns, **cuda_defaults()).kernels():
             ks = [at[i] for i in sorted(kernel) if i in at and not aliases(os_[at[i]])]
             join(ks)
             grouped.update(ks)
@@ -57,7 +57,7 @@ def with_products(g: Graph, os_: Sequence[Eqn], groups: Sequence[Sequence[int]],
     return [tuple(ks) for ks in merged.values()]
 
 
-def lowering_kernels(g: Graph, os_: Sequence[Eqn], flags: Mapping[str, bool] = CUDA_DEFAULTS) -> list[tuple[int, ...]]:
+def lowering_kernels(g: Graph, os_: Sequence[Eqn], flags: Mapping[str, bool] | None = None) -> list[tuple[int, ...]]:
     """The ``os_`` positions of each kernel segc's lowering makes of several equations
     when the graph runs uncut (``fused.find_all`` over all of it, with ``flags``: by
     default the CUDA lowering's), and of each set of products that share one norm: the
@@ -66,7 +66,7 @@ def lowering_kernels(g: Graph, os_: Sequence[Eqn], flags: Mapping[str, bool] = C
     avals = {n: (v.shape, v.dtype) for n, v in g.vars().items()}
     consts = {c.var.name: c.value for c in g.consts}
     at = {e.id: k for k, e in enumerate(os_)}
-    fused = find_all(os_, g.outputs, consts, avals, g.eqns, **flags)
+    fused = find_all(os_, g.outputs, consts, avals, g.eqns, **(cuda_defaults() if flags is None else flags))
     found = fused.kernels()
     # products that share one norm (q, k and v not concatenated: each kernel normalises
     # the row itself, the norm's equations skipped with the first) are found only

@@ -33,7 +33,7 @@ from typing import Any
 
 from ..errors import ScheduleError
 from ..ir import Graph, segments
-from ..lower.fused import CUDA_DEFAULTS, pinning
+from ..lower.fused import cuda_defaults, pinning
 from .analysis import H200, Machine, eqn_cost, liveness, ops, span_peak
 from .costmodel import MachineModel
 from .legalize import legal_points, legalize_plan
@@ -340,7 +340,7 @@ def make_plan(g: Graph, spec: Any, *, legalize: bool = True, model: MachineModel
     (``costmodel.default_model()`` if None), and a model given pins the kernels of its
     lowering (segc's CUDA kernels where ``fused_products``, else none) instead of this
     process's (``lower.fused.pinning``)."""
-    pins = nullcontext() if model is None else pinning(CUDA_DEFAULTS if model.fused_products else None)
+    pins = nullcontext() if model is None else pinning(cuda_defaults() if model.fused_products else None)
     with pins:
         plan = resolve(spec, model)(g)
         return legalize_plan(g, plan) if legalize else plan
