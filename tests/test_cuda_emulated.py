@@ -438,3 +438,26 @@ def test_the_chain_kernel_on_any_grid(recorded, monkeypatch, blocks) -> None:
     monkeypatch.setenv("SEGC_CHAIN_BLOCKS", "0")
     with pytest.raises(UsageError, match="SEGC_CHAIN_BLOCKS"):
         cuda_chain.chain(m, ins)
+
+
+@pytest.mark.parametrize("concat", [False, True])
+def test_a_chain_found_in_a_layer_runs_through_segc_s_wiring(recorded, monkeypatch, concat) -> None:
+    """The finder's chain (``product_chain.py``) replayed through ``products.cuda_products``
+    into the kernel, run by the emulator: the inputs in the order the kernel reads them,
+    against MLX's own ops within float32's rounding (a weight read in another's place, or
+    the addend, would be far off)."""
+    from test_product_chain import _avals, _inputs, _layer
+
+    from segc.lower import replay_fn
+
+    monkeypatch.setenv("SEGC_CHAIN_PRODUCTS", "1")
+    eqns = _layer(24, 40, 36, "f32", concat, (False, True, False, True))
+    ins = _inputs(24, 40, 36, mx.float32, concat, 11)
+    names, vals = list(ins), list(ins.values())
+    fn = replay_fn(eqns, names, ["out"], {}, None, None, eqns, products.cuda_products, _avals(eqns, ins))
+    fn(*vals)
+    ((made, call),) = recorded
+    assert made["name"].startswith("segc_chain")
+    ((out, _, _),) = run(made, call)
+    (want,) = replay_fn(eqns, names, ["out"], {})(*vals)
+    np.testing.assert_allclose(out, np.array(want).reshape(out.shape), rtol=1e-4, atol=1e-4)
