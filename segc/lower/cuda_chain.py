@@ -57,23 +57,40 @@ __device__ __forceinline__ T segc_l2(const T* p) {
   return *reinterpret_cast<T*>(&b);
 }
 
+// `m` words other blocks wrote, into shared memory: each thread's loads all issued
+// before its stores (a store to `dst` could otherwise hold back the next load, and the
+// copy would wait on L2 once a word)
+template <typename W>
+__device__ __forceinline__ void segc_copy(W* dst, const W* src, int m) {
+  constexpr int U = 4;
+  const int t = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
+  for (int base = t; base < m; base += U * nt) {
+    W v[U];
+#pragma unroll
+    for (int j = 0; j < U; ++j) {
+      if (base + j * nt < m) {
+        v[j] = __ldcg(src + base + j * nt);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < U; ++j) {
+      if (base + j * nt < m) {
+        dst[base + j * nt] = v[j];
+      }
+    }
+  }
+}
+
 // `n` values other blocks wrote, into shared memory (16 bytes a load where aligned;
 // `dst` is)
 template <typename T>
 __device__ void segc_fetch(T* dst, const T* src, int n) {
-  const int t = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
   const int bytes = n * static_cast<int>(sizeof(T));
   if (bytes % 16 == 0 && reinterpret_cast<size_t>(src) % 16 == 0) {
-    const uint4* s = reinterpret_cast<const uint4*>(src);
-    uint4* d = reinterpret_cast<uint4*>(dst);
-    for (int i = t; i < bytes / 16; i += nt) {
-      d[i] = __ldcg(s + i);
-    }
+    segc_copy<uint4>(reinterpret_cast<uint4*>(dst), reinterpret_cast<const uint4*>(src), bytes / 16);
   } else {
     using U = typename segc_bits<sizeof(T)>::type;
-    for (int i = t; i < n; i += nt) {
-      reinterpret_cast<U*>(dst)[i] = __ldcg(reinterpret_cast<const U*>(src) + i);
-    }
+    segc_copy<U>(reinterpret_cast<U*>(dst), reinterpret_cast<const U*>(src), n);
   }
   __syncthreads();
 }
