@@ -19,9 +19,10 @@ block per ticket of the largest stage, as many as the three kernels' largest gri
 (``SEGC_CHAIN_BLOCKS`` sets another). A wait longer
 than about 2^32 cycles traps (a CUDA error, not a hang). Values another block wrote are
 read through L2 (``__ldcg``). The last block to leave sets the counters back to zero
-for the next call; the counters are a small uint32 array made at each traced call, as
-the attention kernel's are (``cuda_attention.counter``), so two compiled segments never
-share one. Only imported on a machine whose MLX has CUDA (importing needs no GPU).
+for the next call. The counters, and after them the stages' rows ``h`` and ``a``, are a
+uint32 array made at each traced call (:func:`state`), as the attention kernel's
+counter is (``cuda_attention.counter``): two compiled segments never share one, and
+the rows are no outputs for MLX to allocate at every call. Only imported on a machine whose MLX has CUDA (importing needs no GPU).
 """
 
 from __future__ import annotations
@@ -125,6 +126,8 @@ __device__ void segc_wait(const uint32_t* cnt, uint32_t want) {
 _BODY = r"""
     uint32_t* ctl = const_cast<uint32_t*>(ctlin);
     constexpr int LINE = 32;  // each counter on a cache line of its own
+    T* h = reinterpret_cast<T*>(ctl + 4 * LINE);  // the stages' rows, after the counters
+    T* a = h + XO;
     constexpr uint32_t TA = (H + RPB - 1) / RPB, TB = (NI + RPB - 1) / RPB, TOTAL = 2 * TA + TB;
     __shared__ uint32_t ticket;
     __shared__ __align__(16) T buf[SH];
@@ -203,7 +206,7 @@ _BODY = r"""
 """
 
 INPUTS = ["x", "wo", "r", "wg", "wu", "nw", "wd", "ctlin"]
-OUTPUTS = ["out", "h", "a"]
+OUTPUTS = ["out"]
 
 
 @functools.cache
@@ -220,9 +223,15 @@ def _kernel(eps_bits: int) -> Any:
 COUNTERS = 4 * 32  # four counters, each on a 128-byte line of its own
 
 
-def counter() -> mx.array:
-    """A fresh set of the kernel's four counters (module docstring)."""
-    return mx.array(np.zeros(COUNTERS, dtype=np.uint32))
+def state(hidden: int, inner: int, itemsize: int) -> mx.array:
+    """A fresh state for the kernel, made at each traced call (so each compiled segment
+    keeps its own; 1-d, so never one of the scalars MLX's compile merges when equal):
+    its four counters, then room for the stages' rows ``h`` and ``a`` (``a`` 16-byte
+    aligned), kept by the segment instead of two outputs MLX would allocate at every
+    call."""
+    step = max(1, 16 // itemsize)
+    words = -(-((-(-hidden // step) * step + inner) * itemsize) // 4)
+    return mx.array(np.zeros(COUNTERS + words, dtype=np.uint32))
 
 
 def launch(m: ProductMatch, ins: Sequence[mx.array]) -> tuple[list[tuple[str, Any]], list[mx.array], int]:
@@ -261,7 +270,7 @@ def launch(m: ProductMatch, ins: Sequence[mx.array]) -> tuple[list[tuple[str, An
     # a block per ticket of the largest stage: the gate and up products as many warps
     # in flight as their own kernel has (any grid is correct; SEGC_CHAIN_BLOCKS)
     grid = max(-(-hidden // ROWS_PER_BLOCK), -(-inner // ROWS_PER_BLOCK))
-    return tmpl, [x, wo, r, wb[0], wb[1], nw, wd, counter()], grid
+    return tmpl, [x, wo, r, wb[0], wb[1], nw, wd, state(hidden, inner, size)], grid
 
 
 def chain(m: ProductMatch, ins: Sequence[mx.array], blocks: int | None = None) -> mx.array:
@@ -275,15 +284,15 @@ def chain(m: ProductMatch, ins: Sequence[mx.array], blocks: int | None = None) -
             raise UsageError(f"SEGC_CHAIN_BLOCKS must be a number of blocks (1 or more), not {given!r}")
         blocks = int(given) if given else most
     blocks = max(1, blocks)
-    a, b, _ = m.parts
+    b = m.parts[1]
     assert b.eps is not None
     eps_bits = struct.unpack("<I", struct.pack("<f", b.eps))[0]
-    out, _h, _a = _kernel(eps_bits)(
+    (out,) = _kernel(eps_bits)(
         inputs=inputs,
         template=tmpl,
         grid=(32 * blocks, ROWS_PER_BLOCK, 1),
         threadgroup=(32, ROWS_PER_BLOCK, 1),
-        output_shapes=[m.shape, (a.n,), (b.n,)],
-        output_dtypes=[inputs[0].dtype] * 3,
+        output_shapes=[m.shape],
+        output_dtypes=[inputs[0].dtype],
     )
     return out
