@@ -8,21 +8,22 @@ on) for MLX's CUDA backend (``mx.fast.cuda_kernel``): three stages in one launch
    once a block).
 
 The code of each row is ``cuda_products.py``'s (the same bits). A stage reads what the
-one before wrote, so the blocks take **tickets** in order from a counter
-(``ctl[0]``; a block claims its next ticket while it works on one) rather than by their
-index, and count each stage's tickets done
-(``ctl[32]``, ``ctl[64]``: each counter on a cache line of its own); a block waits for a stage only when it holds a ticket of the
-next. Every ticket of the stage waited for is held by a block that is running (a block
-works on its lower ticket first), so no wait depends on a block the GPU has not started: no deadlock, whatever the grid and
-however many blocks are resident (the decoupled look-back's argument). The grid is a
-block per ticket of the largest stage, as many as the three kernels' largest grid
-(``SEGC_CHAIN_BLOCKS`` sets another). A wait longer
-than about 2^32 cycles traps (a CUDA error, not a hang). Values another block wrote are
-read through L2 (``__ldcg``). The last block to leave sets the counters back to zero
-for the next call. The counters, and after them the stages' rows ``h`` and ``a``, are a
-uint32 array made at each traced call (:func:`state`), as the attention kernel's
-counter is (``cuda_attention.counter``): two compiled segments never share one, and
-the rows are no outputs for MLX to allocate at every call. Only imported on a machine whose MLX has CUDA (importing needs no GPU).
+one before wrote, so the blocks take **tickets** in order from a counter (``ctl[0]``; a
+block claims its next ticket while it works on one) rather than by their index, and
+count each stage's tickets done (``ctl[32]``, ``ctl[64]``: each counter on a cache line
+of its own); a block waits for a stage only when it holds a ticket of the next. Every
+ticket of the stage waited for is held by a block that is running (a block works on its
+lower ticket first), so no wait depends on a block the GPU has not started: no
+deadlock, whatever the grid and however many blocks are resident (the decoupled
+look-back's argument). The grid is a block per ticket of the largest stage, as many as
+the three kernels' largest grid (``SEGC_CHAIN_BLOCKS`` sets another). A wait longer than
+about 2^32 cycles traps (a CUDA error, not a hang). Values another block wrote are read
+through L2 (``__ldcg``). The last block to leave sets the counters back to zero for the
+next call. The counters, and after them the stages' rows ``h`` and ``a``, are a uint32
+array made at each traced call (:func:`state`), as the attention kernel's counter is
+(``cuda_attention.counter``): two compiled segments never share one, and the rows are
+no outputs for MLX to allocate at every call. Only imported on a machine whose MLX has
+CUDA (importing needs no GPU).
 """
 
 from __future__ import annotations
