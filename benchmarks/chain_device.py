@@ -5,7 +5,10 @@ Device: ``R`` MLPs of the reference llama's sizes (distinct weights, so that L2 
 none of them) between two stamp kernels (``device_time.stamped``): microseconds an MLP.
 Host: the same ``R`` MLPs built and committed one at a time (``mx.async_eval`` after
 each, as the executor commits a segment), the host's seconds an MLP, then a wait.
-Each variant's output is compared with eager's byte for byte (the last column).
+Each variant's output is compared with eager's byte for byte (the last column). Two
+probes follow: the chain's tickets and waits alone (its three stages with no rows to
+compute) and three empty kernels of the three kernels' grids: what the chain's
+machinery costs on the device against what three launches cost.
 
     python benchmarks/chain_device.py [--reps 8] [--repeats 10] [--blocks 1024,528,264]
 """
@@ -73,6 +76,102 @@ def variants(h: int, n: int, blocks: list[int]) -> dict[str, Callable[..., mx.ar
     return out
 
 
+_PROBE = r"""
+    uint32_t* ctl = const_cast<uint32_t*>(ctlin);
+    constexpr int LINE = 32;
+    constexpr uint32_t TOTAL = 2 * TA + TB;
+    __shared__ uint32_t ticket;
+    bool waited1 = false, waited2 = false;
+    if (segc_lead()) {
+        ticket = atomicAdd(ctl, 1u);
+    }
+    __syncthreads();
+    uint32_t tk = ticket, next = 0;
+    __syncthreads();
+    while (tk < TOTAL) {
+        if (segc_lead()) {
+            next = atomicAdd(ctl, 1u);
+        }
+        if (tk < TA) {
+            segc_done(ctl + LINE);
+        } else if (tk < TA + TB) {
+            if (!waited1) {
+                segc_wait(ctl + LINE, TA);
+                waited1 = true;
+            }
+            segc_done(ctl + 2 * LINE);
+        } else if (!waited2) {
+            segc_wait(ctl + 2 * LINE, TB);
+            waited2 = true;
+        }
+        __syncthreads();
+        if (segc_lead()) {
+            ticket = next;
+        }
+        __syncthreads();
+        tk = ticket;
+    }
+    if (segc_lead()) {
+        __threadfence();
+        if (atomicAdd(ctl + 3 * LINE, 1u) == gridDim.x - 1) {
+            ctl[0] = 0u;
+            ctl[LINE] = 0u;
+            ctl[2 * LINE] = 0u;
+            ctl[3 * LINE] = 0u;
+            __threadfence();
+            out[0] = x[0];
+        }
+    }
+"""
+
+
+def probes(h: int, n: int) -> dict[str, Callable[..., mx.array]]:
+    """The chain's tickets and waits alone (no products: what its three stages cost
+    beyond their rows), against three empty kernels of the three kernels' grids."""
+    if not CUDA:
+        return {}
+    ta, tb = -(-h // 8), -(-n // 8)
+    probe = mx.fast.cuda_kernel(
+        name="segc_chain_probe",
+        input_names=["x", "ctlin"],
+        output_names=["out"],
+        source=_PROBE,
+        header=cuda_chain.CHAIN_HEADER,
+    )
+    empty = mx.fast.cuda_kernel(
+        name="segc_chain_empty",
+        input_names=["x"],
+        output_names=["out"],
+        source="if (blockIdx.x == 0 && threadIdx.x == 0 && threadIdx.y == 0) { out[0] = x[0]; }\n",
+    )
+    ctl = mx.array([0] * cuda_chain.COUNTERS, dtype=mx.uint32)
+
+    def tickets(o, *_):
+        (y,) = probe(
+            inputs=[o, ctl],
+            template=[("TA", ta), ("TB", tb)],
+            grid=(32 * max(ta, tb), 8, 1),
+            threadgroup=(32, 8, 1),
+            output_shapes=[(1,)],
+            output_dtypes=[o.dtype],
+        )
+        return y
+
+    def three_empty(o, *_):
+        y = o
+        for blocks in (ta, tb, ta):
+            (y,) = empty(
+                inputs=[y],
+                grid=(32 * blocks, 8, 1),
+                threadgroup=(32, 8, 1),
+                output_shapes=[(1,)],
+                output_dtypes=[o.dtype],
+            )
+        return y
+
+    return {"probe: tickets alone": tickets, "probe: 3 empty kernels": three_empty}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hidden", type=int, default=2048)
@@ -105,9 +204,10 @@ def main() -> None:
         print("  (no CUDA: device figures are host and device together)")
     print(f"  {'variant':<28}{'device us/MLP':>15}{'host us/MLP':>13}  same as eager")
     want = None
-    for name, f in variants(h, n, blocks).items():
+    for name, f in {**variants(h, n, blocks), **probes(h, n)}.items():
         got = bytes(memoryview(f(o, r, *ws[0])))
         want = got if want is None else want
+        same = "" if name.startswith("probe") else str(got == want)
 
         def body(y: mx.array, f=f) -> list[mx.array]:
             return [f(y, r, *w) for w in ws]
@@ -123,7 +223,7 @@ def main() -> None:
                 mx.async_eval(f(o, r, *w))
             hosts.append((time.perf_counter() - t) / len(ws))
             mx.synchronize()
-        print(f"  {name:<28}{dev * 1e6:>15.1f}{statistics.median(hosts) * 1e6:>13.1f}  {got == want}")
+        print(f"  {name:<28}{dev * 1e6:>15.1f}{statistics.median(hosts) * 1e6:>13.1f}  {same}")
 
 
 if __name__ == "__main__":

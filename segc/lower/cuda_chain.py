@@ -44,7 +44,9 @@ from .cuda_products import _HEADER, ROWS_PER_BLOCK
 from .product_chain import shared_elems
 from .product_match import ProductMatch, norm_blocks
 
-_CHAIN_HEADER = r"""
+# the chain's device functions (tickets, waits, copies through L2); public for
+# benchmarks/chain_device.py's probe of the tickets alone
+CHAIN_HEADER = r"""
 template <int N> struct segc_bits;
 template <> struct segc_bits<2> { using type = unsigned short; };
 template <> struct segc_bits<4> { using type = unsigned int; };
@@ -217,7 +219,7 @@ def _kernel(eps_bits: int) -> Any:
         input_names=INPUTS,
         output_names=OUTPUTS,
         source=_BODY,
-        header=_HEADER + _CHAIN_HEADER + f"#define EPS (__int_as_float(0x{eps_bits:08x}))\n",
+        header=_HEADER + CHAIN_HEADER + f"#define EPS (__int_as_float(0x{eps_bits:08x}))\n",
     )
 
 
