@@ -9,7 +9,8 @@
 # PARTS: any of  dense quant moe concat chain isolated runtime kernels select products check generate device ablate commits census kv attn kvattn prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
 # (default: dense runtime). chain: a layer's MLP as one kernel (segc.lower.cuda_chain; off by
 # default): its GPU tests, chain_device.py (its device time against the three kernels, several
-# grids), the isolated decode with it (frozen+chain) and without, two rounds. kernels: fewer_kernels.py (what each kernel and each of the
+# grids, its tickets alone); the decode with it is VARIANTS=eager,compile,frozen,frozen+chain
+# MODELS=llama: ... isolated, a call of its own. kernels: fewer_kernels.py (what each kernel and each of the
 # dynamic cache's differences costs); select: segc's one-position KV write as a select
 # against MLX's, three models; products: segc's product kernels (segc.lower.products)
 # against MLX's own kernels, the llama and the mixtral; check: the CUDA kernels' tests
@@ -87,14 +88,12 @@ for p in $parts; do
       echo "$name: rc=$?"
     done
     ;;
-  chain)  # a layer's MLP as one kernel (segc.lower.cuda_chain): its bits, its device time, the decode with and without
+  chain)  # a layer's MLP as one kernel (segc.lower.cuda_chain): its bits and its device time (about 4 min)
     timeout 200 $PY -m pytest -o addopts= -p no:benchmark -p no:cacheprovider -n 14 --timeout 180 -q \
       tests/test_products_cuda.py -k "chain or llama_decode" >"$OUT/chain_tests.txt" 2>&1
     echo "chain tests: rc=$?"
-    timeout 120 $PY benchmarks/chain_device.py --reps 8 --repeats 10 >"$OUT/chain_device.txt" 2>&1
+    timeout 150 $PY benchmarks/chain_device.py --reps 8 --repeats 10 >"$OUT/chain_device.txt" 2>&1
     echo "chain device: rc=$?"
-    VARIANTS=${VARIANTS:-eager,compile,frozen,frozen+chain} ROUNDS=2 REPEATS=30 BENCH_LIMIT=${BENCH_LIMIT:-300} \
-      bench isolated_chain --prefill 0 --first-call-layers 0 --no-dispatch
     ;;
   isolated)
     for spec in ${MODELS:-llama: llama_4bit:--bits,4 mixtral:--arch,mixtral}; do  # about 4 min each
