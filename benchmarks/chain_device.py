@@ -76,53 +76,15 @@ def variants(h: int, n: int, blocks: list[int]) -> dict[str, Callable[..., mx.ar
     return out
 
 
-_PROBE = r"""
-    uint32_t* ctl = const_cast<uint32_t*>(ctlin);
-    constexpr int LINE = 32;
-    constexpr uint32_t TOTAL = 2 * TA + TB;
-    __shared__ uint32_t ticket;
-    bool waited1 = false, waited2 = false;
-    if (segc_lead()) {
-        ticket = atomicAdd(ctl, 1u);
-    }
-    __syncthreads();
-    uint32_t tk = ticket, next = 0;
-    __syncthreads();
-    while (tk < TOTAL) {
-        if (segc_lead()) {
-            next = atomicAdd(ctl, 1u);
-        }
-        if (tk < TA) {
-            segc_done(ctl + LINE);
-        } else if (tk < TA + TB) {
-            if (!waited1) {
-                segc_wait(ctl + LINE, TA);
-                waited1 = true;
-            }
-            segc_done(ctl + 2 * LINE);
-        } else if (!waited2) {
-            segc_wait(ctl + 2 * LINE, TB);
-            waited2 = true;
-        }
-        __syncthreads();
-        if (segc_lead()) {
-            ticket = next;
-        }
-        __syncthreads();
-        tk = ticket;
-    }
-    if (segc_lead()) {
-        __threadfence();
-        if (atomicAdd(ctl + 3 * LINE, 1u) == gridDim.x - 1) {
-            ctl[0] = 0u;
-            ctl[LINE] = 0u;
-            ctl[2 * LINE] = 0u;
-            ctl[3 * LINE] = 0u;
-            __threadfence();
-            out[0] = x[0];
-        }
-    }
-"""
+# the chain's ticket loop with no rows to compute: the first stage's first ticket writes
+# the output (a kernel must write one)
+_PROBE = cuda_chain.tickets(
+    first="if (tk == 0 && threadIdx.x == 0 && threadIdx.y == 0) { out[0] = x[0]; }",
+    second_once="",
+    second="",
+    third_once="",
+    third="",
+)
 
 
 def probes(h: int, n: int) -> dict[str, Callable[..., mx.array]]:
@@ -130,7 +92,8 @@ def probes(h: int, n: int) -> dict[str, Callable[..., mx.array]]:
     beyond their rows), against three empty kernels of the three kernels' grids."""
     if not CUDA:
         return {}
-    ta, tb = -(-h // 8), -(-n // 8)
+    rpb = 8
+    ta, tb = -(-h // rpb), -(-n // rpb)
     probe = mx.fast.cuda_kernel(
         name="segc_chain_probe",
         input_names=["x", "ctlin"],
@@ -149,7 +112,7 @@ def probes(h: int, n: int) -> dict[str, Callable[..., mx.array]]:
     def tickets(o, *_):
         (y,) = probe(
             inputs=[o, ctl],
-            template=[("TA", ta), ("TB", tb)],
+            template=[("H", h), ("NI", n), ("RPB", rpb)],
             grid=(32 * max(ta, tb), 8, 1),
             threadgroup=(32, 8, 1),
             output_shapes=[(1,)],

@@ -407,8 +407,8 @@ def test_the_chain_kernel_is_the_three_product_kernels(recorded, dt, k, h, n, co
     ((made, call),) = recorded
     launches = run(made, call, launches=2, inputs=True)
     rows = [_chain_rows(launch[-1], h, n, dt) for launch in launches]
-    assert [launch[0].tobytes() for launch in launches[:1]] == [launches[1][0].tobytes()]
-    assert [r[0].tobytes() + r[1].tobytes() for r in rows[:1]] == [rows[1][0].tobytes() + rows[1][1].tobytes()]
+    assert launches[0][0].tobytes() == launches[1][0].tobytes()
+    assert [x.tobytes() for x in rows[0]] == [x.tobytes() for x in rows[1]]
     assert [launch[-1][: cuda_chain.COUNTERS].tolist() for launch in launches] == [[0] * cuda_chain.COUNTERS] * 2
     recorded.clear()
     a, b, c = m.parts

@@ -41,7 +41,7 @@ from .. import dtypes
 from ..errors import UsageError
 from .cuda_kernel import cuda_kernel
 from .cuda_products import _HEADER, ROWS_PER_BLOCK
-from .product_chain import shared_elems
+from .product_chain import aligned, shared_elems
 from .product_match import ProductMatch, norm_blocks
 
 # the chain's device functions (tickets, waits, copies through L2); public for
@@ -126,60 +126,105 @@ __device__ void segc_wait(const uint32_t* cnt, uint32_t want) {
 }
 """
 
-_BODY = r"""
+
+def tickets(first: str, second_once: str, second: str, third_once: str, third: str) -> str:
+    """The ticket loop of a three-stage kernel (module docstring), each stage's text
+    given: ``first``, ``second`` and ``third`` for one ticket (its rows start at
+    ``row``), ``second_once`` and ``third_once`` run by a block before its first ticket of
+    that stage, once the stage before is done. Stages of ``H``, ``NI`` and ``H`` rows,
+    ``RPB`` a ticket; the counters at ``ctlin``. Public for benchmarks/chain_device.py's
+    probe of the tickets alone."""
+    return f"""
     uint32_t* ctl = const_cast<uint32_t*>(ctlin);
     constexpr int LINE = 32;  // each counter on a cache line of its own
-    T* h = reinterpret_cast<T*>(ctl + 4 * LINE);  // the stages' rows, after the counters
-    T* a = h + XO;
     constexpr uint32_t TA = (H + RPB - 1) / RPB, TB = (NI + RPB - 1) / RPB, TOTAL = 2 * TA + TB;
     __shared__ uint32_t ticket;
-    __shared__ __align__(16) T buf[SH];
-    T* xs = buf;         // the normalised row (stage 2), or the activation (stage 3)
-    T* hrow = buf + XO;  // h (stage 2)
-    bool normed = false, fetched = false;
-    if (segc_lead()) {
+    bool waited1 = false, waited2 = false;
+    if (segc_lead()) {{
         ticket = atomicAdd(ctl, 1u);
-    }
+    }}
     __syncthreads();
     uint32_t tk = ticket, next = 0;
     __syncthreads();
-    while (tk < TOTAL) {
-        if (segc_lead()) {
+    while (tk < TOTAL) {{
+        if (segc_lead()) {{
             next = atomicAdd(ctl, 1u);  // the next ticket, claimed while this one runs
-        }
-        if (tk < TA) {
+        }}
+        if (tk < TA) {{
             const int row = tk * RPB + threadIdx.y;
+{first}
+            segc_done(ctl + LINE);
+        }} else if (tk < TA + TB) {{
+            if (!waited1) {{
+                segc_wait(ctl + LINE, TA);
+{second_once}
+                waited1 = true;
+            }}
+            const int row = (tk - TA) * RPB + threadIdx.y;
+{second}
+            segc_done(ctl + 2 * LINE);
+        }} else {{
+            if (!waited2) {{
+                segc_wait(ctl + 2 * LINE, TB);
+{third_once}
+                waited2 = true;
+            }}
+            const int row = (tk - TA - TB) * RPB + threadIdx.y;
+{third}
+        }}
+        __syncthreads();  // (every warp done with `ticket` and with this ticket's rows)
+        if (segc_lead()) {{
+            ticket = next;
+        }}
+        __syncthreads();
+        tk = ticket;
+    }}
+    if (segc_lead()) {{
+        __threadfence();
+        if (atomicAdd(ctl + 3 * LINE, 1u) == gridDim.x * gridDim.y * gridDim.z - 1) {{
+            ctl[0] = 0u;  // the last block gone: ready for the next call
+            ctl[LINE] = 0u;
+            ctl[2 * LINE] = 0u;
+            ctl[3 * LINE] = 0u;
+            __threadfence();
+        }}
+    }}
+"""
+
+
+COUNTERS = 4 * 32  # four counters, each on a 128-byte line of its own (LINE words)
+
+_ROWS = f"""
+    T* h = reinterpret_cast<T*>(const_cast<uint32_t*>(ctlin) + {COUNTERS});  // the rows, after the counters
+    T* a = h + XO;
+    __shared__ __align__(16) T buf[SH];
+    T* xs = buf;         // the normalised row (stage 2), or the activation (stage 3)
+    T* hrow = buf + XO;  // h (stage 2)
+"""
+
+_BODY = _ROWS + tickets(
+    first=r"""
             if (row < H) {
                 float s = segc_row<T>(wo, x, row, KA);
                 if (threadIdx.x == 0) {
                     T y = static_cast<T>(s);
                     h[row] = PFA ? Add{}(y, r[row]) : Add{}(r[row], y);
                 }
-            }
-            segc_done(ctl + LINE);
-        } else if (tk < TA + TB) {
-            if (!normed) {
-                segc_wait(ctl + LINE, TA);
+            }""",
+    second_once=r"""
                 segc_fetch<T>(hrow, h, H);
-                segc_rms<T, NBS, NCH, NR>(hrow, nw, xs, H, EPS);
-                normed = true;
-            }
-            const int row = (tk - TA) * RPB + threadIdx.y;
+                segc_rms<T, NBS, NCH, NR>(hrow, nw, xs, H, EPS);""",
+    second=r"""
             if (row < NI) {
                 float sg, su;
                 segc_rows2<T>(wg, OG + row, wu, OU + row, xs, H, sg, su);
                 if (threadIdx.x == 0) {
                     a[row] = segc_glu<T, GFIRST, GSFIRST>(sg, su);
                 }
-            }
-            segc_done(ctl + 2 * LINE);
-        } else {
-            if (!fetched) {
-                segc_wait(ctl + 2 * LINE, TB);
-                segc_fetch<T>(xs, a, NI);
-                fetched = true;
-            }
-            const int row = (tk - TA - TB) * RPB + threadIdx.y;
+            }""",
+    third_once=r"""
+                segc_fetch<T>(xs, a, NI);""",
+    third=r"""
             if (row < H) {
                 float s = segc_row<T>(wd, xs, row, NI);
                 if (threadIdx.x == 0) {
@@ -187,26 +232,8 @@ _BODY = r"""
                     T hr = segc_l2<T>(h + row);
                     out[row] = PFC ? Add{}(y, hr) : Add{}(hr, y);
                 }
-            }
-        }
-        __syncthreads();  // (every warp done with `ticket` and with this ticket's rows)
-        if (segc_lead()) {
-            ticket = next;
-        }
-        __syncthreads();
-        tk = ticket;
-    }
-    if (segc_lead()) {
-        __threadfence();
-        if (atomicAdd(ctl + 3 * LINE, 1u) == gridDim.x * gridDim.y * gridDim.z - 1) {
-            ctl[0] = 0u;  // the last block gone: ready for the next call
-            ctl[LINE] = 0u;
-            ctl[2 * LINE] = 0u;
-            ctl[3 * LINE] = 0u;
-            __threadfence();
-        }
-    }
-"""
+            }""",
+)
 
 INPUTS = ["x", "wo", "r", "wg", "wu", "nw", "wd", "ctlin"]
 OUTPUTS = ["out"]
@@ -223,17 +250,13 @@ def _kernel(eps_bits: int) -> Any:
     )
 
 
-COUNTERS = 4 * 32  # four counters, each on a 128-byte line of its own
-
-
 def state(hidden: int, inner: int, itemsize: int) -> mx.array:
     """A fresh state for the kernel, made at each traced call (so each compiled segment
     keeps its own; 1-d, so never one of the scalars MLX's compile merges when equal):
     its four counters, then room for the stages' rows ``h`` and ``a`` (``a`` 16-byte
     aligned), kept by the segment instead of two outputs MLX would allocate at every
     call."""
-    step = max(1, 16 // itemsize)
-    words = -(-((-(-hidden // step) * step + inner) * itemsize) // 4)
+    words = -(-((aligned(hidden, itemsize) + inner) * itemsize) // 4)
     return mx.array(np.zeros(COUNTERS + words, dtype=np.uint32))
 
 
@@ -251,7 +274,6 @@ def launch(m: ProductMatch, ins: Sequence[mx.array]) -> tuple[list[tuple[str, An
     size = dtypes.itemsize(dtypes.short(dt))
     blocks = norm_blocks(hidden, dtypes.short(dt))
     assert blocks is not None and b.eps is not None  # (the finder took only such norms)
-    step = max(1, 16 // size)
     tmpl: list[tuple[str, Any]] = [
         ("T", dt),
         ("KA", x.shape[-1]),
@@ -268,7 +290,7 @@ def launch(m: ProductMatch, ins: Sequence[mx.array]) -> tuple[list[tuple[str, An
         ("NCH", blocks[1]),
         ("NR", blocks[2]),
         ("SH", shared_elems(hidden, inner, size)),
-        ("XO", -(-hidden // step) * step),
+        ("XO", aligned(hidden, size)),
     ]
     # a block per ticket of the largest stage: the gate and up products as many warps
     # in flight as their own kernel has (any grid is correct; SEGC_CHAIN_BLOCKS)

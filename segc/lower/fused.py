@@ -59,11 +59,12 @@ def kernel_flags(attention: Any = None) -> dict[str, bool] | None:
     setting = _ATTENTION.get() if attention is None else attention
     kernel = attention_kernel(setting)
     write = kv_write_kernel(own_attention=not callable(setting))
+    products = product_kernel() is not None
     flags = {
         "attention": kernel is not None,
         "where_eager_fuses": bool(getattr(kernel, "where_eager_fuses", False)),
-        "products": product_kernel() is not None,
-        "chains": product_kernel() is not None and chains_wanted(),
+        "products": products,
+        "chains": products and chains_wanted(),
         "writes": write is not None,
         "pairs": getattr(write, "with_attention", None) is not None,
     }

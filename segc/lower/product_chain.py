@@ -56,12 +56,18 @@ def chains_wanted(setting: str | None = None) -> bool:
     return given == "1" if given else setting == "auto"
 
 
+def aligned(n: int, itemsize: int) -> int:
+    """``n`` values rounded up to a multiple of 16 bytes: where a row after ``n``
+    values starts 16-byte aligned (as MLX's vector loads and ``gemv`` check)."""
+    step = max(1, 16 // itemsize)
+    return -(-n // step) * step
+
+
 def shared_elems(hidden: int, inner: int, itemsize: int) -> int:
     """Elements of the block's shared row buffer: the normalised row and ``h`` (the
     norm's stage, the normalised row first and 16-byte aligned), or the activation (the
     down product's)."""
-    step = max(1, 16 // itemsize)
-    return max(-(-hidden // step) * step + hidden, inner)
+    return max(aligned(hidden, itemsize) + hidden, inner)
 
 
 def _row_of(g: SegmentGraph, out: str, x: str) -> list[Eqn] | None:
@@ -92,11 +98,10 @@ def chain_products(
     for a in adds:
         b = by_row.get(a.out)
         c = by_addend.get(a.out)
-        if b is None or c is None or c is a or b.quant is not None or {id(a), id(b), id(c)} & taken:
+        if b is None or c is None or b.quant is not None or {id(a), id(b), id(c)} & taken:
             continue
         views = _row_of(g, b.out, c.ins[0])
-        shape = g.shape.get(a.out)
-        if views is None or shape is None or len(a.ins) != 3:
+        if views is None:
             continue
         hidden, inner, dt = a.n, b.n, g.dtype.get(a.out)
         if c.n != hidden or dt is None or g.dtype.get(c.out) != dt or g.dtype.get(b.out) != dt:
