@@ -8,7 +8,9 @@ each, as the executor commits a segment), the host's seconds an MLP, then a wait
 Each variant's output is compared with eager's byte for byte (the last column). Two
 probes follow: the chain's tickets and waits alone (its three stages with no rows to
 compute) and three empty kernels of the three kernels' grids: what the chain's
-machinery costs on the device against what three launches cost.
+machinery costs on the device against what three launches cost. The ``+ next`` rows:
+the MLP and the next layer's normed q, k and v product (``--next`` rows), as four
+kernels and as the chain of four stages, compared with eager's product.
 
     python benchmarks/chain_device.py [--reps 8] [--repeats 10] [--blocks 1024,528,264]
 """
@@ -34,56 +36,67 @@ from segc.lower.products import ProductMatch
 EPS = 1e-5
 
 
-def _match(h: int, n: int) -> ProductMatch:
-    """The chain of a llama MLP over concatenated gate and up weights (gate rows first)."""
+def _match(h: int, n: int, nq: int = 0) -> ProductMatch:
+    """The chain of a llama MLP over concatenated gate and up weights (gate rows first);
+    with ``nq``, and the next layer's normed q, k and v product of ``nq`` rows."""
     a = ProductMatch("add", ("o", "wo", "r"), (0,), h, (False,), "h", (1, 1, h), 0, frozenset())
     b = ProductMatch("glu", ("h", "wgu", "nw"), (0, n), n, (True, True), "a", (1, 1, n), 1, frozenset(), EPS)
     c = ProductMatch("add", ("a", "wd", "h"), (0,), h, (True,), "out", (1, 1, h), 2, frozenset())
-    ins = ("o", "wo", "r", "wgu", "nw", "wd")
+    d = ProductMatch("gemv", ("out", "wq", "nw2"), (0,), nq, (), "q", (1, nq), 3, frozenset(), EPS)
+    parts, ins = ((a, b, c, d), ("o", "wo", "r", "wgu", "nw", "wd", "wq", "nw2")) if nq else ((a, b, c), ())
     return ProductMatch(
-        "chain", ins, (0, n), n, (False, True, True, True), "out", (1, 1, h), 2, frozenset(), EPS, None, (a, b, c)
+        "chain", ins, (0, n), n, (False, True, True, True), "out", (1, 1, h), 2, frozenset(), EPS, None, parts
     )
 
 
-def variants(h: int, n: int, blocks: list[int]) -> dict[str, Callable[..., mx.array]]:
-    """Each way to run one MLP: ``f(o, r, wo, wgu, nw, wd)``."""
-    m = _match(h, n)
-    a, b, c = m.parts
+def variants(h: int, n: int, nq: int, blocks: list[int]) -> dict[str, Callable[..., mx.array]]:
+    """Each way to run one MLP: ``f(o, r, wo, wgu, nw, wd, wq, nw2)``, its output; those
+    named ``+ next`` also the next normed product (``wq``, ``nw2``), its output."""
+    m, m4 = _match(h, n), _match(h, n, nq)
+    a, b, c, d = m4.parts
 
-    def eager(o, r, wo, wgu, nw, wd):
+    def eager(o, r, wo, wgu, nw, wd, *_):
         hh = r + (o @ wo.T).reshape(1, 1, h)
         y = mx.fast.rms_norm(hh, nw, EPS).reshape(1, h) @ wgu.T
         g, u = y[:, :n].reshape(1, 1, n), y[:, n:].reshape(1, 1, n)
         act = (g * mx.sigmoid(g)) * u
         return hh + (act.reshape(1, n) @ wd.T).reshape(1, 1, h)
 
+    def eager_next(o, r, wo, wgu, nw, wd, wq, nw2):
+        return mx.fast.rms_norm(eager(o, r, wo, wgu, nw, wd), nw2, EPS).reshape(1, h) @ wq.T
+
     out: dict[str, Callable[..., mx.array]] = {"eager": eager}
     kernel = products.product_kernel("auto")
-    if kernel is None:
-        return out
+    if kernel is not None:
 
-    def three(o, r, wo, wgu, nw, wd):
-        hh = kernel(a, [o, wo, r])
-        act = kernel(b, [hh, wgu, nw])
-        return kernel(c, [act.reshape(1, n), wd, hh])
+        def three(o, r, wo, wgu, nw, wd, *_):
+            hh = kernel(a, [o, wo, r])
+            act = kernel(b, [hh, wgu, nw])
+            return kernel(c, [act.reshape(1, n), wd, hh])
 
-    out["segc, 3 kernels"] = three
-    out["segc, chain"] = lambda o, r, wo, wgu, nw, wd: cuda_chain.chain(m, [o, wo, r, wgu, nw, wd])
-    for g in blocks:
-        out[f"segc, chain, {g} blocks"] = lambda o, r, wo, wgu, nw, wd, g=g: cuda_chain.chain(
-            m, [o, wo, r, wgu, nw, wd], blocks=g
+        out["segc, 3 kernels"] = three
+        out["segc, chain"] = lambda o, r, wo, wgu, nw, wd, *_: cuda_chain.chain(m, [o, wo, r, wgu, nw, wd])
+        for g in blocks:
+            out[f"segc, chain, {g} blocks"] = lambda o, r, wo, wgu, nw, wd, *_, g=g: cuda_chain.chain(
+                m, [o, wo, r, wgu, nw, wd], blocks=g
+            )
+    out["eager + next"] = eager_next
+    if kernel is not None:
+        out["segc, 4 kernels + next"] = lambda o, r, wo, wgu, nw, wd, wq, nw2: kernel(
+            d, [three(o, r, wo, wgu, nw, wd), wq, nw2]
         )
+        out["segc, chain + next"] = lambda *w: cuda_chain.chain(m4, [w[0], w[2], w[1], *w[3:]])[1]
     return out
 
 
 # the chain's ticket loop with no rows to compute: the first stage's first ticket writes
 # the output (a kernel must write one)
 _PROBE = cuda_chain.tickets(
-    first="if (tk == 0 && threadIdx.x == 0 && threadIdx.y == 0) { out[0] = x[0]; }",
-    second_once="",
-    second="",
-    third_once="",
-    third="",
+    [
+        ("(H + RPB - 1) / RPB", "", "if (tk == 0 && threadIdx.x == 0 && threadIdx.y == 0) { out[0] = x[0]; }"),
+        ("(NI + RPB - 1) / RPB", "", ""),
+        ("(H + RPB - 1) / RPB", "", ""),
+    ]
 )
 
 
@@ -139,6 +152,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--intermediate", type=int, default=8192)
+    ap.add_argument("--next", type=int, default=3072, help="rows of the next product (q, k and v)")
     ap.add_argument("--reps", type=int, default=8, help="MLPs between the stamps (distinct weights)")
     ap.add_argument("--repeats", type=int, default=10, help="measurements per figure (the median)")
     ap.add_argument("--blocks", default="528,256,132", help="grids to try besides the default")
@@ -156,6 +170,8 @@ def main() -> None:
                 (mx.random.normal((2 * n, h), key=key[1]) * 0.02).astype(dt),
                 mx.random.uniform(0.5, 1.5, (h,), key=key[2]).astype(dt),
                 (mx.random.normal((h, n), key=key[3]) * 0.02).astype(dt),
+                (mx.random.normal((args.next, h), key=key[0]) * 0.02).astype(dt),
+                mx.random.uniform(0.5, 1.5, (h,), key=key[1]).astype(dt),
             ]
         )
     mx.eval(o, r, ws)
@@ -166,11 +182,12 @@ def main() -> None:
     if not CUDA:
         print("  (no CUDA: device figures are host and device together)")
     print(f"  {'variant':<28}{'device us/MLP':>15}{'host us/MLP':>13}  same as eager")
-    want = None
-    for name, f in {**variants(h, n, blocks), **probes(h, n)}.items():
+    want: dict[bool, bytes] = {}
+    for name, f in {**variants(h, n, args.next, blocks), **probes(h, n)}.items():
         got = bytes(memoryview(f(o, r, *ws[0])))
-        want = got if want is None else want
-        same = "" if name.startswith("probe") else str(got == want)
+        group = name.endswith("+ next")  # compared with "eager + next"
+        want.setdefault(group, got)
+        same = "" if name.startswith("probe") else str(got == want[group])
 
         def body(y: mx.array, f=f) -> list[mx.array]:
             return [f(y, r, *w) for w in ws]

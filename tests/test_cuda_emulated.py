@@ -431,6 +431,58 @@ def test_the_chain_kernel_is_the_three_product_kernels(recorded, dt, k, h, n, co
     np.testing.assert_allclose(np.array(_as_mx(out, dt).astype(mx.float32)), np.array(ref), rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize(
+    ("dt", "h", "n", "nq", "eps2", "blocks"),
+    [
+        (mx.float32, 96, 40, 52, 1e-6, None),  # rows of the fourth stage not a multiple of 8
+        (mx.bfloat16, 128, 24, 300, 1e-5, None),  # the fourth stage the largest: its grid
+        (mx.float16, 64, 9, 20, 1e-5, "3"),  # fewer blocks than tickets
+    ],
+)
+def test_the_four_stage_chain_is_the_four_product_kernels(recorded, monkeypatch, dt, h, n, nq, eps2, blocks) -> None:
+    """A chain with its fourth part (``product_chain.py``: the normed product of what
+    the chain writes) against the four product kernels it stands for, each run by the
+    emulator: both outputs the same bytes, in two launches (the five counters back to
+    zero), on the default grid (a block per ticket of the largest stage) and on fewer."""
+    m3 = chain_match(h, n, True, (True, True, False, True))
+    d = ProductMatch("gemv", ("out", "wq", "nw2"), (0,), nq, (), "q", (1, nq), 3, frozenset(), eps=eps2)
+    m = ProductMatch(
+        "chain", (*m3.ins, "wq", "nw2"), m3.rows, n, m3.order, "out", m3.shape, 3, frozenset(), m3.eps, None,
+        (*m3.parts, d),
+    )  # fmt: skip
+    assert m.outs == ("out", "q")
+    mx.random.seed(h + n + nq)
+    o, r = mx.random.normal((1, 32)).astype(dt), mx.random.normal((1, h)).astype(dt)
+    wo, wgu = (mx.random.normal((h, 32)) * 0.1).astype(dt), (mx.random.normal((2 * n, h)) * 0.1).astype(dt)
+    nw, nw2 = (mx.random.uniform(0.5, 1.5, (h,)).astype(dt) for _ in range(2))
+    wd, wq = (mx.random.normal((h, n)) * 0.1).astype(dt), (mx.random.normal((nq, h)) * 0.1).astype(dt)
+    if blocks:
+        monkeypatch.setenv("SEGC_CHAIN_BLOCKS", blocks)
+    got = cuda_chain.chain(m, [o, wo, r, wgu, nw, wd, wq, nw2])
+    assert isinstance(got, list) and len(got) == 2
+    ((made, call),) = recorded
+    assert call["grid"][0] == 32 * (int(blocks) if blocks else max(-(-x // 8) for x in (h, n, nq)))
+    launches = run(made, call, launches=2, inputs=True)
+    assert [launch[-1][: cuda_chain.COUNTERS].tolist() for launch in launches] == [[0] * cuda_chain.COUNTERS] * 2
+    recorded.clear()
+    a, b, c = m3.parts
+    norm = norm_blocks(h, dtypes.short(dt))
+
+    def one(kind, part, xs, eps=None):
+        cuda_products.product(kind, xs, part.rows, part.n, part.shape, part.order, eps and (eps, norm))
+        ((made1, call1),) = recorded
+        recorded.clear()
+        ((out,),) = run(made1, call1)
+        return _as_mx(out, dt)
+
+    hv = one("add", a, [o, wo, r])
+    av = one("glu", b, [hv, wgu, wgu, nw], 1e-5)
+    out = one("add", c, [av, wd, hv])
+    q = one("gemv", d, [out, wq, nw2], eps2)
+    for launch in launches:
+        assert launch[0].tobytes() == _bits(out) and launch[1].tobytes() == _bits(q)
+
+
 @pytest.mark.parametrize("blocks", ["1", "12"])
 def test_the_chain_kernel_on_any_grid(recorded, monkeypatch, blocks) -> None:
     """Any grid (``SEGC_CHAIN_BLOCKS``): one block taking every ticket, or more blocks
@@ -452,24 +504,28 @@ def test_the_chain_kernel_on_any_grid(recorded, monkeypatch, blocks) -> None:
         cuda_chain.chain(m, ins)
 
 
-@pytest.mark.parametrize("concat", [False, True])
-def test_a_chain_found_in_a_layer_runs_through_segc_s_wiring(recorded, monkeypatch, concat) -> None:
+@pytest.mark.parametrize(("concat", "nxt"), [(False, False), (True, False), (True, True)])
+def test_a_chain_found_in_a_layer_runs_through_segc_s_wiring(recorded, monkeypatch, concat, nxt) -> None:
     """The finder's chain (``product_chain.py``) replayed through ``products.cuda_products``
     into the kernel, run by the emulator: the inputs in the order the kernel reads them,
     against MLX's own ops within float32's rounding (a weight read in another's place, or
-    the addend, would be far off)."""
-    from test_product_chain import _avals, _inputs, _layer
+    the addend, would be far off); with the next normed product, both outputs."""
+    from test_product_chain import _avals, _inputs, _layer, _next
 
     from segc.lower import replay_fn
 
     monkeypatch.setenv("SEGC_CHAIN_PRODUCTS", "1")
     eqns = _layer(24, 40, 36, "f32", concat, (False, True, False, True))
-    ins = _inputs(24, 40, 36, mx.float32, concat, 11)
+    ins = _inputs(24, 40, 36, mx.float32, concat, 11, 28 if nxt else 0)
+    keep = ["out", "q2"] if nxt else ["out"]
+    if nxt:
+        eqns = _next(eqns, 40, 28, "f32")[:24]  # up to the product (its reshape and the late reader left out)
     names, vals = list(ins), list(ins.values())
-    fn = replay_fn(eqns, names, ["out"], {}, None, None, eqns, products.cuda_products, _avals(eqns, ins))
+    fn = replay_fn(eqns, names, keep, {}, None, None, eqns, products.cuda_products, _avals(eqns, ins))
     fn(*vals)
     ((made, call),) = recorded
-    assert made["name"].startswith("segc_chain")
-    ((out,),) = run(made, call)
-    (want,) = replay_fn(eqns, names, ["out"], {})(*vals)
-    np.testing.assert_allclose(out, np.array(want).reshape(out.shape), rtol=1e-4, atol=1e-4)
+    assert made["name"].startswith("segc_chain4" if nxt else "segc_chain_")
+    (outs,) = run(made, call)
+    want = replay_fn(eqns, names, keep, {})(*vals)
+    for got, w in zip(outs, want, strict=True):
+        np.testing.assert_allclose(got, np.array(w).reshape(got.shape), rtol=1e-4, atol=1e-4)

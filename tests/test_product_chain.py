@@ -87,7 +87,26 @@ def _layer(k: int, h: int, n: int, dt: str, concat: bool, orders: tuple[bool, ..
     return eqns
 
 
-def _inputs(k: int, h: int, n: int, dt: mx.Dtype, concat: bool, seed: int) -> dict[str, mx.array]:
+def _next(eqns: list[Eqn], h: int, nq: int, dt: str, eps: float = 1e-6) -> list[Eqn]:
+    """``eqns`` (a :func:`_layer`) and what follows the layer's output as the H200 trace
+    records it: the next norm and its product (the next layer's concatenated q, k and v,
+    or the head: ``qq``), then a later reader of the output (the next residual: ``late``)."""
+
+    def e(i, prim, ins, name, shape, *args):
+        return Eqn(i, prim, tuple(ins), (Var(name, shape, dt),), args)
+
+    return [
+        *eqns,
+        e(20, "RMSNorm", ("out", "nw2"), "on", (1, 1, h), eps),
+        e(21, "Flatten", ("on",), "of", (1, h), 0, 1),
+        e(22, "Transpose", ("wq",), "wqt", (h, nq), [1, 0]),
+        e(23, "Matmul", ("of", "wqt"), "q2", (1, nq)),
+        e(24, "Unflatten", ("q2",), "qq", (1, 1, nq), 0, [1, 1]),
+        e(25, "Exp", ("out",), "late", (1, 1, h)),
+    ]
+
+
+def _inputs(k: int, h: int, n: int, dt: mx.Dtype, concat: bool, seed: int, nq: int = 0) -> dict[str, mx.array]:
     r = np.random.default_rng(seed)
 
     def a(*shape):
@@ -95,6 +114,8 @@ def _inputs(k: int, h: int, n: int, dt: mx.Dtype, concat: bool, seed: int) -> di
 
     ins = {"o": a(1, k), "wo": a(h, k), "r": a(1, 1, h), "nw": a(h), "wd": a(h, n)}
     ins.update({"wgu": a(2 * n, h)} if concat else {"wg": a(n, h), "wu": a(n, h)})
+    if nq:
+        ins.update({"nw2": a(h), "wq": a(nq, h)})
     return ins
 
 
@@ -135,6 +156,70 @@ def test_a_layers_mlp_is_one_chain_with_eager_bits(dt, k, h, n, concat, orders, 
     (got,) = _run(eqns, ins, ["out"], kernel)
     (want,) = replay_fn(eqns, list(ins), ["out"], {})(*ins.values())
     assert kernel.calls == Counter({"chain": 1}) and same_bits(got, want)
+
+
+@settings(max_examples=examples(10), deadline=None)
+@given(
+    dt=hst.sampled_from([mx.float32, mx.bfloat16, mx.float16]),
+    h=hst.integers(2, 40),
+    n=hst.integers(1, 24),
+    nq=hst.integers(1, 48),
+    concat=hst.booleans(),
+    orders=hst.tuples(*[hst.booleans()] * 4),
+    seed=hst.integers(0, 2**31),
+)
+def test_the_next_normed_product_is_the_chains_fourth_part(dt, h, n, nq, concat, orders, seed) -> None:
+    """What the chain writes, normalised and multiplied next in the same segment (the next
+    layer's q, k and v, or the head): the chain's fourth part, one kernel defining both
+    values, replayed with the bytes of the equations themselves; the later reader of the
+    layer's output reads the chain's."""
+    from segc.dtypes import short
+
+    eqns = _next(_layer(12, h, n, short(dt), concat, orders), h, nq, short(dt))
+    ins = _inputs(12, h, n, dt, concat, seed, nq)
+    keep = ["qq", "late", "out"]
+    (m,) = find_all(eqns, keep, {}, _avals(eqns, ins), eqns, products=True, chains=True).products
+    assert [p.kind for p in m.parts] == ["add", "glu", "add", "gemv"] and m.outs == ("out", "q2")
+    assert m.skip == frozenset(range(24)) and m.last == 23  # (the unflatten after it a view)
+    kernel = Counted()
+    got = _run(eqns, ins, keep, kernel)
+    want = replay_fn(eqns, list(ins), keep, {})(*ins.values())
+    assert kernel.calls == Counter({"chain": 1})
+    assert all(same_bits(x, y) for x, y in zip(got, want, strict=True))
+
+
+@pytest.mark.parametrize("where", ["early reader", "no next", "two normed", "off"])
+def test_a_fourth_part_only_where_the_kernel_can_define_both(monkeypatch, where) -> None:
+    """No fourth part where the layer's output is read before the next product (the
+    kernel would define it too late), where several normed products share its norm (q,
+    k and v not concatenated), or with ``SEGC_CHAIN_NEXT=0``: the chain of three and
+    the product's own kernel, the same bytes."""
+    eqns = _next(_layer(8, 16, 12, "f32", True, (True, True, False, True)), 16, 20, "f32")
+    ins = _inputs(8, 16, 12, mx.float32, True, 4, 20)
+    keep = ["qq", "late", "out"]
+    if where == "early reader":  # the later reader moved before the product (its id larger: the order counts)
+        eqns = [*eqns[:20], Eqn(30, "Exp", ("out",), (Var("late", (1, 1, 16), "f32"),)), *eqns[20:25]]
+    elif where == "no next":
+        eqns, keep = eqns[:20], ["out"]
+    elif where == "two normed":  # a second product of the normalised row
+        ins["wk"] = mx.array(np.ones((6, 16), np.float32))
+        more = [
+            Eqn(26, "Transpose", ("wk",), (Var("wkt", (16, 6), "f32"),), ([1, 0],)),
+            Eqn(27, "Matmul", ("of", "wkt"), (Var("k2", (1, 6), "f32"),)),
+        ]
+        eqns, keep = [*eqns, *more], [*keep, "k2"]
+    else:
+        monkeypatch.setenv("SEGC_CHAIN_NEXT", "0")
+    found = find_all(eqns, keep, {}, _avals(eqns, ins), eqns, products=True, chains=True).products
+    (chain,) = [m for m in found if m.kind == "chain"]
+    assert len(chain.parts) == 3 and chain.outs == ("out",)
+    kernel = Counted()
+    got = _run(eqns, ins, keep, kernel)
+    want = replay_fn(eqns, list(ins), keep, {})(*ins.values())
+    assert kernel.calls["chain"] == 1 and all(same_bits(x, y) for x, y in zip(got, want, strict=True))
+    monkeypatch.setenv("SEGC_CHAIN_NEXT", "maybe")
+    with pytest.raises(UsageError, match="SEGC_CHAIN_NEXT must be 1 or 0"):
+        find_all(eqns, keep, {}, _avals(eqns, ins), eqns, products=True, chains=True)
 
 
 def test_a_chain_that_computes_something_else_is_seen() -> None:
@@ -241,6 +326,41 @@ def test_the_reference_llama_on_the_h200_has_a_chain_a_layer() -> None:
         assert len(fused.kernels()) == len(plain.kernels()) - 2
         assert fused.skip() == plain.skip() | {e.id for e in eqns if e.ins == (b.out,) and e.prim == "Flatten"}
     assert layers == 16
+
+
+def test_with_q_k_and_v_concatenated_each_chain_takes_the_next_product(monkeypatch) -> None:
+    """The H200's graph with its projections concatenated (as ``concat_projections=True``
+    makes them; the shape check taken as passed): each layer's chain takes the next
+    layer's q, k and v product, the last layer's the head, so a layer's marker cut is
+    inside a kernel and legalisation moves it past that product; every layer's segment
+    then has one chain of four parts, a step 16 kernels fewer than with three parts, and
+    the head's segment holds no product."""
+    from segc.passes.concat import concat_projections
+    from segc.passes.legalize import legalize_plan
+    from segc.passes.plan import apply_plan, plan_of
+
+    g = concat_projections(parse(GRAPH.read_text()), check=lambda *_a, **_k: True)
+    avals = {n: (v.shape, v.dtype) for n, v in g.vars().items()}
+    consts = {c.var.name: c.value for c in g.consts}
+    flags = {**CUDA_DEFAULTS, "chains": True}
+    kernels = {}
+    for nxt in ("1", "0"):
+        monkeypatch.setenv("SEGC_CHAIN_NEXT", nxt)
+        whole = find_all(g.eqns, g.outputs, consts, avals, g.eqns, **flags).products
+        chains = [m for m in whole if m.kind == "chain"]
+        assert len(chains) == 16 and {len(m.parts) for m in chains} == {4 if nxt == "1" else 3}
+        if nxt == "1":  # q, k and v of a layer, 15 times; the head's vocabulary
+            assert [m.parts[3].n for m in chains] == [2048 + 2 * 512] * 15 + [32000]
+        plan = legalize_plan(g, plan_of(g, "markers"), kernels=flags)
+        assert len(plan.moved) == (16 if nxt == "1" else 0)
+        cut = apply_plan(g, plan)
+        found = [find_all(s.eqns(cut), s.outputs, consts, avals, cut.eqns, **flags) for s in segments(cut)]
+        kernels[nxt] = [len(f.kernels()) for f in found]
+        parts = [[len(m.parts) for m in f.products if m.kind == "chain"] for f in found]
+        assert parts == [[4 if nxt == "1" else 3]] * 16 + [[]]
+    # segc's kernels a segment: (the first layer's q, k and v,) the write with its
+    # attention, the chain; the head's product; with four parts the next product moved in
+    assert kernels["0"] == [3] * 16 + [1] and kernels["1"] == [3] + [2] * 15 + [0]
 
 
 def test_find_products_alone_makes_no_chain() -> None:

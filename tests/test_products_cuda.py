@@ -205,7 +205,8 @@ def test_quantized_kernels_are_mlx_qmv_then_the_rest(dt, bits, group, k, n, kind
 def test_a_chain_is_mlx_s_kernels_for_a_layers_mlp(dt, k, h, n, concat, orders, eps, odd, seed) -> None:
     """A layer's MLP as one kernel (``cuda_chain.py``): the output product and the
     residual, the norm, the gate and up products and the gated activation, the down
-    product and the residual, each as MLX runs it eagerly, byte for byte."""
+    product and the residual, each as MLX runs it eagerly, byte for byte; and with the
+    next normed product as its fourth stage (of 1 to 3,000 rows)."""
     assume(max(2 * h, n) * dt.size <= 40 * 1024)  # what the finder takes (product_chain.SHARED_MAX)
     o, wo = _values((1, k), dt, seed, odd), _values((h, k), dt, seed + 1, odd)
     r, nw = _values((1, 1, h), dt, seed + 2, odd), _values((h,), dt, seed + 3, odd)
@@ -230,6 +231,16 @@ def test_a_chain_is_mlx_s_kernels_for_a_layers_mlp(dt, k, h, n, concat, orders, 
     m = chain_match(h, n, concat, orders, eps, (1, 1, h))
     got = products.product_kernel("auto")(m, [o, wo, r, *ws, nw, wd])  # type: ignore[misc]
     assert same_bits(got, want)
+    # with its fourth part: the normed product of what it wrote, as MLX runs it eagerly
+    nq = 1 + seed % 3000
+    wq, nw2 = _values((nq, h), dt, seed + 7, odd), _values((h,), dt, seed + 8, odd)
+    q = mx.fast.rms_norm(want, nw2, 1e-6).reshape(1, h) @ wq.T
+    d = ProductMatch("gemv", (m.out, "wq", "nw2"), (0,), nq, (), "q", (1, nq), 3, frozenset(), eps=1e-6)
+    m4 = ProductMatch(
+        "chain", (*m.ins, "wq", "nw2"), m.rows, n, m.order, m.out, m.shape, 3, frozenset(), m.eps, None, (*m.parts, d)
+    )
+    got4 = products.product_kernel("auto")(m4, [o, wo, r, *ws, nw, wd, wq, nw2])  # type: ignore[misc]
+    assert same_bits(got4[0], want) and same_bits(got4[1], q)
 
 
 @pytest.mark.parametrize("chains", ["1", "0"])
@@ -245,11 +256,17 @@ def test_a_llama_decode_keeps_its_bits_with_the_kernels(bits, concat, chains, mo
     if bits:
         nn.quantize(model, group_size=64, bits=bits)
     monkeypatch.setenv("SEGC_CHAIN_PRODUCTS", chains)
-    seen = [(m.kind, m.quant) for m in products_in_agreeing_decodes(monkeypatch, model, concat_projections=concat)]
+    matches = products_in_agreeing_decodes(monkeypatch, model, concat_projections=concat)
+    seen = [(m.kind, m.quant) for m in matches]
     q = (64, bits) if bits else None
+    # q/k/v (one product or three) with their norm, and the logits with the final norm
+    gemvs = 3 if concat else 7
     if chains == "1" and not bits:  # each layer's MLP one kernel (the quantized ones stay three)
         assert seen.count(("chain", None)) >= 2 and ("glu", q) not in seen, seen
+        # the last layer's chain takes the head; with q, k and v concatenated the first's
+        # takes the next layer's (one segment: no cut between them)
+        assert sum(len(m.parts) == 4 for m in matches if m.kind == "chain") >= (2 if concat else 1), seen
+        gemvs -= 2 if concat else 1
     else:
         assert seen.count(("glu", q)) >= 2 and seen.count(("add", q)) >= 4, seen
-    # q/k/v (one product or three) with their norm, and the logits with the final norm
-    assert seen.count(("gemv", q)) >= (3 if concat else 7), seen
+    assert seen.count(("gemv", q)) >= gemvs, seen

@@ -1,5 +1,5 @@
 """The kernel of ``product_chain.py`` (a layer's MLP from the attention's output product
-on) for MLX's CUDA backend (``mx.fast.cuda_kernel``): three stages in one launch.
+on) for MLX's CUDA backend (``mx.fast.cuda_kernel``): three or four stages in one launch.
 
 1. ``h = r + o @ Wo.T``, rows of 8 a ticket, as the ``add`` kernel computes them;
 2. ``a = silu(norm(h) @ Wg.T) * (norm(h) @ Wu.T)``, as the normed ``glu`` kernel does
@@ -7,16 +7,21 @@ on) for MLX's CUDA backend (``mx.fast.cuda_kernel``): three stages in one launch
 3. ``out = h + a @ Wd.T``, as the ``add`` kernel does (``a`` copied into shared memory
    once a block).
 
+With a fourth part (``product_chain.py``, "The next product too"):
+
+4. ``yq = norm(out) @ Wq.T``, as the normed ``gemv`` kernel computes it (each block
+   normalises ``out`` once, as in stage 2).
+
 The code of each row is ``cuda_products.py``'s (the same bits). A stage reads what the
 one before wrote, so the blocks take **tickets** in order from a counter (``ctl[0]``; a
 block claims its next ticket while it works on one) rather than by their index, and
-count each stage's tickets done (``ctl[32]``, ``ctl[64]``: each counter on a cache line
-of its own); a block waits for a stage only when it holds a ticket of the next. Every
+count each stage's tickets done (``ctl[32]``, ``ctl[64]``, ...: each counter on a cache
+line of its own); a block waits for a stage only when it holds a ticket of the next. Every
 ticket of the stage waited for is held by a block that is running (a block works on its
 lower ticket first), so no wait depends on a block the GPU has not started: no
 deadlock, whatever the grid and however many blocks are resident (the decoupled
 look-back's argument). The grid is a block per ticket of the largest stage, as many as
-the three kernels' largest grid (``SEGC_CHAIN_BLOCKS`` sets another). A wait longer than
+the separate kernels' largest grid (``SEGC_CHAIN_BLOCKS`` sets another). A wait longer than
 about 2^32 cycles traps (a CUDA error, not a hang). Values another block wrote are read
 through L2 (``__ldcg``). The last block to leave sets the counters back to zero for the
 next call. The counters, and after them the stages' rows ``h`` and ``a``, are a uint32
@@ -127,51 +132,60 @@ __device__ void segc_wait(const uint32_t* cnt, uint32_t want) {
 """
 
 
-def tickets(first: str, second_once: str, second: str, third_once: str, third: str) -> str:
-    """The ticket loop of a three-stage kernel (module docstring), each stage's text
-    given: ``first``, ``second`` and ``third`` for one ticket (its rows start at
-    ``row``), ``second_once`` and ``third_once`` run by a block before its first ticket of
-    that stage, once the stage before is done. Stages of ``H``, ``NI`` and ``H`` rows,
-    ``RPB`` a ticket; the counters at ``ctlin``. Public for benchmarks/chain_device.py's
-    probe of the tickets alone."""
+def tickets(stages: Sequence[tuple[str, str, str]]) -> str:
+    """The ticket loop of a kernel of stages (module docstring), each stage
+    ``(tickets, once, body)``: the C++ expression of its number of tickets (``RPB`` rows
+    each), the text a block runs before its first ticket of the stage once the stage
+    before is done (none for the first), the text of one ticket (its rows start at
+    ``row``). At most :data:`STAGES`; the counters at ``ctlin``: the tickets', each
+    stage's done (but the last's), the blocks gone. Public for
+    benchmarks/chain_device.py's probe of the tickets alone."""
+    n = len(stages)
+    if not 1 <= n <= STAGES:
+        raise ValueError(f"a chain has 1 to {STAGES} stages, not {n}")
+    ends = [f"E{k}" for k in range(n)]
+    consts = "".join(
+        f"    constexpr uint32_t {e} = {ends[k - 1] + ' + ' if k else ''}({count});\n"
+        for k, (e, (count, _, _)) in enumerate(zip(ends, stages))
+    )
+    waited = "".join(f"    bool waited{k} = false;\n" for k in range(1, n))
+    branches = []
+    for k, (_, once, body) in enumerate(stages):
+        head = ("" if k == 0 else "else ") + (f"if (tk < {ends[k]}) " if k < n - 1 else "")
+        wait = (
+            f"""            if (!waited{k}) {{
+                segc_wait(ctl + {k} * LINE, {ends[k - 1]} - {ends[k - 2] if k > 1 else "0"});
+{once}
+                waited{k} = true;
+            }}
+"""
+            if k
+            else ""
+        )
+        first = ends[k - 1] if k else "0"
+        done = f"            segc_done(ctl + {k + 1} * LINE);\n" if k < n - 1 else ""
+        branches.append(
+            f"""        {head}{{
+{wait}            const int row = (tk - {first}) * RPB + threadIdx.y;
+{body}
+{done}        }}"""
+        )
+    loop = "\n".join(branches).replace("\n\n", "\n")
     return f"""
     uint32_t* ctl = const_cast<uint32_t*>(ctlin);
     constexpr int LINE = 32;  // each counter on a cache line of its own
-    constexpr uint32_t TA = (H + RPB - 1) / RPB, TB = (NI + RPB - 1) / RPB, TOTAL = 2 * TA + TB;
-    __shared__ uint32_t ticket;
-    bool waited1 = false, waited2 = false;
-    if (segc_lead()) {{
+{consts}    __shared__ uint32_t ticket;
+{waited}    if (segc_lead()) {{
         ticket = atomicAdd(ctl, 1u);
     }}
     __syncthreads();
     uint32_t tk = ticket, next = 0;
     __syncthreads();
-    while (tk < TOTAL) {{
+    while (tk < {ends[-1]}) {{
         if (segc_lead()) {{
             next = atomicAdd(ctl, 1u);  // the next ticket, claimed while this one runs
         }}
-        if (tk < TA) {{
-            const int row = tk * RPB + threadIdx.y;
-{first}
-            segc_done(ctl + LINE);
-        }} else if (tk < TA + TB) {{
-            if (!waited1) {{
-                segc_wait(ctl + LINE, TA);
-{second_once}
-                waited1 = true;
-            }}
-            const int row = (tk - TA) * RPB + threadIdx.y;
-{second}
-            segc_done(ctl + 2 * LINE);
-        }} else {{
-            if (!waited2) {{
-                segc_wait(ctl + 2 * LINE, TB);
-{third_once}
-                waited2 = true;
-            }}
-            const int row = (tk - TA - TB) * RPB + threadIdx.y;
-{third}
-        }}
+{loop}
         __syncthreads();  // (every warp done with `ticket` and with this ticket's rows)
         if (segc_lead()) {{
             ticket = next;
@@ -181,18 +195,20 @@ def tickets(first: str, second_once: str, second: str, third_once: str, third: s
     }}
     if (segc_lead()) {{
         __threadfence();
-        if (atomicAdd(ctl + 3 * LINE, 1u) == gridDim.x * gridDim.y * gridDim.z - 1) {{
-            ctl[0] = 0u;  // the last block gone: ready for the next call
-            ctl[LINE] = 0u;
-            ctl[2 * LINE] = 0u;
-            ctl[3 * LINE] = 0u;
+        if (atomicAdd(ctl + {n} * LINE, 1u) == gridDim.x * gridDim.y * gridDim.z - 1) {{
+            for (int k = 0; k <= {n}; ++k) {{
+                ctl[k * LINE] = 0u;  // the last block gone: ready for the next call
+            }}
             __threadfence();
         }}
     }}
 """
 
 
-COUNTERS = 4 * 32  # four counters, each on a 128-byte line of its own (LINE words)
+STAGES = 4  # the most a chain has: its MLP's three and the next normed product
+
+
+COUNTERS = (STAGES + 1) * 32  # the counters (tickets, stages done, blocks gone), each on a 128-byte line (LINE words)
 
 _ROWS = f"""
     T* h = reinterpret_cast<T*>(const_cast<uint32_t*>(ctlin) + {COUNTERS});  // the rows, after the counters
@@ -202,8 +218,13 @@ _ROWS = f"""
     T* hrow = buf + XO;  // h (stage 2)
 """
 
-_BODY = _ROWS + tickets(
-    first=r"""
+_ROWS_OF = "(H + RPB - 1) / RPB"
+# the MLP's stages: (tickets, once, body), as ``tickets`` takes them
+_MLP = [
+    (
+        _ROWS_OF,
+        "",
+        r"""
             if (row < H) {
                 float s = segc_row<T>(wo, x, row, KA);
                 if (threadIdx.x == 0) {
@@ -211,10 +232,13 @@ _BODY = _ROWS + tickets(
                     h[row] = PFA ? Add{}(y, r[row]) : Add{}(r[row], y);
                 }
             }""",
-    second_once=r"""
+    ),
+    (
+        "(NI + RPB - 1) / RPB",
+        r"""
                 segc_fetch<T>(hrow, h, H);
                 segc_rms<T, NBS, NCH, NR>(hrow, nw, xs, H, EPS);""",
-    second=r"""
+        r"""
             if (row < NI) {
                 float sg, su;
                 segc_rows2<T>(wg, OG + row, wu, OU + row, xs, H, sg, su);
@@ -222,9 +246,12 @@ _BODY = _ROWS + tickets(
                     a[row] = segc_glu<T, GFIRST, GSFIRST>(sg, su);
                 }
             }""",
-    third_once=r"""
+    ),
+    (
+        _ROWS_OF,
+        r"""
                 segc_fetch<T>(xs, a, NI);""",
-    third=r"""
+        r"""
             if (row < H) {
                 float s = segc_row<T>(wd, xs, row, NI);
                 if (threadIdx.x == 0) {
@@ -233,27 +260,51 @@ _BODY = _ROWS + tickets(
                     out[row] = PFC ? Add{}(y, hr) : Add{}(hr, y);
                 }
             }""",
+    ),
+]
+# the fourth: the normed product of what the third wrote (the next layer's q, k and v,
+# or the head), as the normed ``gemv`` kernel computes its rows
+_NEXT = (
+    "(NQ + RPB - 1) / RPB",
+    r"""
+                segc_fetch<T>(hrow, out, H);
+                segc_rms<T, NBS, NCH, NR>(hrow, nw2, xs, H, EPS2);""",
+    r"""
+            if (row < NQ) {
+                float s = segc_row<T>(wq, xs, row, H);
+                if (threadIdx.x == 0) {
+                    yq[row] = static_cast<T>(s);
+                }
+            }""",
 )
 
-INPUTS = ["x", "wo", "r", "wg", "wu", "nw", "wd", "ctlin"]
-OUTPUTS = ["out"]
+INPUTS = ["x", "wo", "r", "wg", "wu", "nw", "wd"]
+
+
+def _bits(x: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", x))[0]
 
 
 @functools.cache
-def _kernel(eps_bits: int) -> Any:
+def _kernel(eps_bits: int, next_bits: int | None = None) -> Any:
+    """The chain's kernel; with ``next_bits`` (the fourth part's eps), of four stages."""
+    four = next_bits is not None
+    header = _HEADER + CHAIN_HEADER + f"#define EPS (__int_as_float(0x{eps_bits:08x}))\n"
+    if four:
+        header += f"#define EPS2 (__int_as_float(0x{next_bits:08x}))\n"
     return cuda_kernel(
-        name=f"segc_chain_{eps_bits:08x}",
-        input_names=INPUTS,
-        output_names=OUTPUTS,
-        source=_BODY,
-        header=_HEADER + CHAIN_HEADER + f"#define EPS (__int_as_float(0x{eps_bits:08x}))\n",
+        name=f"segc_chain{'4' if four else ''}_{eps_bits:08x}" + (f"_{next_bits:08x}" if four else ""),
+        input_names=[*INPUTS, *(["wq", "nw2"] if four else []), "ctlin"],
+        output_names=["out", *(["yq"] if four else [])],
+        source=_ROWS + tickets([*_MLP, *([_NEXT] if four else [])]),
+        header=header,
     )
 
 
 def state(hidden: int, inner: int, itemsize: int) -> mx.array:
     """A fresh state for the kernel, made at each traced call (so each compiled segment
     keeps its own; 1-d, so never one of the scalars MLX's compile merges when equal):
-    its four counters, then room for the stages' rows ``h`` and ``a`` (``a`` 16-byte
+    its counters, then room for the stages' rows ``h`` and ``a`` (``a`` 16-byte
     aligned), kept by the segment instead of two outputs MLX would allocate at every
     call."""
     words = -(-((aligned(hidden, itemsize) + inner) * itemsize) // 4)
@@ -263,11 +314,12 @@ def state(hidden: int, inner: int, itemsize: int) -> mx.array:
 def launch(m: ProductMatch, ins: Sequence[mx.array]) -> tuple[list[tuple[str, Any]], list[mx.array], int]:
     """The template, the inputs and the number of blocks of the chain ``m`` over ``ins``
     (``product_chain.chain_products``: o, Wo, r, the gate's and up's weights (one when
-    concatenated), the norm's weight, Wd)."""
-    a, b, c = m.parts
+    concatenated), the norm's weight, Wd; with a fourth part its weight and its norm's)."""
+    a, b, c = m.parts[:3]
+    nb = len(b.ins) - 2  # the gate's and up's weights, or one
     x, wo, r = ins[0], ins[1], ins[2]
-    wb = list(ins[3:-2])
-    nw, wd = ins[-2], ins[-1]
+    wb = list(ins[3 : 3 + nb])
+    nw, wd, rest = ins[3 + nb], ins[4 + nb], list(ins[5 + nb :])
     if len(wb) == 1:  # one concatenated weight, read twice
         wb = wb * 2
     hidden, inner, dt = a.n, b.n, x.dtype
@@ -292,14 +344,19 @@ def launch(m: ProductMatch, ins: Sequence[mx.array]) -> tuple[list[tuple[str, An
         ("SH", shared_elems(hidden, inner, size)),
         ("XO", aligned(hidden, size)),
     ]
+    rows = [hidden, inner]
+    if len(m.parts) == 4:
+        tmpl.append(("NQ", m.parts[3].n))
+        rows.append(m.parts[3].n)
     # a block per ticket of the largest stage: the gate and up products as many warps
     # in flight as their own kernel has (any grid is correct; SEGC_CHAIN_BLOCKS)
-    grid = max(-(-hidden // ROWS_PER_BLOCK), -(-inner // ROWS_PER_BLOCK))
-    return tmpl, [x, wo, r, wb[0], wb[1], nw, wd, state(hidden, inner, size)], grid
+    grid = max(-(-n // ROWS_PER_BLOCK) for n in rows)
+    return tmpl, [x, wo, r, wb[0], wb[1], nw, wd, *rest, state(hidden, inner, size)], grid
 
 
-def chain(m: ProductMatch, ins: Sequence[mx.array], blocks: int | None = None) -> mx.array:
-    """The chain ``m`` over ``ins`` by one kernel: its output (``m.shape``). ``blocks``:
+def chain(m: ProductMatch, ins: Sequence[mx.array], blocks: int | None = None) -> Any:
+    """The chain ``m`` over ``ins`` by one kernel: its output (``m.shape``), or with a
+    fourth part ``[that, the fourth's]`` (``m.outs``). ``blocks``:
     the grid (default: the environment's ``SEGC_CHAIN_BLOCKS``, else as many blocks as
     the largest stage has tickets; any number is correct, module docstring)."""
     tmpl, inputs, most = launch(m, ins)
@@ -309,15 +366,14 @@ def chain(m: ProductMatch, ins: Sequence[mx.array], blocks: int | None = None) -
             raise UsageError(f"SEGC_CHAIN_BLOCKS must be a number of blocks (1 or more), not {given!r}")
         blocks = int(given) if given else most
     blocks = max(1, blocks)
-    b = m.parts[1]
-    assert b.eps is not None
-    eps_bits = struct.unpack("<I", struct.pack("<f", b.eps))[0]
-    (out,) = _kernel(eps_bits)(
+    b, d = m.parts[1], m.parts[3] if len(m.parts) == 4 else None
+    assert b.eps is not None and (d is None or d.eps is not None)  # (the finder took only such norms)
+    outs = _kernel(_bits(b.eps), None if d is None or d.eps is None else _bits(d.eps))(
         inputs=inputs,
         template=tmpl,
         grid=(32 * blocks, ROWS_PER_BLOCK, 1),
         threadgroup=(32, ROWS_PER_BLOCK, 1),
-        output_shapes=[m.shape],
-        output_dtypes=[inputs[0].dtype],
+        output_shapes=[m.shape, *([d.shape] if d else [])],
+        output_dtypes=[inputs[0].dtype] * (2 if d else 1),
     )
-    return out
+    return outs[0] if d is None else list(outs)

@@ -10,6 +10,18 @@ hand ``h`` and ``a`` to each other through device memory, each row computed by t
 same code as the three kernels: the same bits. A chain is a :class:`ProductMatch` of
 kind ``"chain"`` whose ``parts`` are the three matches.
 
+**The next product too.** What the chain writes (the layer's output) is normalised and
+multiplied next: by the next layer's query, key and value weights (one product where
+they are concatenated), or by the output head after the final norm. Where that normed
+``gemv`` is in the same segment, it is the chain's fourth part, a fourth stage of the
+kernel, which defines both values (``ProductMatch.outs``): one kernel fewer again, and
+two a layer where every layer's is taken. The cuts then fall after it (a cut inside a
+kernel is not legal, ``passes/legalize.py``), so a layer's segment starts at its
+attention. Taken where it is the only normed product of the chain's output (q, k and
+v not concatenated: three products share the norm, and none is taken) and every other
+reader of the chain's output comes after it. ``CHAIN_NEXT`` (``True``) and the
+environment's ``SEGC_CHAIN_NEXT`` (``0`` keeps three parts) choose.
+
 Taken where ``h`` is read by the norm and the last addition alone, ``a`` by the down
 product alone (through views that keep its bytes), none of them a segment output, over
 plain weights of one floating dtype, and where a block's shared memory holds the two
@@ -37,6 +49,9 @@ from .product_match import ProductMatch
 # the product kernels are taken. The environment's SEGC_CHAIN_PRODUCTS (1 or 0) decides
 # over it. Read when a graph is lowered.
 CHAIN_PRODUCTS = "never"
+# whether a chain takes the normed product of what it writes as a fourth part (the
+# environment's SEGC_CHAIN_NEXT=0 says no). Read when a graph is lowered.
+CHAIN_NEXT = True
 # bytes of shared memory a block may keep rows in (below the 48 KiB of a static
 # allocation, with room for the norm's and the tickets' few words)
 SHARED_MAX = 40 * 1024
@@ -54,6 +69,15 @@ def chains_wanted(setting: str | None = None) -> bool:
     if given not in ("", "0", "1"):
         raise UsageError(f"SEGC_CHAIN_PRODUCTS must be 1 or 0, not {given!r}")
     return given == "1" if given else setting == "auto"
+
+
+def next_wanted() -> bool:
+    """Whether a chain takes a fourth part: :data:`CHAIN_NEXT`, unless the environment's
+    ``SEGC_CHAIN_NEXT`` is ``0`` (``1`` asks for it)."""
+    given = os.environ.get("SEGC_CHAIN_NEXT", "").strip()
+    if given not in ("", "0", "1"):
+        raise UsageError(f"SEGC_CHAIN_NEXT must be 1 or 0, not {given!r}")
+    return given == "1" if given else CHAIN_NEXT
 
 
 def aligned(n: int, itemsize: int) -> int:
@@ -95,6 +119,8 @@ def chain_products(
     by_addend = {m.ins[-1]: m for m in adds}
     out: list[ProductMatch] = []
     taken: set[int] = set()
+    nxt = next_wanted()
+    pos = {e.id: k for k, e in enumerate(eqns)}
     for a in adds:
         b = by_row.get(a.out)
         c = by_addend.get(a.out)
@@ -114,6 +140,32 @@ def chain_products(
         ins = (*a.ins, *b.ins[1:], c.ins[1])  # o, Wo, r, the gate's and up's weights, the norm's, Wd
         skip = a.skip | b.skip | c.skip | {e.id for e in views}
         chain = ProductMatch("chain", ins, b.rows, inner, (*a.order, *b.order, *c.order), c.out, c.shape, c.last, skip)
-        out.append(replace(chain, eps=b.eps, parts=(a, b, c)))
+        d = _next(g, found, c, dt, taken, pos) if nxt else None
+        if d is None:
+            chain = replace(chain, eps=b.eps, parts=(a, b, c))
+        else:
+            chain = replace(
+                chain, ins=(*ins, *d.ins[1:]), last=d.last, skip=skip | d.skip, eps=b.eps, parts=(a, b, c, d)
+            )
+            taken.add(id(d))
+        out.append(chain)
         taken |= {id(a), id(b), id(c)}
     return [m for m in found if id(m) not in taken] + out
+
+
+def _next(
+    g: SegmentGraph, found: Sequence[ProductMatch], c: ProductMatch, dt: str, taken: set[int], pos: dict[int, int]
+) -> ProductMatch | None:
+    """The normed ``gemv`` of ``c``'s output that a chain ending in ``c`` takes as its
+    fourth part (module docstring), or None. ``pos``: each equation's place in the
+    segment (the replay's order; ids are not: a concatenated product's is new)."""
+    normed = [m for m in found if m.eps is not None and m.ins[0] == c.out]
+    if len(normed) != 1:  # none, or several sharing the norm (each normalises the row itself)
+        return None
+    (d,) = normed
+    if d.kind != "gemv" or d.quant is not None or id(d) in taken or g.dtype.get(d.out) != dt:
+        return None
+    at = pos[d.last]
+    if any(e.id not in d.skip and pos[e.id] < at for e in g.readers.get(c.out, [])):
+        return None  # read before the kernel (at d's last equation) has defined it
+    return d

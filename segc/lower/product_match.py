@@ -33,7 +33,7 @@ class ProductMatch:
     each weight is three values: the packed weight, its scales, its biases. ``rows`` is
     the first weight row of each part (``add``: one; ``glu``: gate, up) and ``n`` the rows a part
     has; a ``chain`` (``product_chain.py``) is an ``add``, a normed ``glu`` and an ``add``
-    as one kernel, its ``parts``; ``order`` the recorded operand orders (``add``: the product first;
+    as one kernel, its ``parts`` (and a normed ``gemv`` of what the chain writes, a fourth); ``order`` the recorded operand orders (``add``: the product first;
     ``glu``: ``g`` first in ``g * sigmoid(g)``, that product first in its product with
     ``u``). Gathered (``gather_match.py``): ``gglu`` is ``glu`` over the experts'
     weights ``(E, N, K)`` with their indices last; ``gmoe``: (slots' rows, down weights,
@@ -53,6 +53,12 @@ class ProductMatch:
     eps: float | None = None
     quant: tuple[int, int] | None = None
     parts: tuple[ProductMatch, ...] = ()
+
+    @property
+    def outs(self) -> tuple[str, ...]:
+        """What the kernel defines: ``out``, and a chain of four parts its fourth part's
+        output after it (``product_chain.py``)."""
+        return (self.out, self.parts[3].out) if len(self.parts) == 4 else (self.out,)
 
 
 @dataclass(frozen=True)

@@ -103,13 +103,17 @@ def reference_products(m: ProductMatch, ins: Sequence[mx.array]) -> mx.array:
     return gs * uv if m.order[1] else uv * gs
 
 
-def _chained(m: ProductMatch, ins: Sequence[mx.array]) -> mx.array:
-    """A chain (``product_chain.py``): its three parts in turn, the activation flattened
-    to the row the down product reads."""
-    a, b, c = m.parts
+def _chained(m: ProductMatch, ins: Sequence[mx.array]) -> Any:
+    """A chain (``product_chain.py``): its parts in turn, the activation flattened to the
+    row the down product reads; with a fourth part, ``[out, its product]``."""
+    a, b, c = m.parts[:3]
+    nb = len(b.ins) - 1  # the gate's and up's weights (or one) and the norm's
     h = reference_products(a, ins[:3])
-    act = reference_products(b, [h, *ins[3:-1]])
-    return reference_products(c, [act.reshape(1, b.n), ins[-1], h])
+    act = reference_products(b, [h, *ins[3 : 3 + nb]])
+    out = reference_products(c, [act.reshape(1, b.n), ins[3 + nb], h])
+    if len(m.parts) == 3:
+        return out
+    return [out, reference_products(m.parts[3], [out, *ins[4 + nb :]])]
 
 
 def _gathered(m: ProductMatch, ins: Sequence[mx.array]) -> mx.array:
@@ -132,7 +136,8 @@ def _gathered(m: ProductMatch, ins: Sequence[mx.array]) -> mx.array:
     return ins[3] + s if m.order[1] else s + ins[3]
 
 
-Kernel = Callable[[ProductMatch, Sequence[mx.array]], mx.array]
+# a match's kernel: its output, or a list of its outputs (``ProductMatch.outs``)
+Kernel = Callable[[ProductMatch, Sequence[mx.array]], Any]
 
 MLX_SERIES = "0.32."  # the MLX whose kernels the CUDA kernels copy
 # "auto": the CUDA kernels where the default device is a CUDA GPU (unless the environment
@@ -185,10 +190,10 @@ def cuda_products(m: ProductMatch, ins: Sequence[mx.array]) -> mx.array:
     return product(m.kind, ins, m.rows, m.n, m.shape, m.order, norm, m.quant)
 
 
-def fused_rule(m: ProductMatch, kernel: Kernel) -> Callable[[list[mx.array], tuple, Any], mx.array]:
-    """A replay rule computing ``m`` with ``kernel``."""
+def fused_rule(m: ProductMatch, kernel: Kernel) -> Callable[[list[mx.array], tuple, Any], Any]:
+    """A replay rule computing ``m`` with ``kernel`` (its output, or ``m.outs``' list)."""
 
-    def run(ins: list[mx.array], args: tuple, e: Any) -> mx.array:
+    def run(ins: list[mx.array], args: tuple, e: Any) -> Any:
         return kernel(m, ins)
 
     return run

@@ -221,7 +221,7 @@ def replay_fn(
         elif e.id in prod_at:
             p = prod_at[e.id]
             assert products is not None
-            plan.append((fused_rule(p, products), e, p.ins, (p.out,)))
+            plan.append((fused_rule(p, products), e, p.ins, p.outs))
         elif e.id in rewrites:
             x = rewrites[e.id]
             plan.append((experts.rule(x), e, x.ins, x.outs))
