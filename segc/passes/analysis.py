@@ -7,8 +7,8 @@ a *cut point* ``k`` (``1 <= k < len(ops)``) is the gap before ``ops[k]``.
 
 The cost model is a roofline: an equation takes ``max(flops / F, bytes / B)`` seconds on a
 :class:`Machine`. Views (reshape, broadcast, transpose, slice, ...) cost nothing: MLX
-makes them without copying; but a reshape of a value that is not contiguous (a
-transposed one) copies it. A value read through a broadcast costs its source's bytes;
+makes them without copying; but a reshape MLX cannot make a view of (of a transposed
+matrix, say) copies it (``layout.py``: MLX's strides and flags for each view). A value read through a broadcast costs its source's bytes;
 an elementwise output that keeps a broadcast layout writes only its data. A fused
 multiply-add counts two FLOPs (``AddMM``: the product, then the scaled add). Bytes are
 counted as if nothing were fused; that
@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from ..ir import Eqn, Graph, Segment, Var, segments
 from ..lower.prim import Prim, lookup
 from ..units import fmt_bytes, fmt_seconds
+from .layout import Layout, dense, view_layout
 
 # --------------------------------------------------------------------------- cost model
 
@@ -72,8 +73,8 @@ def eqn_flops(e: Eqn, vs: dict[str, Var]) -> int:
 def eqn_bytes(e: Eqn, vs: dict[str, Var], lv: Liveness | None = None) -> tuple[int, int]:
     """(bytes read, bytes written) of one equation, as if it ran alone.
 
-    With the graph's :class:`Liveness` the layout is known: a reshape of a value that is
-    not contiguous copies it (reads and writes its bytes); a value read through a view
+    With the graph's :class:`Liveness` the layout is known: a reshape MLX cannot make a
+    view of copies (reads and writes its bytes); a value read through a view
     costs the smaller of the view and the buffer behind it (a broadcast reads its
     source, a slice its elements); an output that keeps a broadcast layout writes only
     its data. Without it every value is dense and every view free."""
@@ -87,7 +88,7 @@ def eqn_bytes(e: Eqn, vs: dict[str, Var], lv: Liveness | None = None) -> tuple[i
             return written + sum(vs[v].nbytes for v in e.ins[1:]), written
         return sum(vs[v].nbytes for v in dict.fromkeys(e.ins)), written
     if is_view(e) and all(lv.root[o.name] != o.name for o in e.outs):
-        return 0, 0  # a view that aliases its input (a reshape of a contiguous value)
+        return 0, 0  # a view that aliases its input (a reshape MLX makes a view of)
     written = sum(lv.nbytes[o.name] for o in e.outs if lv.root[o.name] == o.name)
 
     def read(v: str) -> int:
@@ -135,8 +136,8 @@ def ops(g: Graph) -> list[Eqn]:
 
 @dataclass(frozen=True, slots=True)
 class Liveness:
-    """Buffer-level liveness. A view (broadcast, transpose, slice, a reshape of a
-    contiguous value, ...) owns no memory: ``root`` maps every value to the buffer it
+    """Buffer-level liveness. A view (broadcast, transpose, slice, a reshape MLX makes a
+    view of, ...) owns no memory: ``root`` maps every value to the buffer it
     reads (itself for a computed value, a graph input or a constant) and a view keeps its
     root alive. ``defined``: op index of each computed buffer; ``last_use``: last op
     reading the buffer through any alias (``n`` for a graph output); ``nbytes``: bytes
@@ -152,16 +153,6 @@ class Liveness:
     consts: frozenset[str] = frozenset()
 
 
-def _unit_moves(e: Eqn, vs: dict[str, Var]) -> bool:
-    """A transpose that moves only axes of size 1: the elements keep their order, and MLX
-    keeps the value contiguous (a reshape of it is a view)."""
-    if e.prim != "Transpose" or not e.args:
-        return False
-    shape = vs[e.ins[0]].shape
-    big = [a for a in e.args[0] if shape[a] != 1]
-    return big == sorted(big)
-
-
 def liveness(g: Graph) -> Liveness:
     """Liveness, with MLX's layouts: a broadcast view's data is its source's; an
     elementwise equation (``Prim.fusible``) whose one input with more than one element
@@ -171,14 +162,14 @@ def liveness(g: Graph) -> Liveness:
     os_ = ops(g)
     vs = g.vars()
     root: dict[str, str] = {}
-    contiguous: dict[str, bool] = {}
+    layout: dict[str, Layout] = {}  # each value's strides and flags, as MLX lays it out (layout.py)
     nbytes: dict[str, int] = {}
     data: dict[str, int] = {}  # elements of data behind each value
     for i in g.inputs:
-        root[i.var.name], contiguous[i.var.name], nbytes[i.var.name] = i.var.name, True, i.var.nbytes
+        root[i.var.name], layout[i.var.name], nbytes[i.var.name] = i.var.name, dense(i.var.shape), i.var.nbytes
         data[i.var.name] = i.var.size
     for c in g.consts:
-        root[c.var.name], contiguous[c.var.name], nbytes[c.var.name] = c.var.name, True, 0
+        root[c.var.name], layout[c.var.name], nbytes[c.var.name] = c.var.name, dense(c.var.shape), 0
         data[c.var.name] = c.var.size
     defined: dict[str, int] = {}
     last: dict[str, int] = {}
@@ -188,21 +179,24 @@ def liveness(g: Graph) -> Liveness:
         src = e.ins[0] if e.ins else None
         p = _facts(e)
         mem = p.memory
-        alias = mem in ("view", "view_keep", "reshape") and src is not None
-        alias = alias and not (mem == "reshape" and not contiguous[src])  # type: ignore[index]
+        made: Layout | None = None
+        if mem in ("view", "view_keep", "reshape") and src is not None:
+            made = view_layout(e, layout[src], vs[src].shape, e.outs[0].shape if e.outs else ())
         keep = None  # a broadcast layout kept by an elementwise output: its data elements
         if p.fusible and mem in ("compute", "move") and e.ins:
             big = [v for v in e.ins if data[v] > 1]
             if len(big) == 1 and data[big[0]] < vs[big[0]].size:
                 keep = data[big[0]]
         for o in e.outs:
-            if alias:
+            if made is not None:
                 assert src is not None
-                root[o.name] = root[src]
-                contiguous[o.name] = contiguous[src] and (mem in ("view_keep", "reshape") or _unit_moves(e, vs))
+                root[o.name], layout[o.name] = root[src], made
                 data[o.name] = data[src] if e.prim == "Broadcast" else min(o.size, data[src])
             else:
-                root[o.name], contiguous[o.name] = o.name, True
+                kept = keep is not None and o.size == vs[big[0]].size and layout[big[0]].strides
+                root[o.name], layout[o.name] = o.name, dense(o.shape)
+                if kept:  # MLX gives it its input's strides (a broadcast: not row-contiguous)
+                    layout[o.name] = Layout(layout[big[0]].strides, layout[big[0]].row, False)
                 data[o.name] = keep if keep is not None and o.size == vs[big[0]].size else o.size
                 nbytes[o.name] = data[o.name] * o.nbytes // max(o.size, 1)
                 defined[o.name] = k
