@@ -42,8 +42,10 @@ each kernel as it encodes it, where by default a commit builds and launches a CU
 graph of the work since the last one), e.g. ``--variants eager,frozen,frozen+nographs``;
 ``+noremat`` with ``SEGC_REMAKE_VIEWS=0`` (no segment makes a view of constants again
 instead of reading it: docs/runtime.md); ``+chain`` with ``SEGC_CHAIN_PRODUCTS=1`` (a
-layer's MLP and the next normed product as one kernel, not four: docs/lowering.md),
-``+chain3`` the same with ``SEGC_CHAIN_NEXT=0`` (the MLP's three products alone).
+decode layer from its attention to the next layer's q, k and v product as one kernel:
+docs/lowering.md), ``+chain4`` the same with ``SEGC_CHAIN_ATTENTION=0`` (the attention
+a kernel of its own), ``+chain3`` also with ``SEGC_CHAIN_NEXT=0`` (the MLP's three
+products alone).
 
 on two workloads: a decode step (one token; with a KV cache at ``--context`` when
 ``segc.jit`` accepts one, else a plain 1-token forward, and the output says which) and a
@@ -161,8 +163,9 @@ DEFAULT_VARIANTS = ("eager", "compile", "segc", "drain")
 SETTINGS = {  # a variant's "+suffix" (--isolate only)
     "nographs": {"MLX_USE_CUDA_GRAPHS": "0"},
     "noremat": {"SEGC_REMAKE_VIEWS": "0"},  # every segment reads the views of constants it uses
-    "chain": {"SEGC_CHAIN_PRODUCTS": "1"},  # a layer's MLP and the next normed product as one kernel, not four
-    "chain3": {"SEGC_CHAIN_PRODUCTS": "1", "SEGC_CHAIN_NEXT": "0"},  # the MLP's three products alone
+    "chain": {"SEGC_CHAIN_PRODUCTS": "1"},  # a layer from its attention on as one kernel (layer_chain.py)
+    "chain4": {"SEGC_CHAIN_PRODUCTS": "1", "SEGC_CHAIN_ATTENTION": "0"},  # the MLP and the next product
+    "chain3": {"SEGC_CHAIN_PRODUCTS": "1", "SEGC_CHAIN_NEXT": "0", "SEGC_CHAIN_ATTENTION": "0"},  # the MLP alone
 }
 
 

@@ -10,7 +10,10 @@ probes follow: the chain's tickets and waits alone (its three stages with no row
 compute) and three empty kernels of the three kernels' grids: what the chain's
 machinery costs on the device against what three launches cost. The ``+ next`` rows:
 the MLP and the next layer's normed q, k and v product (``--next`` rows), as four
-kernels and as the chain of four stages, compared with eager's product.
+kernels and as the chain of four stages, compared with eager's product. The ``+ layer``
+rows: a decode layer from its attention on (``--context`` positions), as the rotated
+write with its attention then that chain (two kernels) and as the layer's one kernel
+(``cuda_layer.py``), compared with each other.
 
     python benchmarks/chain_device.py [--reps 8] [--repeats 10] [--blocks 1024,528,264]
 """
@@ -22,6 +25,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -148,6 +152,40 @@ def probes(h: int, n: int) -> dict[str, Callable[..., mx.array]]:
     return {"probe: tickets alone": tickets, "probe: 3 empty kernels": three_empty}
 
 
+def layers(h: int, n: int, nq: int, context: int) -> dict[str, Callable[..., mx.array]]:
+    """A decode layer from its attention on (the reference llama's 32 query and 8 KV
+    heads of 64, ``context`` positions written of a buffer of ``context + 1``): the
+    rotated write with its attention then the chain of four stages (two kernels), and
+    the layer as one kernel (``cuda_layer.py``); each gives the next product's row."""
+    hq, hkv, d, cap = 32, 8, 64, context + 1
+    if products.product_kernel("auto") is None or h != hq * d:
+        return {}
+    from segc.lower import cuda_kvattention, cuda_layer
+    from segc.lower.attention import AttentionMatch
+    from segc.lower.kvwrite import KVWriteMatch
+
+    dt = mx.bfloat16
+    kb, vb = ((mx.random.normal((1, hkv, cap, d)) * 0.5).astype(dt) for _ in range(2))
+    k, v = ((mx.random.normal((1, hkv, 1, d)) * 0.5).astype(dt) for _ in range(2))
+    off, mask = mx.array(context, dtype=mx.int32), mx.arange(cap)[None] <= context
+    w = KVWriteMatch(("kb", "k", "vb", "v", "off", "q"), ("ko", "vo", "qr"), d, False, 10000.0, 1.0, True, False, ())
+    att = AttentionMatch("qr", "ko", "vo", "mask", d**-0.5, "att", 0, frozenset())
+    m4 = _match(h, n, nq)
+    layer = replace(m4, kind="layer", pair=(w, att))
+    mx.eval(kb, vb, k, v, mask)
+
+    def apart(o, r, wo, wgu, nw, wd, wq, nw2):
+        q = o.reshape(1, hq, 1, d)  # (the step's queries: any row of the right size)
+        _, _, a = cuda_kvattention.kv_attention([kb, k, vb, v, off, q], mask, d, False, 10000.0, 1.0, False, d**-0.5)
+        return cuda_chain.chain(m4, [a.reshape(1, hq * d), wo, r, wgu, nw, wd, wq, nw2])[1]
+
+    def one(o, r, wo, wgu, nw, wd, wq, nw2):
+        q = o.reshape(1, hq, 1, d)
+        return cuda_layer.layer(layer, [kb, k, vb, v, off, q, mask, wo, r, wgu, nw, wd, wq, nw2])[3]
+
+    return {"segc, write+attention, chain + layer": apart, "segc, layer kernel + layer": one}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hidden", type=int, default=2048)
@@ -156,6 +194,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=8, help="MLPs between the stamps (distinct weights)")
     ap.add_argument("--repeats", type=int, default=10, help="measurements per figure (the median)")
     ap.add_argument("--blocks", default="528,256,132", help="grids to try besides the default")
+    ap.add_argument("--context", type=int, default=1024, help="positions the layer rows' attention reads")
     args = ap.parse_args()
     h, n = args.hidden, args.intermediate
     dt = mx.bfloat16
@@ -182,10 +221,11 @@ def main() -> None:
     if not CUDA:
         print("  (no CUDA: device figures are host and device together)")
     print(f"  {'variant':<28}{'device us/MLP':>15}{'host us/MLP':>13}  same as eager")
-    want: dict[bool, bytes] = {}
-    for name, f in {**variants(h, n, args.next, blocks), **probes(h, n)}.items():
+    want: dict[str, bytes] = {}
+    every = {**variants(h, n, args.next, blocks), **layers(h, n, args.next, args.context), **probes(h, n)}
+    for name, f in every.items():
         got = bytes(memoryview(f(o, r, *ws[0])))
-        group = name.endswith("+ next")  # compared with "eager + next"
+        group = name.rsplit("+ ", 1)[-1] if "+ " in name else ""  # "next" rows with eager's, "layer" rows together
         want.setdefault(group, got)
         same = "" if name.startswith("probe") else str(got == want[group])
 

@@ -7,10 +7,11 @@
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_decode.sh [PARTS]
 #
 # PARTS: any of  dense quant moe concat chain isolated runtime kernels select products check generate device ablate commits census kv attn kvattn prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
-# (default: dense runtime). chain: a layer's MLP as one kernel (segc.lower.cuda_chain; off by
-# default): its GPU tests, chain_device.py (its device time against the three kernels, several
-# grids, its tickets alone); the decode with it is VARIANTS=eager,compile,frozen,frozen+chain
-# MODELS=llama: ... isolated, a call of its own. kernels: fewer_kernels.py (what each kernel and each of the
+# (default: dense runtime). chain: a layer's MLP, and a decode layer, as one kernel
+# (segc.lower.cuda_chain, cuda_layer; off by default): their GPU tests, chain_device.py (device
+# time against the separate kernels, several grids, the tickets alone); the decode with them is
+# VARIANTS=eager,compile,frozen,frozen+chain3,frozen+chain4,frozenhead+chain MODELS=llama: ...
+# isolated, a call of its own. kernels: fewer_kernels.py (what each kernel and each of the
 # dynamic cache's differences costs); select: segc's one-position KV write as a select
 # against MLX's, three models; products: segc's product kernels (segc.lower.products)
 # against MLX's own kernels, the llama and the mixtral; check: the CUDA kernels' tests
@@ -88,7 +89,7 @@ for p in $parts; do
       echo "$name: rc=$?"
     done
     ;;
-  chain)  # a layer's MLP as one kernel (segc.lower.cuda_chain): its bits and its device time (about 4 min)
+  chain)  # a layer's MLP, and a layer, as one kernel (cuda_chain, cuda_layer): bits and device time (about 4 min)
     timeout 200 $PY -m pytest -o addopts= -p no:benchmark -p no:cacheprovider -n 14 --timeout 180 -q \
       tests/test_products_cuda.py -k "chain or llama_decode" >"$OUT/chain_tests.txt" 2>&1
     echo "chain tests: rc=$?"

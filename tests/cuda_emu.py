@@ -326,10 +326,19 @@ def recording(monkeypatch: Any) -> Iterator[list[tuple[dict[str, Any], dict[str,
 def kernel_makers() -> tuple[Any, ...]:
     """segc's functions that make its CUDA kernels (each ``functools.cache``'d: a test
     that replaces ``mx.fast.cuda_kernel`` empties their caches before and after)."""
-    from segc.lower import cuda_attention, cuda_chain, cuda_gather, cuda_kvattention, cuda_kvwrite, cuda_products
+    from segc.lower import (
+        cuda_attention,
+        cuda_chain,
+        cuda_gather,
+        cuda_kvattention,
+        cuda_kvwrite,
+        cuda_layer,
+        cuda_products,
+    )
 
     return (
         cuda_chain._kernel,
+        cuda_layer._kernel,
         cuda_gather._kernel,
         cuda_attention._kernels,
         cuda_attention._one_kernel,

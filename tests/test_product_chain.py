@@ -31,9 +31,11 @@ GRAPH = Path(__file__).parent / "data" / "h200_reference_decode.segc"
 
 @pytest.fixture(autouse=True, scope="module")
 def _chains_on():
-    """Chains are off by default (``CHAIN_PRODUCTS``); these tests replay with them on."""
+    """Chains are off by default (``CHAIN_PRODUCTS``); these tests replay with them on,
+    each chain without the attention before it (that: ``tests/test_layer_chain.py``)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SEGC_CHAIN_PRODUCTS", "1")
+        mp.setenv("SEGC_CHAIN_ATTENTION", "0")
         yield
 
 

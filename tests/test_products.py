@@ -25,6 +25,7 @@ from mlx_lm.models.cache import make_prompt_cache
 import segc
 from segc.errors import UsageError
 from segc.lower import products
+from segc.lower.layer_chain import reference_layer
 from segc.lower.products import ProductMatch, find_products, reference_products
 from segc.models.zoo import build
 
@@ -47,8 +48,10 @@ class Counted:
     def __call__(self, m: ProductMatch, ins: Sequence[mx.array]) -> mx.array:
         self.calls[m.kind] += 1
         self.quant.add(m.quant)
-        out = reference_products(m, ins)
-        return out * 2 if self.broken is True or (self.broken and m.kind in self.broken) else out
+        out = reference_layer(m, ins) if m.kind == "layer" else reference_products(m, ins)
+        if self.broken is True or (self.broken and m.kind in self.broken):
+            return [x * 2 for x in out] if isinstance(out, list) else out * 2
+        return out
 
 
 def _decode(

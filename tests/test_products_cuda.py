@@ -243,6 +243,46 @@ def test_a_chain_is_mlx_s_kernels_for_a_layers_mlp(dt, k, h, n, concat, orders, 
     assert same_bits(got4[0], want) and same_bits(got4[1], q)
 
 
+@settings(max_examples=examples(20), deadline=None)
+@given(
+    dt=hst.sampled_from(DTYPES),
+    heads=hst.sampled_from([(32, 8), (8, 8), (4, 1)]),
+    d=hst.sampled_from([64, 128]),
+    cap=hst.sampled_from([1, 33, 256, 1025]),
+    h=hst.sampled_from([64, 2048]),
+    n=hst.sampled_from([5, 8192]),
+    nq=hst.sampled_from([0, 3072, 7]),
+    data=hst.data(),
+)
+def test_a_layer_kernel_is_the_pair_then_the_chain(dt, heads, d, cap, h, n, nq, data) -> None:
+    """A decode layer as one kernel (``cuda_layer.py``) against the rotated write with
+    its attention (``cuda_kvattention.py``) followed by the chain (``cuda_chain.py``),
+    each as it runs alone: every output byte for byte."""
+    from test_layer_emulated import _layer
+
+    from segc.lower import cuda_chain, cuda_kvattention, cuda_layer
+
+    hq, hkv = heads
+    assume(max(2 * h, n, hq * d) * dt.size <= 40 * 1024)
+    pos = data.draw(hst.integers(0, cap - 1), label="offset")
+    seed = data.draw(hst.integers(0, 2**31), label="seed")
+    kb, vb = _values((1, hkv, cap, d), dt, seed, False), _values((1, hkv, cap, d), dt, seed + 1, False)
+    k, v, q = (_values((1, x, 1, d), dt, seed + 2 + i, False) for i, x in enumerate((hkv, hkv, hq)))
+    off, mask = mx.array(pos, dtype=mx.int32), mx.array(np.arange(cap)[None, :] <= pos)
+    r, nw, nw2 = (_values(s, dt, seed + 5 + i, False) for i, s in enumerate([(1, 1, h), (h,), (h,)]))
+    wo, wgu = _values((h, hq * d), dt, seed + 8, False) * 0.1, _values((2 * n, h), dt, seed + 9, False) * 0.1
+    wd, wq = _values((h, n), dt, seed + 10, False) * 0.1, _values((max(nq, 1), h), dt, seed + 11, False) * 0.1
+    m = _layer(hq, hkv, h, n, nq, d, False, False)
+    rest = [r, wgu, nw, wd, *([wq, nw2] if nq else [])]
+    ko, vo, att = cuda_kvattention.kv_attention([kb, k, vb, v, off, q], mask, d, False, 10000.0, 1.0, False, 0.125)
+    chain = ProductMatch("chain", (), m.rows, n, m.order, "out", m.shape, 3, frozenset(), m.eps, None, m.parts)
+    want = cuda_chain.chain(chain, [att.reshape(1, hq * d), wo, *rest])
+    want = want if isinstance(want, list) else [want]
+    got = cuda_layer.layer(m, [kb, k, vb, v, off, q, mask, wo, *rest])
+    assert same_bits(got[0], ko) and same_bits(got[1], vo)
+    assert all(same_bits(a, b) for a, b in zip(got[2:], want, strict=True))
+
+
 @pytest.mark.parametrize("chains", ["1", "0"])
 @pytest.mark.parametrize("concat", [False, True])
 @pytest.mark.parametrize("bits", [None, 4])
@@ -262,10 +302,12 @@ def test_a_llama_decode_keeps_its_bits_with_the_kernels(bits, concat, chains, mo
     # q/k/v (one product or three) with their norm, and the logits with the final norm
     gemvs = 3 if concat else 7
     if chains == "1" and not bits:  # each layer's MLP one kernel (the quantized ones stay three)
-        assert seen.count(("chain", None)) >= 2 and ("glu", q) not in seen, seen
+        chained = [m for m in matches if m.kind in ("chain", "layer")]
+        # with the attention before it: a layer (layer_chain.py), the write's kernel not called
+        assert len(chained) >= 2 and {m.kind for m in chained} == {"layer"} and ("glu", q) not in seen, seen
         # the last layer's chain takes the head; with q, k and v concatenated the first's
         # takes the next layer's (one segment: no cut between them)
-        assert sum(len(m.parts) == 4 for m in matches if m.kind == "chain") >= (2 if concat else 1), seen
+        assert sum(len(m.parts) == 4 for m in chained) >= (2 if concat else 1), seen
         gemvs -= 2 if concat else 1
     else:
         assert seen.count(("glu", q)) >= 2 and seen.count(("add", q)) >= 4, seen

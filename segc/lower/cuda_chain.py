@@ -135,7 +135,7 @@ __device__ void segc_wait(const uint32_t* cnt, uint32_t want) {
 def tickets(stages: Sequence[tuple[str, str, str]]) -> str:
     """The ticket loop of a kernel of stages (module docstring), each stage
     ``(tickets, once, body)``: the C++ expression of its number of tickets (``RPB`` rows
-    each), the text a block runs before its first ticket of the stage once the stage
+    each; it may read the inputs' shapes), the text a block runs before its first ticket of the stage once the stage
     before is done (none for the first), the text of one ticket (its rows start at
     ``row``). At most :data:`STAGES`; the counters at ``ctlin``: the tickets', each
     stage's done (but the last's), the blocks gone. Public for
@@ -145,7 +145,7 @@ def tickets(stages: Sequence[tuple[str, str, str]]) -> str:
         raise ValueError(f"a chain has 1 to {STAGES} stages, not {n}")
     ends = [f"E{k}" for k in range(n)]
     consts = "".join(
-        f"    constexpr uint32_t {e} = {ends[k - 1] + ' + ' if k else ''}({count});\n"
+        f"    const uint32_t {e} = {ends[k - 1] + ' + ' if k else ''}({count});\n"
         for k, (e, (count, _, _)) in enumerate(zip(ends, stages))
     )
     waited = "".join(f"    bool waited{k} = false;\n" for k in range(1, n))
@@ -205,7 +205,7 @@ def tickets(stages: Sequence[tuple[str, str, str]]) -> str:
 """
 
 
-STAGES = 4  # the most a chain has: its MLP's three and the next normed product
+STAGES = 5  # the most a kernel has: the attention, the MLP's three, the next normed product
 
 
 COUNTERS = (STAGES + 1) * 32  # the counters (tickets, stages done, blocks gone), each on a 128-byte line (LINE words)

@@ -2,7 +2,8 @@
 once for the replay (which runs them) and for the cost model (which counts them): the
 decomposed masked attentions, then the one-row products among the rest, then the rotated
 KV writes, then each write paired with the attention that reads what it wrote (one
-kernel, ``cuda_kvattention.py``)."""
+kernel, ``cuda_kvattention.py``); with chains, a pair and the chain after it (one
+kernel, ``cuda_layer.py``)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 from ..ir import Eqn
 from .attention import AttentionMatch, eager_fuses, find_attention
 from .kvwrite import KVWriteMatch, find_kv_writes
+from .layer_chain import attention_wanted, chain_layers
 from .product_chain import chain_products, chains_wanted
 from .product_match import ProductMatch, find_products
 
@@ -137,7 +139,8 @@ def find_all(
     estimate); ``keep`` the segment's outputs, ``consts`` the captured constants' values,
     ``avals`` every var's ``(shape, dtype)``, ``context`` the whole graph's equations.
     ``where_eager_fuses``: only the attentions eager MLX runs fused (``"auto"``);
-    ``chains``: a layer's MLP products as one kernel (``product_chain.py``)."""
+    ``chains``: a layer's MLP products as one kernel (``product_chain.py``), with the
+    attention before it where ``pairs`` are found (``layer_chain.py``)."""
     shapes = {n: a[0] for n, a in avals.items()}
     found = find_attention(eqns, keep, consts, shapes, context) if attention else []
     if where_eager_fuses:
@@ -149,7 +152,12 @@ def find_all(
         prods = chain_products(prods, eqns, keep, context)
     skip |= {i for p in prods for i in p.skip}
     ws = find_kv_writes(eqns, keep, avals, context, frozenset(skip)) if writes else []
-    return Fused(found, prods, ws, _pairs(ws, found, eqns, keep, avals) if pairs else [])
+    two = _pairs(ws, found, eqns, keep, avals) if pairs else []
+    if chains and two and attention_wanted():  # a chain and the pair before it: a layer
+        prods, two = chain_layers(prods, two, eqns, keep, avals, context)
+        taken = {id(x) for p in prods if p.pair is not None for x in p.pair}
+        found, ws = [m for m in found if id(m) not in taken], [w for w in ws if id(w) not in taken]
+    return Fused(found, prods, ws, two)
 
 
 def _pairs(

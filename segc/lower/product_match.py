@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from .. import dtypes
 from ..ir import Eqn
@@ -33,7 +34,9 @@ class ProductMatch:
     each weight is three values: the packed weight, its scales, its biases. ``rows`` is
     the first weight row of each part (``add``: one; ``glu``: gate, up) and ``n`` the rows a part
     has; a ``chain`` (``product_chain.py``) is an ``add``, a normed ``glu`` and an ``add``
-    as one kernel, its ``parts`` (and a normed ``gemv`` of what the chain writes, a fourth); ``order`` the recorded operand orders (``add``: the product first;
+    as one kernel, its ``parts`` (and a normed ``gemv`` of what the chain writes, a fourth);
+    a ``layer`` (``layer_chain.py``) is a chain with the rotated KV write and the
+    attention before it (``pair``), its row the attention's output; ``order`` the recorded operand orders (``add``: the product first;
     ``glu``: ``g`` first in ``g * sigmoid(g)``, that product first in its product with
     ``u``). Gathered (``gather_match.py``): ``gglu`` is ``glu`` over the experts'
     weights ``(E, N, K)`` with their indices last; ``gmoe``: (slots' rows, down weights,
@@ -53,12 +56,15 @@ class ProductMatch:
     eps: float | None = None
     quant: tuple[int, int] | None = None
     parts: tuple[ProductMatch, ...] = ()
+    pair: tuple[Any, Any] | None = None  # a layer's rotated write and attention (``layer_chain.py``)
 
     @property
     def outs(self) -> tuple[str, ...]:
         """What the kernel defines: ``out``, and a chain of four parts its fourth part's
-        output after it (``product_chain.py``)."""
-        return (self.out, self.parts[3].out) if len(self.parts) == 4 else (self.out,)
+        output after it (``product_chain.py``); a layer the write's new key and value
+        buffers first (``layer_chain.py``)."""
+        chain = (self.out, self.parts[3].out) if len(self.parts) == 4 else (self.out,)
+        return chain if self.pair is None else (*self.pair[0].outs[:2], *chain)
 
 
 @dataclass(frozen=True)

@@ -72,14 +72,17 @@ def _mm(m: ProductMatch, x: mx.array, w: tuple[mx.array, ...]) -> mx.array:
     return mx.quantized_matmul(x, wq, scales, biases, transpose=True, group_size=group, bits=bits)
 
 
-def reference_products(m: ProductMatch, ins: Sequence[mx.array]) -> mx.array:
+def reference_products(m: ProductMatch, ins: Sequence[mx.array]) -> Any:
     """What the kernel computes, in MLX's ops (the primitives eager records): the tests'
-    stand-in for the kernel on a machine without CUDA."""
+    stand-in for the kernel on a machine without CUDA (a list for ``m.outs`` of more
+    than one)."""
     x = ins[0]
     if m.kind in ("gglu", "gmoe"):
         return _gathered(m, ins)
     if m.kind == "chain":
-        return _chained(m, ins)
+        return chained(m, ins)
+    if m.kind == "layer":  # (its write's and attention's references are the lowering's, above this module)
+        raise ValueError("a layer's reference is segc.lower.layer_chain.reference_layer")
     if m.eps is not None:
         x = mx.fast.rms_norm(x, ins[-1], m.eps)
         ins = ins[:-1]
@@ -103,7 +106,7 @@ def reference_products(m: ProductMatch, ins: Sequence[mx.array]) -> mx.array:
     return gs * uv if m.order[1] else uv * gs
 
 
-def _chained(m: ProductMatch, ins: Sequence[mx.array]) -> Any:
+def chained(m: ProductMatch, ins: Sequence[mx.array]) -> Any:
     """A chain (``product_chain.py``): its parts in turn, the activation flattened to the
     row the down product reads; with a fourth part, ``[out, its product]``."""
     a, b, c = m.parts[:3]
@@ -170,7 +173,7 @@ def product_kernel(setting: str | Kernel | None = None) -> Kernel | None:
     return cuda_products if cuda_wanted(setting, "FUSED_PRODUCTS") else None
 
 
-def cuda_products(m: ProductMatch, ins: Sequence[mx.array]) -> mx.array:
+def cuda_products(m: ProductMatch, ins: Sequence[mx.array]) -> Any:
     """``m`` computed by one CUDA kernel (``cuda_products.py``, imported on first use)."""
     from .cuda_products import product
 
@@ -178,6 +181,10 @@ def cuda_products(m: ProductMatch, ins: Sequence[mx.array]) -> mx.array:
         from .cuda_chain import chain
 
         return chain(m, ins)
+    if m.kind == "layer":
+        from .cuda_layer import layer
+
+        return layer(m, ins)
     if m.kind in ("gglu", "gmoe"):
         from .cuda_gather import gathered
 

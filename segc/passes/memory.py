@@ -165,13 +165,15 @@ def _donates(e: Eqn) -> bool:
 
 
 def _copied(g: Graph) -> frozenset[int]:
-    """The writes segc's CUDA lowering computes with its rotated-write kernel, segment by
-    segment (``fused.find_all``, as the replay finds them)."""
+    """The writes segc's CUDA lowering computes with its rotated-write kernel (or a
+    layer's), segment by segment (``fused.find_all``, as the replay finds them)."""
     avals = {n: (v.shape, v.dtype) for n, v in g.vars().items()}
     consts = {c.var.name: c.value for c in g.consts}
     out: set[int] = set()
     for s in segments(g):
-        for w in find_all(s.eqns(g), s.outputs, consts, avals, g.eqns, **cuda_defaults()).writes:
+        found = find_all(s.eqns(g), s.outputs, consts, avals, g.eqns, **cuda_defaults())
+        layers = [p.pair[0] for p in found.products if p.pair is not None]  # a layer's kernel writes them too
+        for w in [*found.writes, *layers]:
             out.update(e.id for e in w.eqns if e.prim == "DynamicSliceUpdate")
     return frozenset(out)
 

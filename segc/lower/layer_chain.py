@@ -1,0 +1,141 @@
+"""A decode layer as one kernel: the finder.
+
+With chains (``product_chain.py``) a llama layer's decode step is two of segc's kernels:
+the rotated KV write with the attention that reads it (a pair, ``fused._pairs``), then
+the chain, whose first product reads the attention's output through views. Where they
+are in one segment the two become one kernel (``cuda_layer.py``): the attention a first
+stage, whose row the chain's output product reads. A layer is a :class:`ProductMatch`
+of kind ``"layer"``: the chain's fields, its ``pair`` and the inputs of both.
+
+Taken where the attention is of one query row (a decode step: its output ``(1, H, 1,
+D)`` has the layout of the row the product reads), the views from it to that row keep
+its layout (reshapes, and transposes that move axes of size 1 only), each value on the
+way read once and no segment output, the chain's dtype, and nothing but the kernel
+reads the new key and value buffers before the chain's last equation (where the kernel
+runs). ``CHAIN_ATTENTION`` (``True``) and the environment's ``SEGC_CHAIN_ATTENTION``
+(``0``: a chain stays after its pair) choose, where chains are made at all.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+import mlx.core as mx
+
+from ..errors import UsageError
+from ..ir import Eqn
+from .attention import reference_attention
+from .kvwrite import reference_kv_write
+from .pattern import SegmentGraph
+from .product_match import ProductMatch
+from .products import chained
+
+# whether a chain takes the attention before it (the environment's SEGC_CHAIN_ATTENTION=0
+# says no). Read when a graph is lowered.
+CHAIN_ATTENTION = True
+_VIEWS = ("Flatten", "Reshape", "Unflatten", "Transpose")
+_MOST = 8  # views between the attention's output and the product's row
+
+
+def attention_wanted() -> bool:
+    """Whether a chain takes its layer's attention: :data:`CHAIN_ATTENTION`, unless the
+    environment's ``SEGC_CHAIN_ATTENTION`` is ``0`` (``1`` asks for it)."""
+    given = os.environ.get("SEGC_CHAIN_ATTENTION", "").strip()
+    if given not in ("", "0", "1"):
+        raise UsageError(f"SEGC_CHAIN_ATTENTION must be 1 or 0, not {given!r}")
+    return given == "1" if given else CHAIN_ATTENTION
+
+
+def _keeps_layout(e: Eqn, g: SegmentGraph) -> bool:
+    """A view whose output has its input's bytes in order: a reshape, or a transpose
+    that moves only axes of size 1."""
+    if e.prim != "Transpose":
+        return True
+    shape = g.shape.get(e.ins[0])
+    if shape is None:
+        return False
+    moved = [p for p in e.args[0] if shape[p] != 1]
+    return moved == sorted(moved)
+
+
+def _views_to(g: SegmentGraph, v: str, rows: Mapping[str, ProductMatch], keep: Sequence[str]) -> tuple[str, list[Eqn]]:
+    """From ``v`` along views that keep its layout, each value read once by the next and
+    no segment output, to the first value in ``rows`` (or where the walk stops)."""
+    walked: list[Eqn] = []
+    while v not in rows and len(walked) < _MOST:
+        rs = g.readers.get(v, [])
+        if v in keep or g.uses.get(v) != 1 or len(rs) != 1 or rs[0].prim not in _VIEWS or not _keeps_layout(rs[0], g):
+            break
+        walked.append(rs[0])
+        v = rs[0].outs[0].name
+    return v, walked
+
+
+def chain_layers(
+    prods: Sequence[ProductMatch],
+    pairs: Sequence[tuple[Any, Any]],
+    eqns: Sequence[Eqn],
+    keep: Sequence[str],
+    avals: Mapping[str, tuple],
+    context: Sequence[Eqn] = (),
+) -> tuple[list[ProductMatch], list[tuple[Any, Any]]]:
+    """``prods`` with each chain whose row is a pair's attention (through views) replaced
+    by a layer, and the pairs that are left (module docstring)."""
+    g = SegmentGraph(eqns, keep, context)
+    rows = {p.ins[0]: p for p in prods if p.kind == "chain"}
+    pos = {e.id: k for k, e in enumerate(eqns)}
+    layers: dict[int, ProductMatch] = {}
+    left = []
+    for w, m in pairs:
+        made = _layer(g, w, m, rows, keep, avals, pos)
+        if made is None or id(made[0]) in layers:
+            left.append((w, m))
+        else:
+            layers[id(made[0])] = made[1]
+    return [layers.get(id(p), p) for p in prods], left
+
+
+def _layer(
+    g: SegmentGraph,
+    w: Any,
+    m: Any,
+    rows: Mapping[str, ProductMatch],
+    keep: Sequence[str],
+    avals: Mapping[str, tuple],
+    pos: Mapping[int, int],
+) -> tuple[ProductMatch, ProductMatch] | None:
+    """The chain reading the attention of the pair ``(w, m)`` and the layer they make,
+    or None (module docstring)."""
+    row, views = _views_to(g, m.out, rows, keep)
+    ch = rows.get(row)
+    q = avals.get(w.ins[5], ((), None))[0]  # the queries, before their rotation
+    if ch is None or len(q) != 4 or q[0] != 1 or q[2] != 1 or m.out in keep or g.uses.get(row) != 1:
+        return None
+    if avals.get(m.out, ((), None))[1] != avals.get(ch.out, ((), None))[1]:
+        return None
+    skip = ch.skip | w.skip | m.skip | {e.id for e in views}
+    late = pos[ch.last]  # where the kernel runs: nothing else may read the new buffers before
+    if any(e.id not in skip and pos[e.id] < late for v in w.outs[:2] for e in g.readers.get(v, [])):
+        return None
+    return ch, replace(ch, kind="layer", ins=(*w.ins, m.mask, *ch.ins[1:]), skip=frozenset(skip), pair=(w, m))
+
+
+def reference_layer(m: ProductMatch, ins: Sequence[mx.array]) -> list[mx.array]:
+    """What a layer's kernel computes, by references (the tests' stand-in for it without
+    CUDA): its write and attention (``kvwrite.reference_kv_write``,
+    ``attention.reference_attention``), then its chain over the attention's output as a
+    row (``products.chained``): ``[new key buffer, new value buffer, the chain's outputs]``."""
+    assert m.pair is not None
+    w, att = m.pair
+    n = len(w.ins)
+    ko, vo, qr = reference_kv_write(w, ins[:n])
+    mask = ins[n]
+    if mask.ndim > 2:  # a broadcast of one (rows, keys) mask: its first copy (the pair's rule)
+        mask = mask.reshape(-1, *mask.shape[-2:])[0]
+    o = reference_attention(qr, ko, vo, mask, att.scale)
+    chain = ProductMatch("chain", (), m.rows, m.n, m.order, m.out, m.shape, m.last, m.skip, m.eps, None, m.parts)
+    out = chained(chain, [o.reshape(1, -1), *ins[n + 1 :]])
+    return [ko, vo, *(out if isinstance(out, list) else [out])]
