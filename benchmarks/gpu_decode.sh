@@ -89,8 +89,8 @@ for p in $parts; do
       echo "$name: rc=$?"
     done
     ;;
-  chain)  # a layer's MLP, and a layer, as one kernel (cuda_chain, cuda_layer): bits and device time (about 4 min)
-    timeout 200 $PY -m pytest -o addopts= -p no:benchmark -p no:cacheprovider -n 14 --timeout 180 -q \
+  chain)  # a layer's MLP, and a layer, as one kernel (cuda_chain, cuda_layer): bits and device time (about 5 min)
+    timeout 260 $PY -m pytest -o addopts= -p no:benchmark -p no:cacheprovider -n 14 --timeout 240 -q \
       tests/test_products_cuda.py -k "chain or llama_decode" >"$OUT/chain_tests.txt" 2>&1
     echo "chain tests: rc=$?"
     timeout 150 $PY benchmarks/chain_device.py --reps 8 --repeats 10 >"$OUT/chain_device.txt" 2>&1

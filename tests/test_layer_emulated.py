@@ -104,8 +104,8 @@ def _layer_against_apart(recorded, monkeypatch, dt, hq, hkv, cap, pos, h, n, nq,
     (want,) = run(made, call)
     recorded.clear()
     if blocks:
-        monkeypatch.setenv("SEGC_CHAIN_BLOCKS", blocks)  # (read by the chain only: the layer's argument)
-    got = cuda_layer.layer(m, [kb, k, vb, v, off, q, *fr, mask, wo, *chain_w], blocks=int(blocks) if blocks else None)
+        monkeypatch.setenv("SEGC_CHAIN_BLOCKS", blocks)  # the grid, as for a chain
+    got = cuda_layer.layer(m, [kb, k, vb, v, off, q, *fr, mask, wo, *chain_w])
     assert len(got) == (4 if nq else 3)
     ((made, call),) = recorded
     assert made["name"].startswith("segc_layer4" if nq else "segc_layer_")
@@ -118,3 +118,11 @@ def _layer_against_apart(recorded, monkeypatch, dt, hq, hkv, cap, pos, h, n, nq,
         assert launch[-1][: cuda_chain.COUNTERS].tolist() == [0] * cuda_chain.COUNTERS
         count = launch[6 + bool(nq) + 7]  # the attention's counters: the 8th input, after the outputs
         assert count.tolist() == [0] * hkv
+
+
+def test_the_finder_knows_the_attention_kernels_chunk() -> None:
+    """``layer_chain`` sizes a block's shared memory with the attention's chunk without
+    importing the CUDA module that defines it."""
+    from segc.lower import cuda_attention, layer_chain
+
+    assert layer_chain.CHUNK == cuda_attention.CHUNK

@@ -354,18 +354,24 @@ def launch(m: ProductMatch, ins: Sequence[mx.array]) -> tuple[list[tuple[str, An
     return tmpl, [x, wo, r, wb[0], wb[1], nw, wd, *rest, state(hidden, inner, size)], grid
 
 
+def grid(blocks: int | None, most: int) -> int:
+    """The blocks a launch takes: ``blocks``, else the environment's ``SEGC_CHAIN_BLOCKS``,
+    else ``most`` (a block per ticket of the largest stage)."""
+    if blocks is None:
+        given = os.environ.get("SEGC_CHAIN_BLOCKS", "").strip()
+        if given and (not given.isdigit() or int(given) < 1):
+            raise UsageError(f"SEGC_CHAIN_BLOCKS must be a number of blocks (1 or more), not {given!r}")
+        blocks = int(given) if given else most
+    return max(1, blocks)
+
+
 def chain(m: ProductMatch, ins: Sequence[mx.array], blocks: int | None = None) -> Any:
     """The chain ``m`` over ``ins`` by one kernel: its output (``m.shape``), or with a
     fourth part ``[that, the fourth's]`` (``m.outs``). ``blocks``:
     the grid (default: the environment's ``SEGC_CHAIN_BLOCKS``, else as many blocks as
     the largest stage has tickets; any number is correct, module docstring)."""
     tmpl, inputs, most = launch(m, ins)
-    if blocks is None:
-        given = os.environ.get("SEGC_CHAIN_BLOCKS", "").strip()
-        if given and (not given.isdigit() or int(given) < 1):
-            raise UsageError(f"SEGC_CHAIN_BLOCKS must be a number of blocks (1 or more), not {given!r}")
-        blocks = int(given) if given else most
-    blocks = max(1, blocks)
+    blocks = grid(blocks, most)
     b, d = m.parts[1], m.parts[3] if len(m.parts) == 4 else None
     assert b.eps is not None and (d is None or d.eps is not None)  # (the finder took only such norms)
     outs = _kernel(_bits(b.eps), None if d is None or d.eps is None else _bits(d.eps))(

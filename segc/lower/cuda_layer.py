@@ -30,7 +30,7 @@ import numpy as np
 from .. import dtypes
 from .cuda_attention import _HEADER as _NEG_INF
 from .cuda_attention import _MERGE, _ONE_TAIL, _PARTIAL, CHUNK, counter
-from .cuda_chain import _MLP, _NEXT, _ROWS, CHAIN_HEADER, COUNTERS, _bits, launch, tickets
+from .cuda_chain import _MLP, _NEXT, _ROWS, CHAIN_HEADER, COUNTERS, _bits, grid, launch, tickets
 from .cuda_kernel import cuda_kernel
 from .cuda_kvattention import _READS
 from .cuda_kvwrite import _HEADER as _ROTATE
@@ -115,7 +115,8 @@ def layer(m: ProductMatch, ins: Sequence[mx.array], blocks: int | None = None) -
     attention reading it, then its chain) over ``ins`` (the write's inputs, the
     attention's mask, the chain's inputs after its row) by one kernel: ``[new key
     buffer, new value buffer, the chain's outputs]`` (``m.outs``). ``blocks``: the grid
-    (default: a block per ticket of the largest stage; any number is correct)."""
+    (default: ``SEGC_CHAIN_BLOCKS``, else a block per ticket of the largest stage; any
+    number is correct)."""
     assert m.pair is not None
     w, att = m.pair
     nw = len(w.ins)
@@ -129,7 +130,7 @@ def layer(m: ProductMatch, ins: Sequence[mx.array], blocks: int | None = None) -
     if kb.shape[0] != 1 or vb.shape != kb.shape or q.shape != (1, hq, 1, d):
         raise ValueError(f"one batch row, one query, equal head sizes only: keys {kb.shape}, queries {q.shape}")
     chain = ProductMatch("chain", (), m.rows, m.n, m.order, m.out, m.shape, m.last, m.skip, m.eps, None, m.parts)
-    tmpl, chain_ins, grid = launch(chain, [q.reshape(1, hq * d), *rest])
+    tmpl, chain_ins, most = launch(chain, [q.reshape(1, hq * d), *rest])
     size = dtypes.itemsize(dtypes.short(q.dtype))
     hidden, inner = m.parts[0].n, m.parts[1].n
     masks = mask.reshape(-1, cap)
@@ -150,7 +151,7 @@ def layer(m: ProductMatch, ins: Sequence[mx.array], blocks: int | None = None) -
         ("FREQS", w.freqs),
     ]
     nchunks = -(-cap // CHUNK)
-    blocks = max(1, blocks or max(grid, hkv * nchunks))
+    blocks = grid(blocks, max(most, hkv * nchunks))
     d4 = m.parts[3] if len(m.parts) == 4 else None
     b = m.parts[1]
     assert b.eps is not None and (d4 is None or d4.eps is not None)  # (the finder took only such norms)

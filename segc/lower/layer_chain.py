@@ -10,10 +10,12 @@ of kind ``"layer"``: the chain's fields, its ``pair`` and the inputs of both.
 Taken where the attention is of one query row (a decode step: its output ``(1, H, 1,
 D)`` has the layout of the row the product reads), the views from it to that row keep
 its layout (reshapes, and transposes that move axes of size 1 only), each value on the
-way read once and no segment output, the chain's dtype, and nothing but the kernel
-reads the new key and value buffers before the chain's last equation (where the kernel
-runs). ``CHAIN_ATTENTION`` (``True``) and the environment's ``SEGC_CHAIN_ATTENTION``
-(``0``: a chain stays after its pair) choose, where chains are made at all.
+way read once and no segment output, the chain's dtype, a block's shared memory
+holding the chain's rows, the attention's row and its queries and scores (within
+``product_chain.SHARED_MAX``), and nothing but the kernel reads the new key and value
+buffers before the chain's last equation (where the kernel runs). ``CHAIN_ATTENTION``
+(``True``) and the environment's ``SEGC_CHAIN_ATTENTION`` (``0``: a chain stays after
+its pair) choose, where chains are made at all.
 """
 
 from __future__ import annotations
@@ -25,11 +27,13 @@ from typing import Any
 
 import mlx.core as mx
 
+from .. import dtypes
 from ..errors import UsageError
 from ..ir import Eqn
 from .attention import reference_attention
 from .kvwrite import reference_kv_write
 from .pattern import SegmentGraph
+from .product_chain import SHARED_MAX, shared_elems
 from .product_match import ProductMatch
 from .products import chained
 
@@ -38,6 +42,7 @@ from .products import chained
 CHAIN_ATTENTION = True
 _VIEWS = ("Flatten", "Reshape", "Unflatten", "Transpose")
 _MOST = 8  # views between the attention's output and the product's row
+CHUNK = 32  # keys a block of the attention scores (``cuda_attention.CHUNK``: that module needs CUDA's MLX)
 
 
 def attention_wanted() -> bool:
@@ -114,7 +119,15 @@ def _layer(
     q = avals.get(w.ins[5], ((), None))[0]  # the queries, before their rotation
     if ch is None or len(q) != 4 or q[0] != 1 or q[2] != 1 or m.out in keep or g.uses.get(row) != 1:
         return None
-    if avals.get(m.out, ((), None))[1] != avals.get(ch.out, ((), None))[1]:
+    dt = avals.get(m.out, ((), None))[1]
+    if dt is None or dt != avals.get(ch.out, ((), None))[1]:
+        return None
+    kv = avals.get(w.ins[0], ((), None))[0]  # the key buffer: (1, KV heads, capacity, head size)
+    if len(kv) != 4 or q[1] % max(kv[1], 1):
+        return None
+    size, rep = dtypes.itemsize(dt), q[1] // kv[1]
+    shared = max(shared_elems(ch.parts[0].n, ch.parts[1].n, size), q[1] * q[3]) * size + 4 * rep * (q[3] + CHUNK)
+    if shared > SHARED_MAX:  # the chain's rows, the attention's row, its scores and queries (floats)
         return None
     skip = ch.skip | w.skip | m.skip | {e.id for e in views}
     late = pos[ch.last]  # where the kernel runs: nothing else may read the new buffers before
