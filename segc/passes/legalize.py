@@ -22,8 +22,9 @@ H200: every plan that cut an attention differed from eager, docs/experiments.md)
 
 :func:`legalize_plan` moves each illegal cut to the nearest legal point (the earlier one
 on a tie; a later one for a cut whose segment signals an event, so the signal never
-fires early), merges cuts that land on the same point, and records every move in the
-plan. The ``legalize`` pass applies that to the cuts already in a graph and moves each
+fires early), merges cuts that land on the same point, drops one after which only
+views MLX makes without copying would run (a last segment that launches nothing), and
+records every move in the plan. The ``legalize`` pass applies that to the cuts already in a graph and moves each
 moved cut's signals with it.
 """
 
@@ -35,7 +36,7 @@ from ..errors import ScheduleError
 from ..ir import CUT, SIGNAL, Eqn, Graph
 from ..lower.fused import cuda_defaults, kernel_flags
 from ..lower.prim import PRIMS
-from .analysis import ops
+from .analysis import is_view, liveness, ops
 from .plan import Cut, Move, Plan, apply_plan, plan_of
 from .product_groups import lowering_kernels
 from .registry import register
@@ -161,6 +162,11 @@ def legalize_plan(g: Graph, plan: Plan, later: frozenset[int] = frozenset(), ker
             if target is None or target in placed:
                 moved.append(Move(c.after, None, reason + "; dropped (no other legal point)"))
                 continue
+            if _launches_nothing_after(g, os_, target):
+                moved.append(
+                    Move(c.after, None, reason + "; dropped (only views would follow: a segment that launches nothing)")
+                )
+                continue
             moved.append(Move(c.after, os_[target - 1].id, reason))
             c = Cut(os_[target - 1].id, c.name, c.id)
             k = target
@@ -171,6 +177,17 @@ def legalize_plan(g: Graph, plan: Plan, later: frozenset[int] = frozenset(), ker
         cuts.append(c)
     cuts.sort(key=lambda c: pos[c.after])
     return Plan(plan.fingerprint, plan.strategy, tuple(cuts), tuple(moved), plan.order, plan.info)
+
+
+def _launches_nothing_after(g: Graph, os_: Sequence[Eqn], k: int) -> bool:
+    """Whether every equation from point ``k`` to the graph's end is a view MLX makes
+    without a copy (``analysis.liveness``): a cut moved there would end the graph with a
+    segment that launches nothing and still costs a dispatch (on a GPU with a layer's
+    kernel taking the head's product, the output's reshape alone)."""
+    if not all(is_view(e) for e in os_[k:]):
+        return False
+    lv = liveness(g)
+    return all(lv.root[o.name] != o.name for e in os_[k:] for o in e.outs)
 
 
 def signalled(g: Graph) -> dict[int, list[Eqn]]:
