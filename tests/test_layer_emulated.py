@@ -8,6 +8,8 @@ on a GPU."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -98,7 +100,7 @@ def _layer_against_apart(recorded, monkeypatch, dt, hq, hkv, cap, pos, h, n, nq,
     ((made, call),) = recorded
     ((att, ko, vo, *_),) = run(made, call)
     recorded.clear()
-    chain = ProductMatch("chain", (), m.rows, n, m.order, "out", m.shape, 3, frozenset(), m.eps, None, m.parts)
+    chain = replace(m, kind="chain", pair=None)  # (the layer's chain, as product_match.layer_parts makes it)
     cuda_chain.chain(chain, [_as_mx(att, dt).reshape(1, hq * D), wo, *chain_w])
     ((made, call),) = recorded
     (want,) = run(made, call)

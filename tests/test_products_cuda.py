@@ -6,6 +6,8 @@ finder and the replay there."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
@@ -275,7 +277,7 @@ def test_a_layer_kernel_is_the_pair_then_the_chain(dt, heads, d, cap, h, n, nq, 
     m = _layer(hq, hkv, h, n, nq, d, False, False)
     rest = [r, wgu, nw, wd, *([wq, nw2] if nq else [])]
     ko, vo, att = cuda_kvattention.kv_attention([kb, k, vb, v, off, q], mask, d, False, 10000.0, 1.0, False, 0.125)
-    chain = ProductMatch("chain", (), m.rows, n, m.order, "out", m.shape, 3, frozenset(), m.eps, None, m.parts)
+    chain = replace(m, kind="chain", pair=None)  # (the layer's chain, as product_match.layer_parts makes it)
     want = cuda_chain.chain(chain, [att.reshape(1, hq * d), wo, *rest])
     want = want if isinstance(want, list) else [want]
     got = cuda_layer.layer(m, [kb, k, vb, v, off, q, mask, wo, *rest])

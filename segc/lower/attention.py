@@ -198,6 +198,12 @@ def find_attention(
     return found
 
 
+def rows_mask(mask: mx.array) -> mx.array:
+    """The ``(rows, keys)`` mask a matched attention's mask stands for: a broadcast of one
+    such mask over batch and heads (``find_attention`` checks it), its first copy."""
+    return mask.reshape(-1, *mask.shape[-2:])[0] if mask.ndim > 2 else mask
+
+
 def reference_attention(q: mx.array, k: mx.array, v: mx.array, mask: mx.array, scale: float) -> mx.array:
     """What the kernel computes, in MLX ops (float32 throughout, one rounding at the end):
     the tests' stand-in for the kernel on a machine without CUDA. A row whose mask hides

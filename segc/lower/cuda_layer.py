@@ -37,7 +37,7 @@ from .cuda_kvwrite import _HEADER as _ROTATE
 from .cuda_kvwrite import rope_bits
 from .cuda_products import _HEADER, ROWS_PER_BLOCK
 from .product_chain import aligned
-from .product_match import ProductMatch
+from .product_match import ProductMatch, layer_parts
 
 
 def _sub(text: str, old: str, new: str) -> str:
@@ -117,19 +117,12 @@ def layer(m: ProductMatch, ins: Sequence[mx.array], blocks: int | None = None) -
     buffer, new value buffer, the chain's outputs]`` (``m.outs``). ``blocks``: the grid
     (default: ``SEGC_CHAIN_BLOCKS``, else a block per ticket of the largest stage; any
     number is correct)."""
-    assert m.pair is not None
-    w, att = m.pair
-    nw = len(w.ins)
-    kb, k, vb, v, off, q = ins[:6]
-    freqs = list(ins[6:nw])
-    mask, rest = ins[nw], list(ins[nw + 1 :])
-    if mask.ndim > 2:  # a broadcast of one (rows, keys) mask: its first copy (as the pair's rule)
-        mask = mask.reshape(-1, *mask.shape[-2:])[0]
+    w, att, chain, write, (mask, *rest) = layer_parts(m, ins)
+    kb, k, vb, v, off, q, *freqs = write
     _, hkv, cap, d = kb.shape
     hq = q.shape[1]
     if kb.shape[0] != 1 or vb.shape != kb.shape or q.shape != (1, hq, 1, d):
         raise ValueError(f"one batch row, one query, equal head sizes only: keys {kb.shape}, queries {q.shape}")
-    chain = ProductMatch("chain", (), m.rows, m.n, m.order, m.out, m.shape, m.last, m.skip, m.eps, None, m.parts)
     tmpl, chain_ins, most = launch(chain, [q.reshape(1, hq * d), *rest])
     size = dtypes.itemsize(dtypes.short(q.dtype))
     hidden, inner = m.parts[0].n, m.parts[1].n

@@ -32,16 +32,15 @@ from ..errors import UsageError
 from ..ir import Eqn
 from .attention import reference_attention
 from .kvwrite import reference_kv_write
-from .pattern import SegmentGraph
+from .pattern import SegmentGraph, views_to
 from .product_chain import SHARED_MAX, shared_elems
-from .product_match import ProductMatch
+from .product_match import ProductMatch, layer_parts
 from .products import chained
 
 # whether a chain takes the attention before it (the environment's SEGC_CHAIN_ATTENTION=0
 # says no). Read when a graph is lowered.
 CHAIN_ATTENTION = True
 _VIEWS = ("Flatten", "Reshape", "Unflatten", "Transpose")
-_MOST = 8  # views between the attention's output and the product's row
 CHUNK = 32  # keys a block of the attention scores (``cuda_attention.CHUNK``: that module needs CUDA's MLX)
 
 
@@ -66,19 +65,6 @@ def _keeps_layout(e: Eqn, g: SegmentGraph) -> bool:
     return moved == sorted(moved)
 
 
-def _views_to(g: SegmentGraph, v: str, rows: Mapping[str, ProductMatch], keep: Sequence[str]) -> tuple[str, list[Eqn]]:
-    """From ``v`` along views that keep its layout, each value read once by the next and
-    no segment output, to the first value in ``rows`` (or where the walk stops)."""
-    walked: list[Eqn] = []
-    while v not in rows and len(walked) < _MOST:
-        rs = g.readers.get(v, [])
-        if v in keep or g.uses.get(v) != 1 or len(rs) != 1 or rs[0].prim not in _VIEWS or not _keeps_layout(rs[0], g):
-            break
-        walked.append(rs[0])
-        v = rs[0].outs[0].name
-    return v, walked
-
-
 def chain_layers(
     prods: Sequence[ProductMatch],
     pairs: Sequence[tuple[Any, Any]],
@@ -91,11 +77,10 @@ def chain_layers(
     by a layer, and the pairs that are left (module docstring)."""
     g = SegmentGraph(eqns, keep, context)
     rows = {p.ins[0]: p for p in prods if p.kind == "chain"}
-    pos = {e.id: k for k, e in enumerate(eqns)}
     layers: dict[int, ProductMatch] = {}
     left = []
     for w, m in pairs:
-        made = _layer(g, w, m, rows, keep, avals, pos)
+        made = _layer(g, w, m, rows, avals)
         if made is None or id(made[0]) in layers:
             left.append((w, m))
         else:
@@ -108,16 +93,14 @@ def _layer(
     w: Any,
     m: Any,
     rows: Mapping[str, ProductMatch],
-    keep: Sequence[str],
     avals: Mapping[str, tuple],
-    pos: Mapping[int, int],
 ) -> tuple[ProductMatch, ProductMatch] | None:
     """The chain reading the attention of the pair ``(w, m)`` and the layer they make,
-    or None (module docstring)."""
-    row, views = _views_to(g, m.out, rows, keep)
+    or None (module docstring). A segment output is used more than once (``g.uses``)."""
+    row, views = views_to(g, m.out, rows, lambda e: e.prim in _VIEWS and _keeps_layout(e, g))
     ch = rows.get(row)
     q = avals.get(w.ins[5], ((), None))[0]  # the queries, before their rotation
-    if ch is None or len(q) != 4 or q[0] != 1 or q[2] != 1 or m.out in keep or g.uses.get(row) != 1:
+    if ch is None or len(q) != 4 or q[0] != 1 or q[2] != 1 or g.uses.get(row) != 1:
         return None
     dt = avals.get(m.out, ((), None))[1]
     if dt is None or dt != avals.get(ch.out, ((), None))[1]:
@@ -130,8 +113,8 @@ def _layer(
     if shared > SHARED_MAX:  # the chain's rows, the attention's row, its scores and queries (floats)
         return None
     skip = ch.skip | w.skip | m.skip | {e.id for e in views}
-    late = pos[ch.last]  # where the kernel runs: nothing else may read the new buffers before
-    if any(e.id not in skip and pos[e.id] < late for v in w.outs[:2] for e in g.readers.get(v, [])):
+    late = g.pos[ch.last]  # where the kernel runs: nothing else may read the new buffers before
+    if any(e.id not in skip and g.pos[e.id] < late for v in w.outs[:2] for e in g.readers.get(v, [])):
         return None
     return ch, replace(ch, kind="layer", ins=(*w.ins, m.mask, *ch.ins[1:]), skip=frozenset(skip), pair=(w, m))
 
@@ -141,14 +124,8 @@ def reference_layer(m: ProductMatch, ins: Sequence[mx.array]) -> list[mx.array]:
     CUDA): its write and attention (``kvwrite.reference_kv_write``,
     ``attention.reference_attention``), then its chain over the attention's output as a
     row (``products.chained``): ``[new key buffer, new value buffer, the chain's outputs]``."""
-    assert m.pair is not None
-    w, att = m.pair
-    n = len(w.ins)
-    ko, vo, qr = reference_kv_write(w, ins[:n])
-    mask = ins[n]
-    if mask.ndim > 2:  # a broadcast of one (rows, keys) mask: its first copy (the pair's rule)
-        mask = mask.reshape(-1, *mask.shape[-2:])[0]
+    w, att, chain, write, (mask, *rest) = layer_parts(m, ins)
+    ko, vo, qr = reference_kv_write(w, write)
     o = reference_attention(qr, ko, vo, mask, att.scale)
-    chain = ProductMatch("chain", (), m.rows, m.n, m.order, m.out, m.shape, m.last, m.skip, m.eps, None, m.parts)
-    out = chained(chain, [o.reshape(1, -1), *ins[n + 1 :]])
+    out = chained(chain, [o.reshape(1, -1), *rest])
     return [ko, vo, *(out if isinstance(out, list) else [out])]

@@ -6,7 +6,7 @@ reads its intermediate values (:func:`skippable`)."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Container, Sequence
 
 from ..ir import Eqn
 
@@ -45,6 +45,22 @@ def through(g: SegmentGraph, v: str, prims: tuple[str, ...], path: list[Eqn]) ->
         path.append(e)
         v = e.ins[0]
     return v
+
+
+def views_to(
+    g: SegmentGraph, v: str, ends: Container[str], view: Callable[[Eqn], bool], most: int = 8
+) -> tuple[str, list[Eqn]]:
+    """From ``v`` forward along equations ``view`` accepts, each the only reader of the
+    value before it (:func:`only_reader`), to the first value in ``ends`` or where the
+    walk stops (after at most ``most``): that value and the equations walked."""
+    walked: list[Eqn] = []
+    while v not in ends and len(walked) < most:
+        e = only_reader(v, g)
+        if e is None or not view(e):
+            break
+        walked.append(e)
+        v = e.outs[0].name
+    return v, walked
 
 
 def only_reader(v: str, g: SegmentGraph) -> Eqn | None:

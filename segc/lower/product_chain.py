@@ -42,7 +42,7 @@ from dataclasses import replace
 from .. import dtypes
 from ..errors import UsageError
 from ..ir import Eqn
-from .pattern import SegmentGraph
+from .pattern import SegmentGraph, views_to
 from .product_match import ProductMatch
 
 # "never" (the default: not yet measured faster) or "auto": chain the products where
@@ -97,15 +97,8 @@ def shared_elems(hidden: int, inner: int, itemsize: int) -> int:
 def _row_of(g: SegmentGraph, out: str, x: str) -> list[Eqn] | None:
     """The views from ``out`` to ``x`` (each value on the way, ``x`` too, read once: by
     the next view, ``x`` by the down product), or None."""
-    walked: list[Eqn] = []
-    v = out
-    while v != x:
-        rs = g.readers.get(v, [])
-        if g.uses[v] != 1 or len(rs) != 1 or rs[0].prim not in _VIEWS:
-            return None
-        walked.append(rs[0])
-        v = rs[0].outs[0].name
-    return walked if g.uses[x] == 1 else None
+    end, walked = views_to(g, out, (x,), lambda e: e.prim in _VIEWS)
+    return walked if end == x and g.uses[x] == 1 else None
 
 
 def chain_products(
@@ -120,7 +113,6 @@ def chain_products(
     out: list[ProductMatch] = []
     taken: set[int] = set()
     nxt = next_wanted()
-    pos = {e.id: k for k, e in enumerate(eqns)}
     for a in adds:
         b = by_row.get(a.out)
         c = by_addend.get(a.out)
@@ -140,7 +132,7 @@ def chain_products(
         ins = (*a.ins, *b.ins[1:], c.ins[1])  # o, Wo, r, the gate's and up's weights, the norm's, Wd
         skip = a.skip | b.skip | c.skip | {e.id for e in views}
         chain = ProductMatch("chain", ins, b.rows, inner, (*a.order, *b.order, *c.order), c.out, c.shape, c.last, skip)
-        d = _next(g, found, c, dt, taken, pos) if nxt else None
+        d = _next(g, found, c, dt, taken) if nxt else None
         if d is None:
             chain = replace(chain, eps=b.eps, parts=(a, b, c))
         else:
@@ -154,18 +146,18 @@ def chain_products(
 
 
 def _next(
-    g: SegmentGraph, found: Sequence[ProductMatch], c: ProductMatch, dt: str, taken: set[int], pos: dict[int, int]
+    g: SegmentGraph, found: Sequence[ProductMatch], c: ProductMatch, dt: str, taken: set[int]
 ) -> ProductMatch | None:
     """The normed ``gemv`` of ``c``'s output that a chain ending in ``c`` takes as its
-    fourth part (module docstring), or None. ``pos``: each equation's place in the
-    segment (the replay's order; ids are not: a concatenated product's is new)."""
+    fourth part (module docstring), or None. Order is each equation's place in the
+    segment (``g.pos``: the replay's order; ids are not, a concatenated product's is new)."""
     normed = [m for m in found if m.eps is not None and m.ins[0] == c.out]
     if len(normed) != 1:  # none, or several sharing the norm (each normalises the row itself)
         return None
     (d,) = normed
     if d.kind != "gemv" or d.quant is not None or id(d) in taken or g.dtype.get(d.out) != dt:
         return None
-    at = pos[d.last]
-    if any(e.id not in d.skip and pos[e.id] < at for e in g.readers.get(c.out, [])):
+    at = g.pos[d.last]
+    if any(e.id not in d.skip and g.pos[e.id] < at for e in g.readers.get(c.out, [])):
         return None  # read before the kernel (at d's last equation) has defined it
     return d

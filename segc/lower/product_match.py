@@ -10,6 +10,7 @@ from typing import Any
 
 from .. import dtypes
 from ..ir import Eqn
+from .attention import rows_mask
 from .gather_match import gathered, match_moe
 from .pattern import SegmentGraph, only_reader, skippable, through
 from .prim import lookup
@@ -65,6 +66,16 @@ class ProductMatch:
         buffers first (``layer_chain.py``)."""
         chain = (self.out, self.parts[3].out) if len(self.parts) == 4 else (self.out,)
         return chain if self.pair is None else (*self.pair[0].outs[:2], *chain)
+
+
+def layer_parts(m: ProductMatch, ins: Sequence[Any]) -> tuple[Any, Any, ProductMatch, list[Any], list[Any]]:
+    """A layer's (``layer_chain.py``) write, attention and chain, and ``ins`` as they take
+    them: the write's inputs, then the attention's ``(rows, keys)`` mask and the chain's
+    inputs after its row (the attention's output)."""
+    assert m.pair is not None
+    w, att = m.pair
+    n = len(w.ins)
+    return w, att, replace(m, kind="chain", pair=None), list(ins[:n]), [rows_mask(ins[n]), *ins[n + 1 :]]
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import mlx.core as mx
 from ..errors import UnsupportedPrimitive
 from ..ir import Const, Eqn, Graph, Segment
 from . import dequantized, experts
-from .attention import AttentionMatch
+from .attention import AttentionMatch, rows_mask
 from .attention import Kernel as Attention
 from .fused import find_all
 from .kvwrite import Kernel as KVWrite
@@ -112,9 +112,7 @@ def _rule(e: Eqn) -> Rule:
 def _fused(m: AttentionMatch, kernel: Attention) -> Rule:
     def run(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
         q, k, v, mask = ins
-        if mask.ndim > 2:  # a broadcast of one (rows, keys) mask: its first copy
-            mask = mask.reshape(-1, *mask.shape[-2:])[0]
-        return kernel(q, k, v, mask, m.scale)
+        return kernel(q, k, v, rows_mask(mask), m.scale)
 
     return run
 
@@ -129,9 +127,7 @@ def _kv_rule(m: KVWriteMatch, kernel: KVWrite) -> Rule:
 def _pair_rule(w: KVWriteMatch, m: AttentionMatch, kernel: WithAttention) -> Rule:
     def run(ins: list[mx.array], args: tuple, e: Eqn) -> list[mx.array]:
         *rest, mask = ins
-        if mask.ndim > 2:  # a broadcast of one (rows, keys) mask: its first copy
-            mask = mask.reshape(-1, *mask.shape[-2:])[0]
-        return kernel(w, m.scale, [*rest, mask])
+        return kernel(w, m.scale, [*rest, rows_mask(mask)])
 
     return run
 

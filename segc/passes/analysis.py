@@ -182,22 +182,21 @@ def liveness(g: Graph) -> Liveness:
         made: Layout | None = None
         if mem in ("view", "view_keep", "reshape") and src is not None:
             made = view_layout(e, layout[src], vs[src].shape, e.outs[0].shape if e.outs else ())
-        keep = None  # a broadcast layout kept by an elementwise output: its data elements
+        keep = None  # the one broadcast input an elementwise output keeps the layout of
         if p.fusible and mem in ("compute", "move") and e.ins:
             big = [v for v in e.ins if data[v] > 1]
             if len(big) == 1 and data[big[0]] < vs[big[0]].size:
-                keep = data[big[0]]
+                keep = big[0]
         for o in e.outs:
             if made is not None:
                 assert src is not None
                 root[o.name], layout[o.name] = root[src], made
                 data[o.name] = data[src] if e.prim == "Broadcast" else min(o.size, data[src])
             else:
-                kept = keep is not None and o.size == vs[big[0]].size and layout[big[0]].strides
-                root[o.name], layout[o.name] = o.name, dense(o.shape)
-                if kept:  # MLX gives it its input's strides (a broadcast: not row-contiguous)
-                    layout[o.name] = Layout(layout[big[0]].strides, layout[big[0]].row, False)
-                data[o.name] = keep if keep is not None and o.size == vs[big[0]].size else o.size
+                root[o.name], layout[o.name], data[o.name] = o.name, dense(o.shape), o.size
+                if keep is not None and o.size == vs[keep].size:  # MLX gives it its input's strides and data
+                    layout[o.name] = Layout(layout[keep].strides, layout[keep].row, False)
+                    data[o.name] = data[keep]
                 nbytes[o.name] = data[o.name] * o.nbytes // max(o.size, 1)
                 defined[o.name] = k
                 last[o.name] = k
