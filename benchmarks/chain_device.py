@@ -124,9 +124,12 @@ def probes(h: int, n: int) -> dict[str, Callable[..., mx.array]]:
         output_names=["out"],
         source="if (blockIdx.x == 0 && threadIdx.x == 0 && threadIdx.y == 0) { out[0] = x[0]; }\n",
     )
-    ctl = mx.array([0] * cuda_chain.COUNTERS, dtype=mx.uint32)
 
     def tickets(o, *_):
+        # counters of its own a launch, as the chain's state is: the launches of a timed
+        # batch are independent, so MLX's CUDA graph may run them together (one shared
+        # array is the likely cause of the thirty-fifth session's failed probe)
+        ctl = mx.array([0] * cuda_chain.COUNTERS, dtype=mx.uint32)
         (y,) = probe(
             inputs=[o, ctl],
             template=[("H", h), ("NI", n), ("RPB", rpb)],
