@@ -9,7 +9,8 @@
 # PARTS: any of  dense quant moe concat chain isolated runtime kernels select products check generate device ablate commits census kv attn kvattn prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
 # (default: dense runtime). chain: a layer's MLP, and a decode layer, as one kernel
 # (segc.lower.cuda_chain, cuda_layer; off by default): their GPU tests, chain_device.py (device
-# time against the separate kernels, several grids, the tickets alone); the decode with them is
+# time against the separate kernels, several grids, the tickets alone), chain_stages.py (each
+# stage's span, waits and work from the blocks' own stamps); the decode with them is
 # VARIANTS=eager,compile,frozen,frozen+chain3,frozen+chain4,frozenhead+chain MODELS=llama: ...
 # isolated, a call of its own. kernels: fewer_kernels.py (what each kernel and each of the
 # dynamic cache's differences costs); select: segc's one-position KV write as a select
@@ -95,6 +96,8 @@ for p in $parts; do
     echo "chain tests: rc=$?"
     timeout 150 $PY benchmarks/chain_device.py --reps 8 --repeats 10 >"$OUT/chain_device.txt" 2>&1
     echo "chain device: rc=$?"
+    timeout 100 $PY benchmarks/chain_stages.py --repeats 10 >"$OUT/chain_stages.txt" 2>&1
+    echo "chain stages: rc=$?"
     ;;
   isolated)
     for spec in ${MODELS:-llama: llama_4bit:--bits,4 mixtral:--arch,mixtral}; do  # about 4 min each

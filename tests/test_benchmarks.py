@@ -491,3 +491,49 @@ def test_rel_diff_is_the_bound_s_measure() -> None:
     assert rel_diff(y, ref) == 1.0  # max(0.5 / 1, 0 / 4, 2 / 2), exact in float32
     assert rel_diff(ref, ref) == 0.0
     assert rel_diff(y[:2], ref) == float("inf")
+
+
+def test_chain_stages_reads_a_launchs_figures_from_hand_made_stamps() -> None:
+    """``benchmarks/chain_stages.py``'s figures from two blocks' stamps written by hand
+    (nanoseconds; slots: 0 start, 1 exit, 2+k waited, 7+k once, 12+k work, 17+k first
+    ticket, 22+k last done, 28 the SM), against the microseconds worked out here."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import numpy as np
+        from chain_stages import SLOTS, summary
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    st = np.zeros((2, SLOTS), dtype=np.uint64)
+    st[:, 0], st[:, 1], st[:, 28] = (100, 400), (7000, 6500), (3, 5)
+    st[:, 17], st[:, 22], st[:, 12] = (1000, 1500), (3000, 2500), (1800, 1000)  # stage 0
+    st[1, 2 + 1], st[1, 7 + 1], st[1, 17 + 1], st[1, 22 + 1], st[1, 12 + 1] = 700, 300, 3500, 6000, 2500  # stage 1
+    got = summary(st, 3)
+    assert got["total"] == 6.9 and got["start spread"] == 0.3 and got["SMs"] == 2.0
+    assert got["s0 starts"] == 0.9 and got["s0 span"] == 2.0 and got["s0 work/block"] == 1.4
+    assert got["s0 wait (mean)"] == 0.0 and got["s0 blocks"] == 2.0
+    assert got["s1 starts"] == 3.4 and got["s1 span"] == 2.5 and got["s1 blocks"] == 1.0
+    assert got["s0 most/SM"] == 1.0 and got["s0 mean/SM"] == 1.0
+    assert got["s1 wait (mean)"] == 0.7 and got["s1 once (mean)"] == 0.3 and got["s1 work/block"] == 2.5
+    assert "s2 span" not in got and got["tail"] == 1.0  # no ticket of stage 2; the last exit 1 us after
+
+
+def test_a_chains_marks_land_at_its_loops_points_and_change_nothing_else() -> None:
+    """``cuda_chain.tickets``' ``mark``: each point's text where the stamps need it (a
+    wait and its once only for the stages after the first), and no mark is the kernel's
+    own text."""
+    from segc.lower import cuda_chain
+
+    stages = [("4", "", "/*body0*/"), ("8", "/*work1*/", "/*body1*/"), ("4", "/*work2*/", "/*body2*/")]
+    plain = cuda_chain.tickets(stages)
+    assert cuda_chain.tickets(stages, lambda point, k: "") == plain
+    marked = cuda_chain.tickets(stages, lambda point, k: f"/*{point}{k}*/\n")
+    for point in ("begin-1", "ticket0", "ticket1", "ticket2", "wait1", "waited1", "once1", "wait2", "once2", "end-1"):
+        assert marked.count(f"/*{point}*/") == 1, point
+    assert "/*wait0*/" not in marked and marked.rstrip().endswith("/*exit-1*/")
+    # in order: the wait, then the stage's once work, then its rows
+    for k in (1, 2):
+        i = [marked.index(s) for s in (f"/*wait{k}*/", f"/*waited{k}*/", f"/*once{k}*/", f"/*ticket{k}*/")]
+        assert i == sorted(i) and i[1] < marked.index(f"/*work{k}*/") < i[2], k
+    # with the marks' lines taken out, the kernel's own text
+    kept = [line for line in marked.splitlines() if not line.startswith("/*") or line.startswith(("/*work", "/*body"))]
+    assert "\n".join(kept) == plain.rstrip("\n")

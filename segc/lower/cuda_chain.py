@@ -36,7 +36,7 @@ from __future__ import annotations
 import functools
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlx.core as mx
@@ -132,14 +132,16 @@ __device__ void segc_wait(const uint32_t* cnt, uint32_t want) {
 """
 
 
-def tickets(stages: Sequence[tuple[str, str, str]]) -> str:
+def tickets(stages: Sequence[tuple[str, str, str]], mark: Callable[[str, int], str] | None = None) -> str:
     """The ticket loop of a kernel of stages (module docstring), each stage
     ``(tickets, once, body)``: the C++ expression of its number of tickets (``RPB`` rows
     each; it may read the inputs' shapes), the text a block runs before its first ticket of the stage once the stage
     before is done (none for the first), the text of one ticket (its rows start at
     ``row``). At most :data:`STAGES`; the counters at ``ctlin``: the tickets', each
-    stage's done (but the last's), the blocks gone. Public for
-    benchmarks/chain_device.py's probe of the tickets alone."""
+    stage's done (but the last's), the blocks gone. ``mark(point, stage)``: text put at
+    each of the loop's points (``begin``, ``wait``, ``waited``, ``once``, ``ticket``, ``end``,
+    ``exit``; the benchmarks' stamps). Public for benchmarks/chain_device.py's probes."""
+    at = mark or (lambda point, k: "")
     n = len(stages)
     if not 1 <= n <= STAGES:
         raise ValueError(f"a chain has 1 to {STAGES} stages, not {n}")
@@ -154,9 +156,9 @@ def tickets(stages: Sequence[tuple[str, str, str]]) -> str:
         head = ("" if k == 0 else "else ") + (f"if (tk < {ends[k]}) " if k < n - 1 else "")
         wait = (
             f"""            if (!waited{k}) {{
-                segc_wait(ctl + {k} * LINE, {ends[k - 1]} - {ends[k - 2] if k > 1 else "0"});
-{once}
-                waited{k} = true;
+{at("wait", k)}                segc_wait(ctl + {k} * LINE, {ends[k - 1]} - {ends[k - 2] if k > 1 else "0"});
+{at("waited", k)}{once}
+{at("once", k)}                waited{k} = true;
             }}
 """
             if k
@@ -166,7 +168,7 @@ def tickets(stages: Sequence[tuple[str, str, str]]) -> str:
         done = f"            segc_done(ctl + {k + 1} * LINE);\n" if k < n - 1 else ""
         branches.append(
             f"""        {head}{{
-{wait}            const int row = (tk - {first}) * RPB + threadIdx.y;
+{wait}{at("ticket", k)}            const int row = (tk - {first}) * RPB + threadIdx.y;
 {body}
 {done}        }}"""
         )
@@ -181,13 +183,13 @@ def tickets(stages: Sequence[tuple[str, str, str]]) -> str:
     __syncthreads();
     uint32_t tk = ticket, next = 0;
     __syncthreads();
-    while (tk < {ends[-1]}) {{
+{at("begin", -1)}    while (tk < {ends[-1]}) {{
         if (segc_lead()) {{
             next = atomicAdd(ctl, 1u);  // the next ticket, claimed while this one runs
         }}
 {loop}
         __syncthreads();  // (every warp done with `ticket` and with this ticket's rows)
-        if (segc_lead()) {{
+{at("end", -1)}        if (segc_lead()) {{
             ticket = next;
         }}
         __syncthreads();
@@ -202,7 +204,7 @@ def tickets(stages: Sequence[tuple[str, str, str]]) -> str:
             __threadfence();
         }}
     }}
-"""
+{at("exit", -1)}"""
 
 
 STAGES = 5  # the most a kernel has: the attention, the MLP's three, the next normed product
