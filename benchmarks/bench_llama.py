@@ -45,7 +45,8 @@ instead of reading it: docs/runtime.md); ``+chain`` with ``SEGC_CHAIN_PRODUCTS=1
 decode layer from its attention to the next layer's q, k and v product as one kernel:
 docs/lowering.md), ``+chain4`` the same with ``SEGC_CHAIN_ATTENTION=0`` (the attention
 a kernel of its own), ``+chain3`` also with ``SEGC_CHAIN_NEXT=0`` (the MLP's three
-products alone).
+products alone); ``+chainocc`` and ``+chain4occ`` as ``+chain`` and ``+chain4`` with
+``SEGC_CHAIN_OCCUPANCY=4`` (the kernels compiled to fit four blocks an SM).
 
 on two workloads: a decode step (one token; with a KV cache at ``--context`` when
 ``segc.jit`` accepts one, else a plain 1-token forward, and the output says which) and a
@@ -166,6 +167,9 @@ SETTINGS = {  # a variant's "+suffix" (--isolate only)
     "chain": {"SEGC_CHAIN_PRODUCTS": "1"},  # a layer from its attention on as one kernel (layer_chain.py)
     "chain4": {"SEGC_CHAIN_PRODUCTS": "1", "SEGC_CHAIN_ATTENTION": "0"},  # the MLP and the next product
     "chain3": {"SEGC_CHAIN_PRODUCTS": "1", "SEGC_CHAIN_NEXT": "0", "SEGC_CHAIN_ATTENTION": "0"},  # the MLP alone
+    # the same compiled to fit 4 blocks an SM (NVRTC's launch bounds: cuda_chain.occupancy)
+    "chainocc": {"SEGC_CHAIN_PRODUCTS": "1", "SEGC_CHAIN_OCCUPANCY": "4"},
+    "chain4occ": {"SEGC_CHAIN_PRODUCTS": "1", "SEGC_CHAIN_ATTENTION": "0", "SEGC_CHAIN_OCCUPANCY": "4"},
 }
 
 

@@ -8,9 +8,11 @@ start spread and the tail after the last stage.
 
 The stamps change the kernel (a few shared words, a store a point), so its total is
 close to, not the same as, the unstamped kernel's (``chain_device.py`` times that one).
-Each case runs alone (one launch, then a wait), its figures the median over
-``--repeats`` launches, the weights rotating over ``--sets`` copies so that L2 serves
-none of them. CUDA only.
+Each case runs in batches of ``--batch`` launches in one evaluation, each reading the one
+before's output (so that they run one after another, the device busy between them), its
+figures the medians over the launches (a batch's first left out), the weights rotating
+over ``--sets`` copies so that L2 serves none of them; the kernels' states are made once
+by the GPU (``chain_device.resident``). CUDA only.
 
     python benchmarks/chain_stages.py [--blocks 1024,528,264,132] [--repeats 15]
 """
@@ -159,8 +161,11 @@ def summary(st: np.ndarray, stages: int) -> dict[str, float]:
     return out
 
 
-def cases(h: int, n: int, nq: int, context: int, sets: int) -> dict[str, tuple[int, Callable[[int, int | None], Any]]]:
-    """Each case: its stages, and ``f(set, blocks)`` launching it once."""
+def cases(
+    h: int, n: int, nq: int, context: int, sets: int
+) -> tuple[dict[str, tuple[int, Callable[[int, int | None, mx.array], mx.array]]], mx.array]:
+    """Each case: its stages, and ``f(set, blocks, x)`` launching it once over the row
+    ``x`` (the last launch's output, or the returned first row), its output row."""
     from segc.lower import cuda_layer
     from segc.lower.attention import AttentionMatch
     from segc.lower.kvwrite import KVWriteMatch
@@ -191,20 +196,20 @@ def cases(h: int, n: int, nq: int, context: int, sets: int) -> dict[str, tuple[i
     att = AttentionMatch("qr", "ko", "vo", "mask", d**-0.5, "att", 0, frozenset())
     layer = replace(m4, kind="layer", pair=(w, att))
 
-    def mlp(i: int, g: int | None) -> Any:
+    def mlp(i: int, g: int | None, x: mx.array) -> mx.array:
         wo, wgu, nw, wd, _, _ = ws[i]
-        return cuda_chain.chain(m, [o, wo, r, wgu, nw, wd], blocks=g)
+        return cuda_chain.chain(m, [x, wo, r, wgu, nw, wd], blocks=g)
 
-    def mlp4(i: int, g: int | None) -> Any:
+    def mlp4(i: int, g: int | None, x: mx.array) -> mx.array:
         wo, wgu, nw, wd, wq, nw2 = ws[i]
-        return cuda_chain.chain(m4, [o, wo, r, wgu, nw, wd, wq, nw2], blocks=g)
+        return cuda_chain.chain(m4, [x, wo, r, wgu, nw, wd, wq, nw2], blocks=g)[0]
 
-    def one(i: int, g: int | None) -> Any:
+    def one(i: int, g: int | None, x: mx.array) -> mx.array:
         wo, wgu, nw, wd, wq, nw2 = ws[i]
-        q = o.reshape(1, hq, 1, d)
-        return cuda_layer.layer(layer, [kb, k, vb, v, off, q, mask, wo, r, wgu, nw, wd, wq, nw2], blocks=g)
+        q = x.reshape(1, hq, 1, d)
+        return cuda_layer.layer(layer, [kb, k, vb, v, off, q, mask, wo, r, wgu, nw, wd, wq, nw2], blocks=g)[2]
 
-    return {"MLP chain": (3, mlp), "MLP chain + next": (4, mlp4), "layer kernel": (5, one)}
+    return {"MLP chain": (3, mlp), "MLP chain + next": (4, mlp4), "layer kernel": (5, one)}, o
 
 
 def main() -> None:
@@ -216,6 +221,7 @@ def main() -> None:
     ap.add_argument("--blocks", default="1024,528,264,132", help="grids (0: the kernel's default)")
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--sets", type=int, default=4, help="weight copies rotated over")
+    ap.add_argument("--batch", type=int, default=6, help="launches an evaluation, one after another")
     ap.add_argument("--cases", default="MLP chain,MLP chain + next,layer kernel")
     ap.add_argument("--variant", default="base", choices=sorted(VARIANTS))
     args = ap.parse_args()
@@ -224,7 +230,7 @@ def main() -> None:
         return
     install(args.variant)
     keep_states_resident()
-    every = cases(args.hidden, args.intermediate, args.next, args.context, args.sets)
+    every, x0 = cases(args.hidden, args.intermediate, args.next, args.context, args.sets)
     print(
         f"segc chain_stages ({args.variant}): hidden {args.hidden}, intermediate {args.intermediate},"
         f" next {args.next}, us (medians)"
@@ -233,12 +239,17 @@ def main() -> None:
         stages, f = every[name]
         for g in (int(b) for b in args.blocks.split(",")):
             runs = []
-            for i in range(args.repeats + 2):
+            for i in range(args.repeats + 1):
+                # a batch of launches, each reading the one before's output (so that none
+                # overlaps another), in one evaluation: the device busy throughout, as in
+                # a step; the batch's first launch, after the host's gap, is left out
                 LAST.clear()
-                mx.eval(f(i % args.sets, g or None))
-                mx.synchronize()
-                if i >= 2:
-                    runs.append(summary(np.array(LAST[-1]), stages))
+                y = x0
+                for j in range(args.batch):
+                    y = f((i * args.batch + j) % args.sets, g or None, y).reshape(1, -1)
+                mx.eval(y, LAST)
+                if i >= 1:
+                    runs += [summary(np.array(st), stages) for st in LAST[1:]]
             keys = list(dict.fromkeys(k for r in runs for k in r))
             med = {k: statistics.median(r.get(k, 0.0) for r in runs) for k in keys}
             print(f"\n{name}, grid {g or 'default'}: total {med['total']:.1f}")

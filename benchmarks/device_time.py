@@ -264,8 +264,18 @@ SEGC_STEPS: dict[str, tuple[dict[str, Any], str, str, str]] = {
     "segcmlxattn": ({"attention": "off"}, "auto", "auto", "auto"),  # MLX's masked attention, not segc's kernel
 }
 # segc's step with an environment setting (read when its segments are built): the rotated
-# write and its attention as two kernels (SEGC_FUSED_KV_ATTENTION=0; one is the default)
-ENV_STEPS: dict[str, tuple[str, dict[str, str]]] = {"segckvapart": ("segc", {"SEGC_FUSED_KV_ATTENTION": "0"})}
+# write and its attention as two kernels (SEGC_FUSED_KV_ATTENTION=0; one is the default),
+# chains
+ENV_STEPS: dict[str, tuple[str, dict[str, str]]] = {
+    "segckvapart": ("segc", {"SEGC_FUSED_KV_ATTENTION": "0"}),
+    # chains (segc.lower.cuda_chain, cuda_layer; off by default): a layer as one kernel, the
+    # MLP with the next product as one
+    "segcchain": ("segc", {"SEGC_CHAIN_PRODUCTS": "1"}),
+    "segcchain4": ("segc", {"SEGC_CHAIN_PRODUCTS": "1", "SEGC_CHAIN_ATTENTION": "0"}),
+    # the same compiled to fit four blocks an SM (cuda_chain.occupancy)
+    "segcchainocc": ("segc", {"SEGC_CHAIN_PRODUCTS": "1", "SEGC_CHAIN_OCCUPANCY": "4"}),
+    "segcchain4occ": ("segc", {"SEGC_CHAIN_PRODUCTS": "1", "SEGC_CHAIN_ATTENTION": "0", "SEGC_CHAIN_OCCUPANCY": "4"}),
+}
 
 
 def step_body(name: str, layers: int, bits: int | None) -> Callable[[mx.array], list[mx.array]]:
@@ -284,14 +294,23 @@ def step_body(name: str, layers: int, bits: int | None) -> Callable[[mx.array], 
     if name == "compile":
         comp = compiled_with_cache(model, fc)
         return lambda y: [comp(y), *fc.arrays()]
+    env: dict[str, str] = {}
     if name in ENV_STEPS:
         name, env = ENV_STEPS[name]
-        os.environ.update(env)  # (each census step is a process of its own)
     if name not in SEGC_STEPS:
         raise SystemExit(f"unknown step variant {name!r}: eager, compile, {', '.join([*SEGC_STEPS, *ENV_STEPS])}")
     kw, select, fused, kv = SEGC_STEPS[name]
     step = segc.jit(model, validate=False, concat_projections=True, freeze_params=True, **kw)
-    first_call_with(lambda: mx.eval(step(x, cache=fc.reset()), fc.arrays()), select, fused, kv)  # lowered now
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # read as the segments are lowered, at the first call: for this step alone
+    try:
+        first_call_with(lambda: mx.eval(step(x, cache=fc.reset()), fc.arrays()), select, fused, kv)  # lowered now
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     return lambda y: [step(y, cache=fc.reset()), *fc.arrays()]
 
 

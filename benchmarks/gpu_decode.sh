@@ -8,10 +8,12 @@
 #
 # PARTS: any of  dense quant moe concat chain isolated runtime kernels select products check generate device ablate commits census kv attn kvattn prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
 # (default: dense runtime). chain: a layer's MLP, and a decode layer, as one kernel
-# (segc.lower.cuda_chain, cuda_layer; off by default): their GPU tests, chain_device.py (device
-# time against the separate kernels, several grids, the tickets alone), chain_stages.py (each
-# stage's span, waits and work from the blocks' own stamps); the decode with them is
-# VARIANTS=eager,compile,frozen,frozen+chain3,frozen+chain4,frozenhead+chain MODELS=llama: ...
+# (segc.lower.cuda_chain, cuda_layer; off by default): chain_device.py (device time against
+# the separate kernels, several grids, the tickets alone) and chain_stages.py (each stage's
+# span, waits and work from the blocks' own stamps), each with the compiler's registers and
+# fitted to 4 blocks an SM (SEGC_CHAIN_OCCUPANCY), device_time.py's whole steps with and
+# without chains, then their GPU tests one at a time; the decode with them is
+# VARIANTS=eager,frozen,frozen+chain4,frozen+chain4occ,frozenhead+chain,frozenhead+chainocc MODELS=llama: ...
 # isolated, a call of its own. kernels: fewer_kernels.py (what each kernel and each of the
 # dynamic cache's differences costs); select: segc's one-position KV write as a select
 # against MLX's, three models; products: segc's product kernels (segc.lower.products)
@@ -90,14 +92,19 @@ for p in $parts; do
       echo "$name: rc=$?"
     done
     ;;
-  chain)  # a layer's MLP, and a layer, as one kernel (cuda_chain, cuda_layer): bits and device time (about 5 min)
-    timeout 260 $PY -m pytest -o addopts= -p no:benchmark -p no:cacheprovider -n 14 --timeout 240 -q \
-      tests/test_products_cuda.py -k "chain or llama_decode" >"$OUT/chain_tests.txt" 2>&1
+  chain)  # a layer's MLP, and a layer, as one kernel (cuda_chain, cuda_layer): device time, then bits (about 9 min)
+    for occ in 0 4; do  # the compiler's registers, and the kernels fitted to 4 blocks an SM (SEGC_CHAIN_OCCUPANCY)
+      SEGC_CHAIN_OCCUPANCY=$occ timeout 60 $PY benchmarks/chain_device.py --reps 8 --repeats 6 >"$OUT/chain_device_$occ.txt" 2>&1
+      echo "chain device, occupancy $occ: rc=$?"
+      SEGC_CHAIN_OCCUPANCY=$occ timeout 60 $PY benchmarks/chain_stages.py --repeats 8 >"$OUT/chain_stages_$occ.txt" 2>&1
+      echo "chain stages, occupancy $occ: rc=$?"
+    done
+    MLX_MAX_OPS_PER_BUFFER=100000 MLX_MAX_MB_PER_BUFFER=1000000 timeout 150 $PY benchmarks/device_time.py --skip-products \
+      --repeats 10 --steps segc,segcchain,segcchainocc,segcchain4,segcchain4occ >"$OUT/chain_steps.txt" 2>&1
+    echo "chain steps: rc=$?"
+    timeout 200 $PY -m pytest -o addopts= -p no:benchmark -p no:cacheprovider -x --timeout 190 -q -rf --tb=short \
+      tests/test_products_cuda.py -k "chain_is or layer_kernel_is" >"$OUT/chain_tests.txt" 2>&1
     echo "chain tests: rc=$?"
-    timeout 150 $PY benchmarks/chain_device.py --reps 8 --repeats 10 >"$OUT/chain_device.txt" 2>&1
-    echo "chain device: rc=$?"
-    timeout 100 $PY benchmarks/chain_stages.py --repeats 10 >"$OUT/chain_stages.txt" 2>&1
-    echo "chain stages: rc=$?"
     ;;
   isolated)
     for spec in ${MODELS:-llama: llama_4bit:--bits,4 mixtral:--arch,mixtral}; do  # about 4 min each

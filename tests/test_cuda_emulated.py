@@ -504,6 +504,32 @@ def test_the_chain_kernel_on_any_grid(recorded, monkeypatch, blocks) -> None:
         cuda_chain.chain(m, ins)
 
 
+def test_the_chains_occupancy_is_nvrtc_s_alone_and_changes_no_byte(recorded, monkeypatch) -> None:
+    """``SEGC_CHAIN_OCCUPANCY``: the chain's header ends with launch bounds for MLX's
+    declaration (256 threads, that many blocks an SM), for NVRTC alone (the emulator's
+    ``g++`` skips them), a kernel of its own name, the same bytes; 0 is the default, a
+    value past 8 a UsageError naming the variable."""
+    from segc.lower.cuda_kernel import expand
+
+    m = chain_match(40, 72, False, (True, True, False, True))
+    mx.random.seed(8)
+    ins = [mx.random.normal(s) for s in [(1, 16), (40, 16), (1, 40), (72, 40), (72, 40), (40,), (40, 72)]]
+    cuda_chain.chain(m, ins)
+    monkeypatch.setenv("SEGC_CHAIN_OCCUPANCY", "3")
+    cuda_chain.chain(m, ins)
+    (made, call), (made2, call2) = recorded
+    plain, bounded = expand(made["header"]), expand(made2["header"])
+    assert "__launch_bounds__" not in plain and made2["name"] != made["name"]
+    assert bounded.startswith(plain) and bounded[len(plain) :] == (
+        "#ifdef __CUDACC_RTC__\n#undef __global__\n"
+        "#define __global__ __location__(global) __launch_bounds__(256, 3)\n#endif\n"
+    )
+    assert run(made2, call2)[0][0].tobytes() == run(made, call)[0][0].tobytes()
+    monkeypatch.setenv("SEGC_CHAIN_OCCUPANCY", "9")
+    with pytest.raises(UsageError, match="SEGC_CHAIN_OCCUPANCY"):
+        cuda_chain.chain(m, ins)
+
+
 @pytest.mark.parametrize(("concat", "nxt"), [(False, False), (True, False), (True, True)])
 def test_a_chain_found_in_a_layer_runs_through_segc_s_wiring(recorded, monkeypatch, concat, nxt) -> None:
     """The finder's chain (``product_chain.py``) replayed through ``products.cuda_products``

@@ -44,8 +44,9 @@ import numpy as np
 
 from .. import dtypes
 from ..errors import UsageError
-from .cuda_kernel import cuda_kernel
+from .cuda_kernel import cuda_kernel, launch_bounds
 from .cuda_products import _HEADER, ROWS_PER_BLOCK
+from .env import env_choice
 from .product_chain import aligned, shared_elems
 from .product_match import ProductMatch, norm_blocks
 
@@ -287,13 +288,22 @@ def _bits(x: float) -> int:
     return struct.unpack("<I", struct.pack("<f", x))[0]
 
 
+def occupancy() -> int:
+    """Blocks an SM the chain's and the layer's kernels are compiled to fit (NVRTC's
+    launch bounds: ``cuda_kernel.launch_bounds``): the environment's
+    ``SEGC_CHAIN_OCCUPANCY``, 1 to 8, or 0 (the default: the compiler's choice)."""
+    return int(env_choice("SEGC_CHAIN_OCCUPANCY", [str(b) for b in range(9)], "0"))
+
+
 @functools.cache
-def _kernel(eps_bits: int, next_bits: int | None = None) -> Any:
-    """The chain's kernel; with ``next_bits`` (the fourth part's eps), of four stages."""
+def _kernel(eps_bits: int, next_bits: int | None = None, blocks: int = 0) -> Any:
+    """The chain's kernel; with ``next_bits`` (the fourth part's eps), of four stages;
+    compiled to fit ``blocks`` blocks an SM (:func:`occupancy`)."""
     four = next_bits is not None
     header = _HEADER + CHAIN_HEADER + f"#define EPS (__int_as_float(0x{eps_bits:08x}))\n"
     if four:
         header += f"#define EPS2 (__int_as_float(0x{next_bits:08x}))\n"
+    header += launch_bounds(32 * ROWS_PER_BLOCK, blocks)
     return cuda_kernel(
         name=f"segc_chain{'4' if four else ''}_{eps_bits:08x}" + (f"_{next_bits:08x}" if four else ""),
         input_names=[*INPUTS, *(["wq", "nw2"] if four else []), "ctlin"],
@@ -376,7 +386,7 @@ def chain(m: ProductMatch, ins: Sequence[mx.array], blocks: int | None = None) -
     blocks = grid(blocks, most)
     b, d = m.parts[1], m.parts[3] if len(m.parts) == 4 else None
     assert b.eps is not None and (d is None or d.eps is not None)  # (the finder took only such norms)
-    outs = _kernel(_bits(b.eps), None if d is None or d.eps is None else _bits(d.eps))(
+    outs = _kernel(_bits(b.eps), None if d is None or d.eps is None else _bits(d.eps), occupancy())(
         inputs=inputs,
         template=tmpl,
         grid=(32 * blocks, ROWS_PER_BLOCK, 1),

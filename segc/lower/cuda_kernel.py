@@ -127,6 +127,21 @@ def expand(text: str) -> str:
     return _INCLUDED.sub(lambda m: Path(m.group(1)).read_text(), text)
 
 
+def launch_bounds(threads: int, blocks: int) -> str:
+    """Header text (last in a kernel's header) that makes NVRTC fit the kernel MLX
+    declares next to ``blocks`` blocks of ``threads`` an SM (``__launch_bounds__``:
+    fewer registers a thread, spilling if it must); none where ``blocks`` is 0. MLX
+    writes the ``__global__`` declaration itself, right after the header, so the text
+    redefines ``__global__`` (NVRTC's own definition, then the bounds) for it; other
+    compilers (the tests' ``g++``) skip it."""
+    if not blocks:
+        return ""
+    return (
+        "#ifdef __CUDACC_RTC__\n#undef __global__\n"
+        f"#define __global__ __location__(global) __launch_bounds__({threads}, {blocks})\n#endif\n"
+    )
+
+
 def cuda_kernel(name: str, input_names: Sequence[str], output_names: Sequence[str], source: str, header: str) -> Any:
     """``mx.fast.cuda_kernel`` of the :func:`compact` text, named by :func:`kernel_name`,
     its header and body :func:`included` from files."""

@@ -30,8 +30,8 @@ import numpy as np
 from .. import dtypes
 from .cuda_attention import _HEADER as _NEG_INF
 from .cuda_attention import _MERGE, _ONE_TAIL, _PARTIAL, CHUNK, counter
-from .cuda_chain import _MLP, _NEXT, _ROWS, CHAIN_HEADER, COUNTERS, _bits, grid, launch, tickets
-from .cuda_kernel import cuda_kernel
+from .cuda_chain import _MLP, _NEXT, _ROWS, CHAIN_HEADER, COUNTERS, _bits, grid, launch, occupancy, tickets
+from .cuda_kernel import cuda_kernel, launch_bounds
 from .cuda_kvattention import _READS
 from .cuda_kvwrite import _HEADER as _ROTATE
 from .cuda_kvwrite import rope_bits
@@ -73,9 +73,12 @@ _OPROJ = (
 
 
 @functools.cache
-def _kernel(freqs: bool, rope: tuple[int, int], scale_bits: int, eps_bits: int, next_bits: int | None) -> Any:
+def _kernel(
+    freqs: bool, rope: tuple[int, int], scale_bits: int, eps_bits: int, next_bits: int | None, blocks: int = 0
+) -> Any:
     """The kernel for a rotation's and an attention's constants, the norms' eps (float32
-    bits: ``#define``d, named after them); with ``next_bits``, of the chain's four parts."""
+    bits: ``#define``d, named after them); with ``next_bits``, of the chain's four parts;
+    compiled to fit ``blocks`` blocks an SM (``cuda_chain.occupancy``)."""
     four = next_bits is not None
     header = (
         _HEADER
@@ -89,6 +92,7 @@ def _kernel(freqs: bool, rope: tuple[int, int], scale_bits: int, eps_bits: int, 
         + (f"#define EPS2 (__int_as_float(0x{next_bits:08x}))\n" if four else "")
         + _ROTATE
         + _READS
+        + launch_bounds(32 * ROWS_PER_BLOCK, blocks)
     )
     ins = ["q", "knew", "k", "vnew", "v", "off", "mask", "count", *(["freqs"] if freqs else [])]
     ins += ["wo", "r", "wg", "wu", "nw", "wd", *(["wq", "nw2"] if four else []), "ctlin"]
@@ -154,6 +158,7 @@ def layer(m: ProductMatch, ins: Sequence[mx.array], blocks: int | None = None) -
         _bits(att.scale),
         _bits(b.eps),
         None if d4 is None or d4.eps is None else _bits(d4.eps),
+        occupancy(),
     )
     weights = chain_ins[1:-1]  # Wo, r, Wg, Wu, the norm's weight, Wd (and Wq, the next norm's)
     off = off.reshape(()) if off.ndim else off
