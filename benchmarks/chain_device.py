@@ -15,7 +15,7 @@ rows: a decode layer from its attention on (``--context`` positions), as the rot
 write with its attention then that chain (two kernels) and as the layer's one kernel
 (``cuda_layer.py``), compared with each other.
 
-    python benchmarks/chain_device.py [--reps 8] [--repeats 10] [--blocks 1024,528,264]
+    python benchmarks/chain_device.py [--reps 8] [--repeats 10] [--blocks 1024,528,264] [--only layer,probe]
 """
 
 from __future__ import annotations
@@ -237,6 +237,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=10, help="measurements per figure (the median)")
     ap.add_argument("--blocks", default="528,256,132", help="grids to try besides the default")
     ap.add_argument("--context", type=int, default=1024, help="positions the layer rows' attention reads")
+    ap.add_argument("--only", default="", help="comma-separated words: the rows whose name holds one (and eager's)")
     args = ap.parse_args()
     h, n = args.hidden, args.intermediate
     dt = mx.bfloat16
@@ -267,6 +268,9 @@ def main() -> None:
     print(f"  {'variant':<28}{'device us/MLP':>15}{'host us/MLP':>13}  same as eager")
     want: dict[str, bytes] = {}
     every = {**variants(h, n, args.next, blocks), **layers(h, n, args.next, args.context), **probes(h, n)}
+    words = [w for w in args.only.split(",") if w]
+    if words:  # eager's rows stay: each row's bytes are compared with its group's first
+        every = {k: f for k, f in every.items() if k.startswith("eager") or any(w in k for w in words)}
     for name, f in every.items():
         got = bytes(memoryview(f(o, r, *ws[0])))
         group = name.rsplit("+ ", 1)[-1] if "+ " in name else ""  # "next" rows with eager's, "layer" rows together
