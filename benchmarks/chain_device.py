@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from device_time import CUDA, stamped
 
-from segc.lower import cuda_chain, products
+from segc.lower import cuda_chain, cuda_tickets, products
 from segc.lower.products import ProductMatch
 
 EPS = 1e-5
@@ -132,7 +132,7 @@ def variants(h: int, n: int, nq: int, blocks: list[int]) -> dict[str, Callable[.
 
 # the chain's ticket loop with no rows to compute: the first stage's first ticket writes
 # the output (a kernel must write one)
-_PROBE = cuda_chain.tickets(
+_PROBE = cuda_tickets.tickets(
     [
         ("(H + RPB - 1) / RPB", "", "if (tk == 0 && threadIdx.x == 0 && threadIdx.y == 0) { out[0] = x[0]; }"),
         ("(NI + RPB - 1) / RPB", "", ""),
@@ -153,7 +153,7 @@ def probes(h: int, n: int) -> dict[str, Callable[..., mx.array]]:
         input_names=["x", "ctlin"],
         output_names=["out"],
         source=_PROBE,
-        header=cuda_chain.CHAIN_HEADER,
+        header=cuda_tickets.CHAIN_HEADER,
     )
     empty = mx.fast.cuda_kernel(
         name="segc_chain_empty",
@@ -162,7 +162,7 @@ def probes(h: int, n: int) -> dict[str, Callable[..., mx.array]]:
         source="if (blockIdx.x == 0 && threadIdx.x == 0 && threadIdx.y == 0) { out[0] = x[0]; }\n",
     )
 
-    counters = resident(lambda: mx.array([0] * cuda_chain.COUNTERS, dtype=mx.uint32))
+    counters = resident(lambda: mx.array([0] * cuda_tickets.COUNTERS, dtype=mx.uint32))
 
     def tickets(o, *_):
         # counters of its own a launch, as the chain's state is: the launches of a timed

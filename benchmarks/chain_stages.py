@@ -1,6 +1,6 @@
 """Where a chain kernel's device time goes, stage by stage (``segc.lower.cuda_chain``,
 ``cuda_layer``): each block's lead thread stamps the GPU's ``%globaltimer`` at the
-ticket loop's points (``cuda_chain.tickets``' ``mark``) into an extra output, and this
+ticket loop's points (``cuda_tickets.tickets``' ``mark``) into an extra output, and this
 script reads, per stage, its span (first ticket started to last ticket done, over
 blocks), the time blocks waited for the stage before, the time their ``once`` work took
 (the norm, the copies into shared memory) and the work per ticket; then the blocks'
@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from chain_device import _match, keep_states_resident
 
-from segc.lower import cuda_chain
+from segc.lower import cuda_chain, cuda_tickets
 
 CUDA = mx.default_device() == mx.gpu and mx.cuda.is_available()
 SLOTS = 32  # a block's stamps: see _MARKS
@@ -118,12 +118,12 @@ def install(variant: str = "base") -> None:
     this process), its ticket machinery as ``variant`` has it."""
     from segc.lower import cuda_layer
 
-    header = cuda_chain.CHAIN_HEADER
+    header = cuda_tickets.CHAIN_HEADER
     for old, new in VARIANTS[variant]:
         if header.count(old) != 1:
             raise SystemExit(f"variant {variant}: the chain's header no longer has {old!r}")
         header = header.replace(old, new)
-    real_tickets = cuda_chain.tickets
+    real_tickets = cuda_tickets.tickets
     for mod in (cuda_chain, cuda_layer):
         mod.CHAIN_HEADER = header  # type: ignore[attr-defined]
         mod.tickets = lambda stages, _t=real_tickets: _t(stages, mark)  # type: ignore[attr-defined]

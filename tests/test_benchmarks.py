@@ -518,15 +518,15 @@ def test_chain_stages_reads_a_launchs_figures_from_hand_made_stamps() -> None:
 
 
 def test_a_chains_marks_land_at_its_loops_points_and_change_nothing_else() -> None:
-    """``cuda_chain.tickets``' ``mark``: each point's text where the stamps need it (a
+    """``cuda_tickets.tickets``' ``mark``: each point's text where the stamps need it (a
     wait and its once only for the stages after the first), and no mark is the kernel's
     own text."""
-    from segc.lower import cuda_chain
+    from segc.lower import cuda_tickets
 
     stages = [("4", "", "/*body0*/"), ("8", "/*work1*/", "/*body1*/"), ("4", "/*work2*/", "/*body2*/")]
-    plain = cuda_chain.tickets(stages)
-    assert cuda_chain.tickets(stages, lambda point, k: "") == plain
-    marked = cuda_chain.tickets(stages, lambda point, k: f"/*{point}{k}*/\n")
+    plain = cuda_tickets.tickets(stages)
+    assert cuda_tickets.tickets(stages, lambda point, k: "") == plain
+    marked = cuda_tickets.tickets(stages, lambda point, k: f"/*{point}{k}*/\n")
     for point in ("begin-1", "ticket0", "ticket1", "ticket2", "wait1", "waited1", "once1", "wait2", "once2", "end-1"):
         assert marked.count(f"/*{point}*/") == 1, point
     assert "/*wait0*/" not in marked and marked.rstrip().endswith("/*exit-1*/")

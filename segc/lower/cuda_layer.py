@@ -30,12 +30,13 @@ import numpy as np
 from .. import dtypes
 from .cuda_attention import _HEADER as _NEG_INF
 from .cuda_attention import _MERGE, _ONE_TAIL, _PARTIAL, CHUNK, counter
-from .cuda_chain import _MLP, _NEXT, _ROWS, CHAIN_HEADER, COUNTERS, _bits, grid, launch, occupancy, tickets
+from .cuda_chain import _MLP, _NEXT, _ROWS, _bits, grid, launch, occupancy
 from .cuda_kernel import cuda_kernel, launch_bounds
 from .cuda_kvattention import _READS
 from .cuda_kvwrite import _HEADER as _ROTATE
 from .cuda_kvwrite import rope_bits
 from .cuda_products import _HEADER, ROWS_PER_BLOCK
+from .cuda_tickets import CHAIN_HEADER, COUNTERS, tickets
 from .product_chain import aligned
 from .product_match import ProductMatch, layer_parts
 
