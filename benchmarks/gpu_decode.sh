@@ -6,13 +6,13 @@
 #
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_decode.sh [PARTS]
 #
-# PARTS: any of  dense quant moe concat chain isolated runtime kernels select products check generate device ablate commits census kv attn kvattn prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
+# PARTS: any of  dense quant moe concat chain chaintests isolated runtime kernels select products check generate device ablate commits census kv attn kvattn prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
 # (default: dense runtime). chain: a layer's MLP, and a decode layer, as one kernel
 # (segc.lower.cuda_chain, cuda_layer; off by default): chain_device.py (device time against
 # the separate kernels, several grids, the tickets alone) and chain_stages.py (each stage's
 # span, waits and work from the blocks' own stamps), each with the compiler's registers and
-# fitted to 4 blocks an SM (SEGC_CHAIN_OCCUPANCY), device_time.py's whole steps with and
-# without chains, then their GPU tests one at a time; the decode with them is
+# fitted to 4 blocks an SM (SEGC_CHAIN_OCCUPANCY), and device_time.py's whole steps with and
+# without chains (about 9 min); chaintests: their GPU tests one at a time; the decode with them is
 # VARIANTS=eager,frozen,frozen+chain4,frozen+chain4occ,frozenhead+chain,frozenhead+chainocc MODELS=llama: ...
 # isolated, a call of its own. kernels: fewer_kernels.py (what each kernel and each of the
 # dynamic cache's differences costs); select: segc's one-position KV write as a select
@@ -92,18 +92,22 @@ for p in $parts; do
       echo "$name: rc=$?"
     done
     ;;
-  chain)  # a layer's MLP, and a layer, as one kernel (cuda_chain, cuda_layer): device time, then bits (about 9 min)
+  chain)  # a layer's MLP, and a layer, as one kernel (cuda_chain, cuda_layer): device time (about 9 min)
     for occ in 0 4; do  # the compiler's registers, and the kernels fitted to 4 blocks an SM (SEGC_CHAIN_OCCUPANCY)
       SEGC_CHAIN_OCCUPANCY=$occ timeout 60 $PY benchmarks/chain_device.py --reps 8 --repeats 6 >"$OUT/chain_device_$occ.txt" 2>&1
       echo "chain device, occupancy $occ: rc=$?"
       SEGC_CHAIN_OCCUPANCY=$occ timeout 60 $PY benchmarks/chain_stages.py --repeats 8 >"$OUT/chain_stages_$occ.txt" 2>&1
       echo "chain stages, occupancy $occ: rc=$?"
     done
-    MLX_MAX_OPS_PER_BUFFER=100000 MLX_MAX_MB_PER_BUFFER=1000000 timeout 150 $PY benchmarks/device_time.py --skip-products \
-      --repeats 10 --steps segc,segcchain,segcchainocc,segcchain4,segcchain4occ >"$OUT/chain_steps.txt" 2>&1
-    echo "chain steps: rc=$?"
-    timeout 200 $PY -m pytest -o addopts= -p no:benchmark -p no:cacheprovider -x --timeout 190 -q -rf --tb=short \
-      tests/test_products_cuda.py -k "chain_is or layer_kernel_is" >"$OUT/chain_tests.txt" 2>&1
+    for steps in segc,segcchain,segcchainocc segc,segcchain4,segcchain4occ; do  # about 35 s a step
+      MLX_MAX_OPS_PER_BUFFER=100000 MLX_MAX_MB_PER_BUFFER=1000000 timeout 140 $PY benchmarks/device_time.py --skip-products \
+        --repeats 10 --steps $steps >"$OUT/chain_steps_${steps##*,}.txt" 2>&1
+      echo "chain steps $steps: rc=$?"
+    done
+    ;;
+  chaintests)  # the chain's and the layer's GPU tests, one at a time, stopping at the first failure (a call of its own)
+    timeout 560 $PY -m pytest -o addopts= -p no:benchmark -p no:cacheprovider -x --timeout 540 -q -rf --tb=short \
+      tests/test_products_cuda.py -k "chain_is or layer_kernel_is or llama_decode" >"$OUT/chain_tests.txt" 2>&1
     echo "chain tests: rc=$?"
     ;;
   isolated)
