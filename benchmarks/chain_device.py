@@ -194,27 +194,62 @@ def probes(h: int, n: int) -> dict[str, Callable[..., mx.array]]:
     return {"probe: tickets alone": tickets, "probe: 3 empty kernels": three_empty}
 
 
-def layers(h: int, n: int, nq: int, context: int) -> dict[str, Callable[..., mx.array]]:
-    """A decode layer from its attention on (the reference llama's 32 query and 8 KV
-    heads of 64, ``context`` positions written of a buffer of ``context + 1``): the
-    rotated write with its attention then the chain of four stages (two kernels), and
-    the layer as one kernel (``cuda_layer.py``); each gives the next product's row."""
-    hq, hkv, d, cap = 32, 8, 64, context + 1
-    if products.product_kernel("auto") is None or h != hq * d:
-        return {}
-    from segc.lower import cuda_kvattention, cuda_layer
+HQ, HKV, D = 32, 8, 64  # the reference llama's query and KV heads, and their size
+
+
+def mlp_inputs(h: int, n: int, nq: int, sets: int) -> tuple[mx.array, mx.array, list[list[mx.array]]]:
+    """An MLP's row and residual, and ``sets`` copies of its weights (distinct, so that
+    L2 serves none of them): Wo, the gate's and up's rows concatenated, the norm's
+    weight, Wd, and the next product's ``nq`` rows with its norm's weight; evaluated."""
+    dt = mx.bfloat16
+    o = (mx.random.normal((1, h)) * 0.5).astype(dt)
+    r = (mx.random.normal((1, 1, h)) * 0.5).astype(dt)
+    ws = []
+    for i in range(sets):
+        key = mx.random.split(mx.random.key(i), 4)
+        ws.append(
+            [
+                (mx.random.normal((h, h), key=key[0]) * 0.02).astype(dt),
+                (mx.random.normal((2 * n, h), key=key[1]) * 0.02).astype(dt),
+                mx.random.uniform(0.5, 1.5, (h,), key=key[2]).astype(dt),
+                (mx.random.normal((h, n), key=key[3]) * 0.02).astype(dt),
+                (mx.random.normal((nq, h), key=key[0]) * 0.02).astype(dt),
+                mx.random.uniform(0.5, 1.5, (h,), key=key[1]).astype(dt),
+            ]
+        )
+    mx.eval(o, r, ws)
+    return o, r, ws
+
+
+def layer_inputs(h: int, n: int, nq: int, context: int) -> tuple[ProductMatch, list[mx.array]]:
+    """A decode layer's match (the rotated write and its attention, then the chain of
+    four stages) and its write's and attention's inputs but the queries: the key
+    buffer, the new key, the value buffer, the new value, the offset, the mask
+    (``context`` positions written of a buffer of ``context + 1``); evaluated."""
     from segc.lower.attention import AttentionMatch
     from segc.lower.kvwrite import KVWriteMatch
 
-    dt = mx.bfloat16
-    kb, vb = ((mx.random.normal((1, hkv, cap, d)) * 0.5).astype(dt) for _ in range(2))
-    k, v = ((mx.random.normal((1, hkv, 1, d)) * 0.5).astype(dt) for _ in range(2))
+    dt, cap = mx.bfloat16, context + 1
+    kb, vb = ((mx.random.normal((1, HKV, cap, D)) * 0.5).astype(dt) for _ in range(2))
+    k, v = ((mx.random.normal((1, HKV, 1, D)) * 0.5).astype(dt) for _ in range(2))
     off, mask = mx.array(context, dtype=mx.int32), mx.arange(cap)[None] <= context
-    w = KVWriteMatch(("kb", "k", "vb", "v", "off", "q"), ("ko", "vo", "qr"), d, False, 10000.0, 1.0, True, False, ())
-    att = AttentionMatch("qr", "ko", "vo", "mask", d**-0.5, "att", 0, frozenset())
-    m4 = _match(h, n, nq)
-    layer = replace(m4, kind="layer", pair=(w, att))
+    w = KVWriteMatch(("kb", "k", "vb", "v", "off", "q"), ("ko", "vo", "qr"), D, False, 10000.0, 1.0, True, False, ())
+    att = AttentionMatch("qr", "ko", "vo", "mask", D**-0.5, "att", 0, frozenset())
     mx.eval(kb, vb, k, v, mask)
+    return replace(_match(h, n, nq), kind="layer", pair=(w, att)), [kb, k, vb, v, off, mask]
+
+
+def layers(h: int, n: int, nq: int, context: int) -> dict[str, Callable[..., mx.array]]:
+    """A decode layer from its attention on (:func:`layer_inputs`): the rotated write with
+    its attention then the chain of four stages (two kernels), and the layer as one
+    kernel (``cuda_layer.py``); each gives the next product's row."""
+    hq, d = HQ, D
+    if products.product_kernel("auto") is None or h != hq * d:
+        return {}
+    from segc.lower import cuda_kvattention, cuda_layer
+
+    layer, (kb, k, vb, v, off, mask) = layer_inputs(h, n, nq, context)
+    m4 = replace(layer, kind="chain", pair=None)
 
     def apart(o, r, wo, wgu, nw, wd, wq, nw2):
         q = o.reshape(1, hq, 1, d)  # (the step's queries: any row of the right size)
@@ -240,23 +275,7 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated words: the rows whose name holds one (and eager's)")
     args = ap.parse_args()
     h, n = args.hidden, args.intermediate
-    dt = mx.bfloat16
-    o = (mx.random.normal((1, h)) * 0.5).astype(dt)
-    r = (mx.random.normal((1, 1, h)) * 0.5).astype(dt)
-    ws = []
-    for i in range(args.reps):
-        key = mx.random.split(mx.random.key(i), 4)
-        ws.append(
-            [
-                (mx.random.normal((h, h), key=key[0]) * 0.02).astype(dt),
-                (mx.random.normal((2 * n, h), key=key[1]) * 0.02).astype(dt),
-                mx.random.uniform(0.5, 1.5, (h,), key=key[2]).astype(dt),
-                (mx.random.normal((h, n), key=key[3]) * 0.02).astype(dt),
-                (mx.random.normal((args.next, h), key=key[0]) * 0.02).astype(dt),
-                mx.random.uniform(0.5, 1.5, (h,), key=key[1]).astype(dt),
-            ]
-        )
-    mx.eval(o, r, ws)
+    o, r, ws = mlp_inputs(h, n, args.next, args.reps)
     blocks = [int(b) for b in args.blocks.split(",") if b]
     if CUDA:
         keep_states_resident()

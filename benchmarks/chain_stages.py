@@ -32,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from chain_device import _match, keep_states_resident
+from chain_device import HQ, D, _match, keep_states_resident, layer_inputs, mlp_inputs
 
 from segc.lower import cuda_chain, cuda_tickets
 
@@ -71,7 +71,7 @@ _MARKS = {
 
 
 def mark(point: str, k: int) -> str:
-    return _MARKS[point].replace("K", str(k)) if point != "begin" else _MARKS[point]
+    return _MARKS[point].replace("K", str(k))  # (the points of no stage have no K)
 
 
 LAST: list[mx.array] = []
@@ -167,34 +167,10 @@ def cases(
     """Each case: its stages, and ``f(set, blocks, x)`` launching it once over the row
     ``x`` (the last launch's output, or the returned first row), its output row."""
     from segc.lower import cuda_layer
-    from segc.lower.attention import AttentionMatch
-    from segc.lower.kvwrite import KVWriteMatch
 
-    dt = mx.bfloat16
-    o = (mx.random.normal((1, h)) * 0.5).astype(dt)
-    r = (mx.random.normal((1, 1, h)) * 0.5).astype(dt)
-    ws = []
-    for i in range(sets):
-        key = mx.random.split(mx.random.key(i), 4)
-        ws.append(
-            [
-                (mx.random.normal((h, h), key=key[0]) * 0.02).astype(dt),
-                (mx.random.normal((2 * n, h), key=key[1]) * 0.02).astype(dt),
-                mx.random.uniform(0.5, 1.5, (h,), key=key[2]).astype(dt),
-                (mx.random.normal((h, n), key=key[3]) * 0.02).astype(dt),
-                (mx.random.normal((nq, h), key=key[0]) * 0.02).astype(dt),
-                mx.random.uniform(0.5, 1.5, (h,), key=key[1]).astype(dt),
-            ]
-        )
-    hq, hkv, d, cap = 32, 8, 64, context + 1
-    kb, vb = ((mx.random.normal((1, hkv, cap, d)) * 0.5).astype(dt) for _ in range(2))
-    k, v = ((mx.random.normal((1, hkv, 1, d)) * 0.5).astype(dt) for _ in range(2))
-    off, mask = mx.array(context, dtype=mx.int32), mx.arange(cap)[None] <= context
-    mx.eval(o, r, ws, kb, vb, k, v, mask)
-    m, m4 = _match(h, n), _match(h, n, nq)
-    w = KVWriteMatch(("kb", "k", "vb", "v", "off", "q"), ("ko", "vo", "qr"), d, False, 10000.0, 1.0, True, False, ())
-    att = AttentionMatch("qr", "ko", "vo", "mask", d**-0.5, "att", 0, frozenset())
-    layer = replace(m4, kind="layer", pair=(w, att))
+    o, r, ws = mlp_inputs(h, n, nq, sets)
+    layer, (kb, k, vb, v, off, mask) = layer_inputs(h, n, nq, context)
+    m, m4 = _match(h, n), replace(layer, kind="chain", pair=None)
 
     def mlp(i: int, g: int | None, x: mx.array) -> mx.array:
         wo, wgu, nw, wd, _, _ = ws[i]
@@ -206,7 +182,7 @@ def cases(
 
     def one(i: int, g: int | None, x: mx.array) -> mx.array:
         wo, wgu, nw, wd, wq, nw2 = ws[i]
-        q = x.reshape(1, hq, 1, d)
+        q = x.reshape(1, HQ, 1, D)
         return cuda_layer.layer(layer, [kb, k, vb, v, off, q, mask, wo, r, wgu, nw, wd, wq, nw2], blocks=g)[2]
 
     return {"MLP chain": (3, mlp), "MLP chain + next": (4, mlp4), "layer kernel": (5, one)}, o
