@@ -46,7 +46,9 @@ decode layer from its attention to the next layer's q, k and v product as one ke
 docs/lowering.md), ``+chain4`` the same with ``SEGC_CHAIN_ATTENTION=0`` (the attention
 a kernel of its own), ``+chain3`` also with ``SEGC_CHAIN_NEXT=0`` (the MLP's three
 products alone); ``+chainocc`` and ``+chain4occ`` as ``+chain`` and ``+chain4`` with
-``SEGC_CHAIN_OCCUPANCY=4`` (the kernels compiled to fit four blocks an SM).
+``SEGC_CHAIN_OCCUPANCY=4`` (the kernels compiled to fit four blocks an SM); ``+sm1`` and
+``+sm2`` set the chains' grid to one or two blocks an SM of an H100 or H200
+(``SEGC_CHAIN_BLOCKS=132``, ``264``; the default is the largest separate kernel's grid).
 
 on two workloads: a decode step (one token; with a KV cache at ``--context`` when
 ``segc.jit`` accepts one, else a plain 1-token forward, and the output says which) and a
@@ -170,6 +172,9 @@ SETTINGS = {  # a variant's "+suffix" (--isolate only)
     # the same compiled to fit 4 blocks an SM (NVRTC's launch bounds: cuda_chain.occupancy)
     "chainocc": {"SEGC_CHAIN_PRODUCTS": "1", "SEGC_CHAIN_OCCUPANCY": "4"},
     "chain4occ": {"SEGC_CHAIN_PRODUCTS": "1", "SEGC_CHAIN_ATTENTION": "0", "SEGC_CHAIN_OCCUPANCY": "4"},
+    # the chains' grids: one and two blocks an SM of the H100 and H200 (132 SMs each)
+    "sm1": {"SEGC_CHAIN_BLOCKS": "132"},
+    "sm2": {"SEGC_CHAIN_BLOCKS": "264"},
 }
 
 

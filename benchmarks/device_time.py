@@ -297,6 +297,12 @@ def step_body(name: str, layers: int, bits: int | None) -> Callable[[mx.array], 
     env: dict[str, str] = {}
     if name in ENV_STEPS:
         name, env = ENV_STEPS[name]
+    elif "+" in name:  # segc+chain4+sm1: bench_llama's suffixes (SETTINGS)
+        from bench_llama import SETTINGS, base_of, settings_of
+
+        if any(s not in SETTINGS for s in name.split("+")[1:]):
+            raise SystemExit(f"unknown suffix in {name!r}: {', '.join(SETTINGS)}")
+        name, env = base_of(name), settings_of(name)
     if name not in SEGC_STEPS:
         raise SystemExit(f"unknown step variant {name!r}: eager, compile, {', '.join([*SEGC_STEPS, *ENV_STEPS])}")
     kw, select, fused, kv = SEGC_STEPS[name]
@@ -341,7 +347,8 @@ def main() -> None:
     ap.add_argument(
         "--steps",
         default="eager,compile,segc",
-        help=f"whole steps: eager, compile, {', '.join([*SEGC_STEPS, *ENV_STEPS])}",
+        help=f"whole steps: eager, compile, {', '.join([*SEGC_STEPS, *ENV_STEPS])}, or a segc step with "
+        "bench_llama.py's suffixes (segc+chain4+sm1)",
     )
     ap.add_argument("--skip-products", action="store_true", help="time the whole steps only")
     args = ap.parse_args()

@@ -16,6 +16,7 @@ from conftest import examples, products_in_agreeing_decodes, same_bits
 from hypothesis import assume, given, settings
 from hypothesis import strategies as hst
 from test_cuda_emulated import chain_match
+from test_layer_emulated import _layer
 
 from segc.dtypes import short
 from segc.lower import products
@@ -260,7 +261,6 @@ def test_a_layer_kernel_is_the_pair_then_the_chain(dt, heads, d, cap, h, n, nq, 
     """A decode layer as one kernel (``cuda_layer.py``) against the rotated write with
     its attention (``cuda_kvattention.py``) followed by the chain (``cuda_chain.py``),
     each as it runs alone: every output byte for byte."""
-    from test_layer_emulated import _layer
 
     from segc.lower import cuda_chain, cuda_kvattention, cuda_layer
 
