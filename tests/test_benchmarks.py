@@ -183,12 +183,13 @@ def test_device_time_runs_every_pattern_and_step(bits) -> None:
 
 def test_device_time_ablates_segcs_step() -> None:
     """``--steps`` with every segc variant (MLX's writes, no rotated-write kernel, no
-    product kernels, MLX's attention) and ``--skip-products``: the steps in the order asked, no product rows;
-    an unknown variant is refused by name."""
+    product kernels, MLX's attention, a step with ``bench_llama.py``'s suffixes) and
+    ``--skip-products``: the steps in the order asked, no product rows; an unknown
+    variant or suffix is refused by name."""
     cmd = [sys.executable, str(ROOT / "benchmarks" / "device_time.py"), "--hidden=128", "--intermediate=256"]
     cmd += ["--heads=4", "--kv-heads=2", "--vocab=256", "--layers=1", "--repeats=1", "--skip-products"]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    want = ["segcmlxattn", "eager", "segcdsu", "segcnokv", "segcplain"]
+    want = ["segcmlxattn", "eager", "segcdsu", "segcnokv", "segcplain", "segc+chain4+sm1"]
     p = subprocess.run([*cmd, "--steps=" + ",".join(want)], capture_output=True, text=True, env=env, timeout=280)
     assert p.returncode == 0, p.stdout + p.stderr
     rows = [line.split() for line in p.stdout.splitlines()]
@@ -196,6 +197,8 @@ def test_device_time_ablates_segcs_step() -> None:
     assert "MLX's bytes" not in p.stdout and "live keys" not in p.stdout, p.stdout
     bad = subprocess.run([*cmd, "--steps=eager,segcx"], capture_output=True, text=True, env=env, timeout=280)
     assert bad.returncode != 0 and "unknown step variant 'segcx'" in bad.stderr, bad.stderr
+    bad = subprocess.run([*cmd, "--steps=segc+nope"], capture_output=True, text=True, env=env, timeout=280)
+    assert bad.returncode != 0 and "unknown suffix in 'segc+nope'" in bad.stderr, bad.stderr
 
 
 def test_kernel_census_counts_nodes_by_kernel_name() -> None:
@@ -491,6 +494,24 @@ def test_rel_diff_is_the_bound_s_measure() -> None:
     assert rel_diff(y, ref) == 1.0  # max(0.5 / 1, 0 / 4, 2 / 2), exact in float32
     assert rel_diff(ref, ref) == 0.0
     assert rel_diff(y[:2], ref) == float("inf")
+
+
+def test_a_variants_suffixes_set_its_processs_environment() -> None:
+    """``frozen+chain4+sm1`` runs ``frozen`` with the chain of four on one block an SM of
+    an H100 or H200 (132 SMs): the settings the docstring names, merged in order."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from bench_llama import base_of, settings_of
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    assert base_of("frozen+chain4+sm1") == "frozen"
+    assert settings_of("frozen+chain4+sm1") == {
+        "SEGC_CHAIN_PRODUCTS": "1",
+        "SEGC_CHAIN_ATTENTION": "0",
+        "SEGC_CHAIN_BLOCKS": "132",
+    }
+    assert settings_of("frozenhead+chain+sm2") == {"SEGC_CHAIN_PRODUCTS": "1", "SEGC_CHAIN_BLOCKS": "264"}
+    assert settings_of("frozen") == {}
 
 
 def test_chain_stages_reads_a_launchs_figures_from_hand_made_stamps() -> None:
