@@ -264,18 +264,12 @@ SEGC_STEPS: dict[str, tuple[dict[str, Any], str, str, str]] = {
     "segcmlxattn": ({"attention": "off"}, "auto", "auto", "auto"),  # MLX's masked attention, not segc's kernel
 }
 # segc's step with an environment setting (read when its segments are built): the rotated
-# write and its attention as two kernels (SEGC_FUSED_KV_ATTENTION=0; one is the default),
-# chains
-ENV_STEPS: dict[str, tuple[str, dict[str, str]]] = {
-    "segckvapart": ("segc", {"SEGC_FUSED_KV_ATTENTION": "0"}),
-    # chains (segc.lower.cuda_chain, cuda_layer; off by default): a layer as one kernel, the
-    # MLP with the next product as one
-    "segcchain": ("segc", {"SEGC_CHAIN_PRODUCTS": "1"}),
-    "segcchain4": ("segc", {"SEGC_CHAIN_PRODUCTS": "1", "SEGC_CHAIN_ATTENTION": "0"}),
-    # the same compiled to fit four blocks an SM (cuda_chain.occupancy)
-    "segcchainocc": ("segc", {"SEGC_CHAIN_PRODUCTS": "1", "SEGC_CHAIN_OCCUPANCY": "4"}),
-    "segcchain4occ": ("segc", {"SEGC_CHAIN_PRODUCTS": "1", "SEGC_CHAIN_ATTENTION": "0", "SEGC_CHAIN_OCCUPANCY": "4"}),
-}
+# write and its attention as two kernels (SEGC_FUSED_KV_ATTENTION=0; one is the default)
+ENV_STEPS: dict[str, tuple[str, dict[str, str]]] = {"segckvapart": ("segc", {"SEGC_FUSED_KV_ATTENTION": "0"})}
+# short names for segc's step with bench_llama.py's suffixes (its SETTINGS): chains
+# (segc.lower.cuda_chain, cuda_layer; off by default), a layer as one kernel or the MLP
+# with the next product as one, and the same compiled to fit four blocks an SM
+SUFFIXED = {f"segc{s}": f"segc+{s}" for s in ("chain", "chain4", "chainocc", "chain4occ")}
 
 
 def step_body(name: str, layers: int, bits: int | None) -> Callable[[mx.array], list[mx.array]]:
@@ -295,6 +289,7 @@ def step_body(name: str, layers: int, bits: int | None) -> Callable[[mx.array], 
         comp = compiled_with_cache(model, fc)
         return lambda y: [comp(y), *fc.arrays()]
     env: dict[str, str] = {}
+    name = SUFFIXED.get(name, name)
     if name in ENV_STEPS:
         name, env = ENV_STEPS[name]
     elif "+" in name:  # segc+chain4+sm1: bench_llama's suffixes (SETTINGS)
@@ -304,7 +299,9 @@ def step_body(name: str, layers: int, bits: int | None) -> Callable[[mx.array], 
             raise SystemExit(f"unknown suffix in {name!r}: {', '.join(SETTINGS)}")
         name, env = base_of(name), settings_of(name)
     if name not in SEGC_STEPS:
-        raise SystemExit(f"unknown step variant {name!r}: eager, compile, {', '.join([*SEGC_STEPS, *ENV_STEPS])}")
+        raise SystemExit(
+            f"unknown step variant {name!r}: eager, compile, {', '.join([*SEGC_STEPS, *ENV_STEPS, *SUFFIXED])}"
+        )
     kw, select, fused, kv = SEGC_STEPS[name]
     step = segc.jit(model, validate=False, concat_projections=True, freeze_params=True, **kw)
     before = {k: os.environ.get(k) for k in env}
@@ -347,7 +344,7 @@ def main() -> None:
     ap.add_argument(
         "--steps",
         default="eager,compile,segc",
-        help=f"whole steps: eager, compile, {', '.join([*SEGC_STEPS, *ENV_STEPS])}, or a segc step with "
+        help=f"whole steps: eager, compile, {', '.join([*SEGC_STEPS, *ENV_STEPS, *SUFFIXED])}, or a segc step with "
         "bench_llama.py's suffixes (segc+chain4+sm1)",
     )
     ap.add_argument("--skip-products", action="store_true", help="time the whole steps only")

@@ -189,7 +189,7 @@ def test_device_time_ablates_segcs_step() -> None:
     cmd = [sys.executable, str(ROOT / "benchmarks" / "device_time.py"), "--hidden=128", "--intermediate=256"]
     cmd += ["--heads=4", "--kv-heads=2", "--vocab=256", "--layers=1", "--repeats=1", "--skip-products"]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    want = ["segcmlxattn", "eager", "segcdsu", "segcnokv", "segcplain", "segc+chain4+sm1"]
+    want = ["segcmlxattn", "eager", "segcdsu", "segcnokv", "segcplain", "segc+chain4+sm1", "segcchain4"]
     p = subprocess.run([*cmd, "--steps=" + ",".join(want)], capture_output=True, text=True, env=env, timeout=280)
     assert p.returncode == 0, p.stdout + p.stderr
     rows = [line.split() for line in p.stdout.splitlines()]
