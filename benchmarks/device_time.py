@@ -220,7 +220,10 @@ def time_attention(args: argparse.Namespace) -> dict[str, float]:
     """Microseconds of one layer's decode attention at context 1024 (32 query heads over
     8 KV heads of 64, bf16): MLX's fused kernel over the live keys, as eager runs it, and
     segc's kernel over a 1280-position buffer with a mask, as segc's dynamic cache runs
-    it (each over ``--reps`` distinct buffers, as the layers' are)."""
+    it (each over ``--reps`` distinct buffers, as the layers' are): one kernel and two,
+    each compiled as segc's segments run it (the one kernel's counter a constant), and
+    the one kernel called plainly, which makes its counter at each call (an upload the
+    GPU waits for: not a segment's cost)."""
     hq, hkv, d, cap, live = args.heads, args.kv_heads, args.hidden // args.heads, 1280, 1025
     dt = mx.bfloat16
     q = mx.random.normal((1, hq, 1, d)).astype(dt)
@@ -242,7 +245,11 @@ def time_attention(args: argparse.Namespace) -> dict[str, float]:
     if CUDA:
         from segc.lower.cuda_attention import cuda_attention
 
-        impls["segc, masked buffer"] = lambda y, b: cuda_attention(y, b[0], b[1], mask, scale)
+        one = mx.compile(lambda y, k, v: cuda_attention(y, k, v, mask, scale, kernels=1))
+        two = mx.compile(lambda y, k, v: cuda_attention(y, k, v, mask, scale, kernels=2))
+        impls["segc, one kernel"] = lambda y, b: one(y, b[0], b[1])
+        impls["segc, two kernels"] = lambda y, b: two(y, b[0], b[1])
+        impls["segc, one, uncompiled"] = lambda y, b: cuda_attention(y, b[0], b[1], mask, scale, kernels=1)
     out = {}
     for name, f in impls.items():
 
