@@ -85,6 +85,10 @@ def main() -> int:
         "(default: on a GPU)"
     )  # fmt: skip
     p.add_argument(
+        "--fit-segment-device", action="store_true",
+        help="calibration: fit the device's time per command buffer too (segment_device_s)"
+    )  # fmt: skip
+    p.add_argument(
         "--no-host-adjust", action="store_true",
         help="the calls' times as measured, not adjusted to the host's median speed (segc.research.timing.adjust)"
     )  # fmt: skip
@@ -129,6 +133,7 @@ def main() -> int:
             host_weight=args.host_weight,
             host_adjust=not args.no_host_adjust,
             fit_repeats=args.fit_repeats,
+            fit_segment_device=args.fit_segment_device,
             time_limit=args.time_limit,
             log=lambda m: print(m, flush=True),
             commit=commit,

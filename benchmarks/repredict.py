@@ -71,6 +71,10 @@ def main() -> None:
         "--fit-repeats", action=argparse.BooleanOptionalAction,
         help="fit the host's saving on a repeated segment too (costmodel 'Repeats'; default: as the run did)"
     )  # fmt: skip
+    ap.add_argument(
+        "--segment-device", action="store_true",
+        help="fit the device's time per command buffer too (segment_device_s; the twenty-second run's lead)"
+    )  # fmt: skip
     ap.add_argument("--overheads", default="group", choices=("group", "shared", "device"), help="calibrate.py's")
     ap.add_argument("--calibration", help="calibration plans (comma list of strategies) in place of the run's")
     ap.add_argument(
@@ -146,7 +150,13 @@ def main() -> None:
             cuts.update(prep.cuts)
         if any(r.get("calibration") for prep in preps for r in prep.rows):
             fitted[mspec] = calibrate(
-                machine, policy, preps, args.overheads, host_weight=args.host_weight, repeats=args.fit_repeats
+                machine,
+                policy,
+                preps,
+                args.overheads,
+                host_weight=args.host_weight,
+                repeats=args.fit_repeats,
+                segment_device=args.segment_device,
             )
         elif args.regimes:
             ap.error("--regimes: the run has no calibration plans to fit (it ran with --calibration '')")
@@ -176,7 +186,15 @@ def main() -> None:
         for w, m in f["machines"].items():
             figs = {
                 k: f"{m[k] * 1e6:.2f} us"
-                for k in ("launch_s", "dispatch_s", "host_op_s", "segment_sq_s", "repeat_s", "repeat_op_s")
+                for k in (
+                    "launch_s",
+                    "dispatch_s",
+                    "host_op_s",
+                    "segment_sq_s",
+                    "repeat_s",
+                    "repeat_op_s",
+                    "segment_device_s",
+                )
                 if k in m
             }
             print(mspec, w, "fitted", figs, f"scale {f['scales'][w]:.3g}")
@@ -305,7 +323,7 @@ def regimes_report(workload: str, hv: Halves, fitted: dict, cuts: dict[int, Grap
 def _at(m: MachineModel, host: float, device: float) -> MachineModel:
     """``m`` with its host's figures times ``host`` and its device's times ``device``."""
     figs: dict[str, Any] = {"flops_per_s": m.flops_per_s / device, "bytes_per_s": m.bytes_per_s / device}
-    figs |= {k: getattr(m, k) * device for k in ("launch_s", "segment_sq_s")}
+    figs |= {k: getattr(m, k) * device for k in ("launch_s", "segment_sq_s", "segment_device_s")}
     figs |= {k: getattr(m, k) * host for k in HOST_FIGURES}
     return replace(m, **figs)
 

@@ -62,6 +62,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(default: on a GPU)",
     )
     p.add_argument(
+        "--fit-segment-device",
+        action="store_true",
+        help="calibration: fit the device's time per command buffer too (segment_device_s; off by default)",
+    )
+    p.add_argument(
         "--no-host-adjust",
         action="store_true",
         help="the calls' times as measured, not adjusted to the host's median speed (a probe before each call)",
@@ -124,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
             host_weight=args.host_weight,
             host_adjust=not args.no_host_adjust,
             fit_repeats=args.fit_repeats,
+            fit_segment_device=args.fit_segment_device,
             time_limit=args.time_limit,
             log=lambda m: print(m, file=sys.stderr),
             calibration=args.calibration or (),

@@ -8,7 +8,7 @@ comes before the device can start the segment, and the rest (encoding and launch
 each kernel, on a GPU) runs while the device works on its first kernels; and the
 device
 ``d_k = sum of fused roofline costs + launch * kernels_k + in_k / B + loss_k
-+ segment_sq * kernels_k ** 2``:
++ segment_sq * kernels_k ** 2 + segment_device``:
 
 - *fused roofline*: each equation's ``max(flops / F, bytes / B)``, with the bytes
   inside a fused chain (``legalize.fusion_groups``) not counted: a value made and read
@@ -26,7 +26,12 @@ device
   2.1x the host time of the same kernels cut per layer (``benchmarks/decode_ablation.py``);
   three processes of the experiment harness did not reproduce it (docs/experiments.md).
   So the term is 0 in the built-in models and left to calibration (``fit.py`` fits it),
-  charged to the segment's span so that ``optimal`` stays an exact dynamic program.
+  charged to the segment's span so that ``optimal`` stays an exact dynamic program;
+- *per segment*: ``segment_device`` (``segment_device_s``), the device's time to start and
+  drain a command buffer beyond its kernels' launches, paid by each command buffer (a
+  segment's parts each). 0 in the built-in models; calibration fits it on request
+  (``fit.py``): on one H200 run it was fitted at 37 us and ranked the decode plans
+  better, on another at 0 (docs/experiments-log.md, the twenty-second run).
 
 *Repeats*: a segment whose equations (primitive, output shapes and types, in order) an
 earlier segment of the call already had costs the host ``repeat_s`` less, and
@@ -197,7 +202,7 @@ class SegmentTime:
         if self.repeat and self.part == 0:
             pre = max(pre - m.repeat_s - m.repeat_op_s * self.ops, 0.0)
         host = pre + m.encode_s * self.kernels
-        dev = self.work + m.launch_s * self.kernels + m.segment_sq_s * self.kernels**2
+        dev = self.work + m.launch_s * self.kernels + m.segment_sq_s * self.kernels**2 + m.segment_device_s
         return replace(self, host=host, device=dev, pre=pre, queue=self.queue_work + m.launch_s * self.queue_n)
 
 

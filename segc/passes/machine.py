@@ -39,6 +39,9 @@ class MachineModel:
     )
     repeat_s: float = 0.0  # host: saved on a segment that repeats an earlier one's equations in the call
     repeat_op_s: float = 0.0  # host: saved per equation of such a segment (what calibration fits)
+    # device: per command buffer (a committed segment, or each part of one): starting and
+    # draining it, beyond its kernels' launches (a fitted figure; 0 in the built-in models)
+    segment_device_s: float = 0.0
 
     def roofline(self) -> Machine:
         return Machine(self.name, self.flops_per_s, self.bytes_per_s)
@@ -74,6 +77,7 @@ class MachineModel:
                 "buffer_kernels",
                 "repeat_s",
                 "repeat_op_s",
+                "segment_device_s",
             )
             low = 0 if f.name in zero else 1e-300
             numeric = f.name not in ("name", "source", "device", "fused_products")

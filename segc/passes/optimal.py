@@ -150,7 +150,7 @@ class Optimal:
         kh = np.concatenate([[0.0], np.cumsum(np.array(weight, dtype=float))])[pts]
         # a segment's device span, with the size term (costmodel: per kernel squared of the segment)
         d = dev[pts][None, :] - dev[pts][:, None] + in_b / m.bytes_per_s
-        d = d + m.segment_sq_s * (kp[None, :] - kp[:, None]) ** 2
+        d = d + m.segment_sq_s * (kp[None, :] - kp[:, None]) ** 2 + m.segment_device_s
         ok = pts[None, :] > pts[:, None]
         if self.budget is not None:
             feas = np.zeros((q, q), dtype=bool)

@@ -55,6 +55,7 @@ def calibrate(
     overheads: str = "group",
     host_weight: float = 0.0,
     repeats: bool = False,
+    segment_device: bool = False,
 ) -> dict[str, Any]:
     """Fit ``machine`` to the calibration rows of every workload, then predict every
     planned row with the fitted model (``prior_predicted_s``: the prediction before).
@@ -66,7 +67,8 @@ def calibrate(
     docs/experiments-log.md, "The sixth and seventh runs"); ``repeats`` fits the host's
     saving on a repeated segment too, per equation of it (``repeat_op_s``: ``costmodel``,
     "Repeats"; not with ``"device"``; docs/experiments-log.md, "Offline: the repeat
-    saving per equation")."""
+    saving per equation"); ``segment_device`` fits the device's time per command
+    buffer too (``segment_device_s``; docs/experiments-log.md, the twenty-second run)."""
     obs = []
     for prep in preps:
         for r in prep.rows:
@@ -74,10 +76,11 @@ def calibrate(
                 segs = predict_time(prep.cuts[id(r)], machine, policy).segments
                 host = r.get("host_median_s")
                 obs.append(Observation(r["workload"], segs, r["measured_median_s"], r["strategy"], host))
+    extra = ("segment_device_s",) if segment_device else ()
     if overheads == "device":  # the host's figures are the machine model's (measured apart): only the device's fitted
-        fit = fit_machine(machine, obs, overheads="group", host_weight=host_weight, free=DEVICE_FIGURES)
+        fit = fit_machine(machine, obs, overheads="group", host_weight=host_weight, free=(*DEVICE_FIGURES, *extra))
     else:
-        free = (*FREE, "repeat_op_s") if repeats else FREE
+        free = (*FREE, "repeat_op_s", *extra) if repeats else (*FREE, *extra)
         fit = fit_machine(machine, obs, overheads=overheads, host_weight=host_weight, free=free)
     for prep in preps:
         m = fit.machines.get(prep.workload.name)
@@ -91,6 +94,7 @@ def calibrate(
         "overheads": overheads,
         "host_weight": host_weight,
         "repeats": repeats,
+        "segment_device": segment_device,
         "scales": fit.scales,
         "loss": fit.loss,
         "plans": sorted({o.name for o in obs}),

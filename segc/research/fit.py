@@ -47,7 +47,9 @@ A figure the observations cannot tell apart is left at the base model's value:
 to ``dispatch_s``), ``repeat_s`` (the host's saving on a segment that repeats an earlier
 one's equations: ``costmodel``, "Repeats") when every observation repeats as many
 segments, ``repeat_op_s`` (that saving per equation of the repeated segment, what the
-experiment fits) when every observation repeats as many equations. The host's queue (``queue_kernels``) is the base model's, not
+experiment fits) when every observation repeats as many equations, ``segment_device_s``
+(the device's time per command buffer beyond its kernels: on request) when every
+observation has as many. The host's queue (``queue_kernels``) is the base model's, not
 fitted: MLX's source fixes it; its device time follows the fitted launches and scale.
 ``launch_s`` and a scale are told apart only by segments whose
 work per kernel differs (a shared scale over decode and prefill; with a scale per
@@ -79,9 +81,10 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "segment_sq_s": (1e-13, 1e-5),
     "repeat_s": (1e-9, 1e-4),
     "repeat_op_s": (1e-12, 1e-5),
+    "segment_device_s": (1e-9, 1e-3),
 }
 # figures at 0 in the built-in models, left to calibration: no prior pulls them to 0
-ONLY_FITTED = ("repeat_s", "repeat_op_s")
+ONLY_FITTED = ("repeat_s", "repeat_op_s", "segment_device_s")
 FREE = ("scale", "launch_s", "dispatch_s", "host_op_s", "commit_s", "segment_sq_s")  # repeat_op_s: on request
 
 
@@ -125,8 +128,18 @@ def predict_many(obs: Sequence[Observation], base: MachineModel, values: dict[st
     the base model's; ``scale`` multiplies the work, ``scale:GROUP`` that group's)."""
     fig = _figures(base, values)
     p = len(fig("scale"))
-    names = ("launch_s", "dispatch_s", "host_op_s", "commit_s", "encode_s", "segment_sq_s", "repeat_s", "repeat_op_s")
-    ln, dp, ho, cm, en, sq, rp, ro = (fig(n) for n in names)
+    names = (
+        "launch_s",
+        "dispatch_s",
+        "host_op_s",
+        "commit_s",
+        "encode_s",
+        "segment_sq_s",
+        "repeat_s",
+        "repeat_op_s",
+        "segment_device_s",
+    )
+    ln, dp, ho, cm, en, sq, rp, ro, sd = (fig(n) for n in names)
     ew = base.elementwise_host
     out = np.empty((p, len(obs)))
     for j, o in enumerate(obs):
@@ -134,7 +147,7 @@ def predict_many(obs: Sequence[Observation], base: MachineModel, values: dict[st
         ks = [float(s.kernels) for s in o.segments]
         pre = [_pre(s, dp, ho, rp, ro, ew) for s in o.segments]
         host = [x + en * k for x, k in zip(pre, ks)]
-        dev = [sc * s.work + ln * k + sq * k * k for s, k in zip(o.segments, ks)]
+        dev = [sc * s.work + ln * k + sq * k * k + sd for s, k in zip(o.segments, ks)]
         flags = [s.commit for s in o.segments]
         queue = [sc * s.queue_work + ln * s.queue_n for s in o.segments] if base.queue_kernels > 0 else None
         out[:, j] = pipeline_time(host, dev, pre, flags, cm, np.maximum, queue)
@@ -203,12 +216,14 @@ def identifiable(obs: Sequence[Observation], free: Sequence[str], base: MachineM
     every = all(s.commit for o in obs for s in o.segments)
     repeats = {sum(s.repeat for s in o.segments) for o in obs}
     repeated_ops = {sum(s.ops for s in o.segments if s.repeat and s.part == 0) for o in obs}
+    buffers = {len(o.segments) for o in obs}
     return tuple(
         f
         for f in free
         if not (f == "commit_s" and every)
         and not (f == "repeat_s" and len(repeats) < 2)
         and not (f == "repeat_op_s" and len(repeated_ops) < 2)
+        and not (f == "segment_device_s" and len(buffers) < 2)
     )
 
 

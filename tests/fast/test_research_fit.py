@@ -264,3 +264,33 @@ def test_fit_recovers_the_hosts_saving_on_a_repeated_segment(figure: str, value:
         assert getattr(fit.machine, f) == pytest.approx(true[f], rel=0.03), f
     same = [replace(o, segments=tuple(replace(s, repeat=False) for s in o.segments)) for o in obs]
     assert figure not in fit_machine(base, same, free=free).free
+
+
+def test_a_device_time_per_segment_by_hand() -> None:
+    """``segment_device_s`` is device time per command buffer: three device-bound
+    segments of 10 us of work each, released at once (no host time), end at 3 x (10 +
+    5) us with 5 us a segment, and a segment in two parts pays it twice."""
+    m = replace(BASE, launch_s=0.0, dispatch_s=0.0, host_op_s=0.0, segment_device_s=5e-6)
+    segs = [SegmentTime(f"s{k}", 1, 0.0, 0.0, 0.0, 0.0, 0, 1e-5) for k in range(3)]
+    assert timed([s.retimed(m) for s in segs], m).total == pytest.approx(45e-6, rel=1e-12)
+    parts = [replace(segs[0], work=5e-6), replace(segs[0], work=5e-6, part=1), *segs[1:]]
+    assert timed([s.retimed(m) for s in parts], m).total == pytest.approx(50e-6, rel=1e-12)
+    assert timed([s.retimed(BASE) for s in segs], replace(m, segment_device_s=0.0)).total < 45e-6
+
+
+def test_fit_recovers_a_device_time_per_segment() -> None:
+    """Timings the cost model generated with 40 us of device time per segment (decode
+    layers on a fast host: device-bound plans, where each segment's extra shows): the
+    fit finds it when asked; with every plan of as many segments it is left alone."""
+    true = dict(TRUE, segment_device_s=4e-5)
+    truth = _truth(1.3, **true)
+    obs = _observe({"decode": truth}, {"decode": (14, 30e-6)})
+    base = replace(BASE, launch_s=TRUE["launch_s"], segment_sq_s=TRUE["segment_sq_s"], commit_s=TRUE["commit_s"])
+    free = ("scale", "dispatch_s", "host_op_s", "segment_device_s")
+    fit = fit_machine(base, obs, free=free, prior_weight=0)
+    assert fit.machine.segment_device_s == pytest.approx(4e-5, rel=0.03)
+    assert fit.scales["decode"] == pytest.approx(1.3, rel=0.03)
+    one = [o for o in obs if o.name == "decode/4"]
+    assert "segment_device_s" not in fit_machine(base, one, free=free).free
+    plain = fit_machine(base, obs, free=("scale", "dispatch_s", "host_op_s"), prior_weight=0)
+    assert plain.loss > 10 * fit.loss  # without the term the timings cannot be fitted as well

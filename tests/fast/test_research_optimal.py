@@ -93,9 +93,11 @@ QUEUED = MachineModel("queued", 1e9, 1e8, 1e-6, 2e-6, 1e-6, "by hand", queue_ker
 SIZED = MachineModel("sized", 1e9, 1e9, 1e-7, 2e-6, 1e-7, "by hand", segment_sq_s=5e-7)
 # elementwise kernels a tenth of a product's host time, with the host dear
 CHEAP_ELEMENTWISE = MachineModel("cheap-elementwise", 1e9, 1e9, 1e-7, 1e-5, 1e-5, "by hand", elementwise_host=0.1)
+# the device dear per segment (a command buffer's start and drain), the host cheap
+SEGMENT_DEVICE = MachineModel("segment-device", 1e9, 1e9, 1e-7, 1e-7, 1e-7, "by hand", segment_device_s=2e-5)
 
 
-@pytest.mark.parametrize("model", [CPU, H200, SLOW_HOST, ENCODING, QUEUED, SIZED, CHEAP_ELEMENTWISE])
+@pytest.mark.parametrize("model", [CPU, H200, SLOW_HOST, ENCODING, QUEUED, SIZED, CHEAP_ELEMENTWISE, SEGMENT_DEVICE])
 @settings(max_examples=examples(25), deadline=None, derandomize=True)
 @given(g=programs(), frac=st.one_of(st.none(), st.floats(0.2, 1.2)))
 def test_optimal_matches_brute_force(model: MachineModel, g: Graph, frac: float | None) -> None:
