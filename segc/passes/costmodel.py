@@ -31,7 +31,8 @@ device
   drain a command buffer beyond its kernels' launches, paid by each command buffer (a
   segment's parts each). 0 in the built-in models; calibration fits it on request
   (``fit.py``): on one H200 run it was fitted at 37 us and ranked the decode plans
-  better, on another at 0 (docs/experiments-log.md, the twenty-second run).
+  better, on another at 0, on the CPU at 52 us and ranked them worse
+  (docs/experiments-log.md, the twenty-second run).
 
 *Repeats*: a segment whose equations (primitive, output shapes and types, in order) an
 earlier segment of the call already had costs the host ``repeat_s`` less, and
