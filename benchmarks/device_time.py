@@ -332,7 +332,12 @@ def time_steps(args: argparse.Namespace) -> dict[str, float]:
     for name, body in variants.items():
         for _ in range(3):
             stamped(x, body)
-        out[name] = 1e3 * statistics.median(stamped(x, body) for _ in range(args.repeats))
+        cache = mx.get_cache_memory()
+        spans = [1e3 * stamped(x, body) for _ in range(args.repeats)]
+        out[name] = statistics.median(spans)
+        if args.spans:  # every call's span in order, and whether the allocator's cache moved meanwhile
+            moved = (mx.get_cache_memory() - cache) / 2**20
+            print(f"  {name} spans, ms: {' '.join(f'{s:.3f}' for s in spans)}; cache {moved:+.1f} MiB", flush=True)
     return out
 
 
@@ -355,6 +360,9 @@ def main() -> None:
         "bench_llama.py's suffixes (segc+chain4+sm1)",
     )
     ap.add_argument("--skip-products", action="store_true", help="time the whole steps only")
+    ap.add_argument(
+        "--spans", action="store_true", help="print every step's span in call order (its modes) and the cache's change"
+    )
     args = ap.parse_args()
     what = "device time (the GPU's clock)" if CUDA else "wall-clock time (no CUDA: host and device together)"
     print(f"{what} on {mx.default_device()}, bf16{f', {args.bits}-bit' if args.bits else ''}, mlx {mx.__version__}")

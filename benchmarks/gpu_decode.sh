@@ -20,7 +20,7 @@
 # against MLX's own kernels, the llama and the mixtral; check: the CUDA kernels' tests
 # (tests/test_products_cuda.py, tests/test_kvwrite_cuda.py and the tests of what lowers to them); generate: mlx-lm's own generation loop;
 # device: device_time.py (the step's products and whole steps on the GPU's clock, bf16 and 4-bit);
-# ablate: device_time.py's whole steps as one CUDA graph each (the device's own time), segc's
+# ablate: device_time.py's whole steps as one CUDA graph each (the device's own time; every call's span, --spans), segc's
 # step with each of its differences from eager undone, and with its rotated write and attention as two kernels; commits: the commit policies on a
 # segment per layer, each variant a process of its own, 2 rounds; census: kernel_census.py
 # (the kernels of one decode step, by name, from MLX's CUDA graphs); kv: the rotation-and-write
@@ -165,7 +165,7 @@ for p in $parts; do
     ;;
   ablate)
     MLX_MAX_OPS_PER_BUFFER=100000 MLX_MAX_MB_PER_BUFFER=1000000 timeout 180 $PY benchmarks/device_time.py \
-      --skip-products --repeats 20 --steps eager,compile,segc,segcdsu,segcplain,segcnokv,segcmlxattn,segckvapart >"$OUT/ablate.txt" 2>&1
+      --skip-products --repeats 20 --spans --steps eager,compile,segc,segcdsu,segcplain,segcnokv,segcmlxattn,segckvapart >"$OUT/ablate.txt" 2>&1
     echo "ablate: rc=$?"
     ;;
   census)

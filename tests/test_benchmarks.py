@@ -184,16 +184,22 @@ def test_device_time_runs_every_pattern_and_step(bits) -> None:
 def test_device_time_ablates_segcs_step() -> None:
     """``--steps`` with every segc variant (MLX's writes, no rotated-write kernel, no
     product kernels, MLX's attention, a step with ``bench_llama.py``'s suffixes) and
-    ``--skip-products``: the steps in the order asked, no product rows; an unknown
-    variant or suffix is refused by name."""
+    ``--skip-products``: the steps in the order asked, no product rows, and with
+    ``--spans`` each step's calls (two) and the cache's change; an unknown variant or
+    suffix is refused by name."""
     cmd = [sys.executable, str(ROOT / "benchmarks" / "device_time.py"), "--hidden=128", "--intermediate=256"]
-    cmd += ["--heads=4", "--kv-heads=2", "--vocab=256", "--layers=1", "--repeats=1", "--skip-products"]
+    cmd += ["--heads=4", "--kv-heads=2", "--vocab=256", "--layers=1", "--repeats=2", "--skip-products"]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     want = ["segcmlxattn", "eager", "segcdsu", "segcnokv", "segcplain", "segc+chain4+sm1", "segcchain4"]
-    p = subprocess.run([*cmd, "--steps=" + ",".join(want)], capture_output=True, text=True, env=env, timeout=280)
+    steps = ["--spans", "--steps=" + ",".join(want)]
+    p = subprocess.run([*cmd, *steps], capture_output=True, text=True, env=env, timeout=280)
     assert p.returncode == 0, p.stdout + p.stderr
     rows = [line.split() for line in p.stdout.splitlines()]
     assert [r[0] for r in rows if len(r) == 2 and r[0] in want] == want, p.stdout
+    spans = [r for r in rows if len(r) > 2 and r[1:3] == ["spans,", "ms:"]]
+    assert [r[0] for r in spans] == want, p.stdout
+    for r in spans:  # two calls' spans, then "cache +0.0 MiB"
+        assert len(r) == 8 and all(float(x.rstrip(";")) > 0 for x in r[3:5]) and r[5] == "cache", r
     assert "MLX's bytes" not in p.stdout and "live keys" not in p.stdout, p.stdout
     bad = subprocess.run([*cmd, "--steps=eager,segcx"], capture_output=True, text=True, env=env, timeout=280)
     assert bad.returncode != 0 and "unknown step variant 'segcx'" in bad.stderr, bad.stderr
