@@ -306,18 +306,32 @@ class FixedContext:
         return [a for c in self.cache for a in (c.keys, c.values)]
 
 
-def first_call_with(call: Callable[[], Any], select: str = "auto", fused: str = "auto", kv: str = "auto") -> Any:
+def first_call_with(
+    call: Callable[[], Any],
+    select: str = "auto",
+    fused: str = "auto",
+    kv: str = "auto",
+    env: dict[str, str] | None = None,
+) -> Any:
     """``call()`` (a segc step's first call: where the jit lowers) with segc's CUDA
     lowering settings ``select`` (``segc.lower.shapes.SELECT_WRITE``), ``fused``
     (``segc.lower.products.FUSED_PRODUCTS``) and ``kv``
-    (``segc.lower.kvwrite.FUSED_KV_WRITE``), all back to ``"auto"`` after it."""
+    (``segc.lower.kvwrite.FUSED_KV_WRITE``), all back to ``"auto"`` after it, and the
+    environment's settings ``env`` (read as the segments are lowered), back as they were."""
     from segc.lower import kvwrite, products, shapes
 
+    before = {k: os.environ.get(k) for k in env or {}}
+    os.environ.update(env or {})
     shapes.SELECT_WRITE, products.FUSED_PRODUCTS, kvwrite.FUSED_KV_WRITE = select, fused, kv
     try:
         return call()
     finally:
         shapes.SELECT_WRITE = products.FUSED_PRODUCTS = kvwrite.FUSED_KV_WRITE = "auto"
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def compiled_with_cache(model: nn.Module, fc: FixedContext) -> Callable[[mx.array], mx.array]:

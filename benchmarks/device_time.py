@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 import statistics
 import sys
 import time
@@ -311,16 +310,8 @@ def step_body(name: str, layers: int, bits: int | None) -> Callable[[mx.array], 
         )
     kw, select, fused, kv = SEGC_STEPS[name]
     step = segc.jit(model, validate=False, concat_projections=True, freeze_params=True, **kw)
-    before = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)  # read as the segments are lowered, at the first call: for this step alone
-    try:
-        first_call_with(lambda: mx.eval(step(x, cache=fc.reset()), fc.arrays()), select, fused, kv)  # lowered now
-    finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    # lowered now, with env for this step alone
+    first_call_with(lambda: mx.eval(step(x, cache=fc.reset()), fc.arrays()), select, fused, kv, env)
     return lambda y: [step(y, cache=fc.reset()), *fc.arrays()]
 
 

@@ -502,6 +502,29 @@ def test_rel_diff_is_the_bound_s_measure() -> None:
     assert rel_diff(y[:2], ref) == float("inf")
 
 
+def test_a_first_calls_environment_is_set_for_it_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``bench_llama.first_call_with(..., env=...)``: the call sees the settings; after it
+    (returned or raised) a variable it added is gone and one it replaced is back."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from bench_llama import first_call_with
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    monkeypatch.setenv("SEGC_CHAIN_BLOCKS", "7")
+    monkeypatch.delenv("SEGC_CHAIN_OCCUPANCY", raising=False)
+    env = {"SEGC_CHAIN_BLOCKS": "132", "SEGC_CHAIN_OCCUPANCY": "4"}
+    seen = first_call_with(lambda: (os.environ["SEGC_CHAIN_BLOCKS"], os.environ["SEGC_CHAIN_OCCUPANCY"]), env=env)
+    assert seen == ("132", "4")
+    assert os.environ["SEGC_CHAIN_BLOCKS"] == "7" and "SEGC_CHAIN_OCCUPANCY" not in os.environ
+
+    def fails() -> None:
+        raise RuntimeError("lowering failed")
+
+    with pytest.raises(RuntimeError, match="lowering failed"):
+        first_call_with(fails, env=env)
+    assert os.environ["SEGC_CHAIN_BLOCKS"] == "7" and "SEGC_CHAIN_OCCUPANCY" not in os.environ
+
+
 def test_a_variants_suffixes_set_its_processs_environment() -> None:
     """``frozen+chain4+sm1`` runs ``frozen`` with the chain of four on one block an SM of
     an H100 or H200 (132 SMs): the settings the docstring names, merged in order."""
