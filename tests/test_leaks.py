@@ -162,3 +162,28 @@ def test_a_jitted_function_is_freed_with_its_last_reference() -> None:
     ref = weakref.ref(step)
     del step
     assert ref() is None  # no cycle through step.__call__
+
+
+def test_a_cached_call_leaves_no_reference_cycles() -> None:
+    """A decode step's cached call, and the trees it flattens and rebuilds, free what
+    they made when the call returns: nothing is left for Python's cyclic collector
+    (a closure that referred to itself kept each call's outputs alive until it ran)."""
+    import gc
+
+    from segc.trace.pytree import flatten, unflatten
+
+    model = tiny_llama(num_hidden_layers=2)
+    cache = make_prompt_cache(model)
+    step = segc.jit(model)
+    mx.eval(step(mx.array([[1, 2]]), cache=cache))  # traced here
+    mx.eval(step(mx.array([[3]]), cache=cache))  # and the decode shape
+    gc.collect()
+    gc.disable()
+    try:
+        for t in (4, 5, 6):
+            mx.eval(step(mx.array([[t]]), cache=cache))
+        leaves, _, td = flatten(({"a": [mx.ones(2), 3]}, (mx.zeros(1),)))
+        unflatten(td, leaves)
+        assert gc.collect() == 0
+    finally:
+        gc.enable()

@@ -19,25 +19,26 @@ import mlx.nn as nn
 def clone_modules(module: nn.Module) -> nn.Module:
     """A copy of ``module``'s tree of submodules (see the module); a submodule reachable
     twice (tied weights) is copied once."""
-    memo: dict[int, Any] = {}
+    return _clone(module, {})
 
-    def go(x: Any) -> Any:
-        if id(x) in memo:
-            return memo[id(x)]
-        if isinstance(x, nn.Module):
-            new = copy.copy(x)
-            memo[id(x)] = new
-            for k, v in x.items():
-                dict.__setitem__(new, k, go(v))
-            return new
-        if isinstance(x, list | tuple):
-            items = [go(v) for v in x]
-            out: Any = items if isinstance(x, list) else tuple(items)
-        elif isinstance(x, dict):
-            out = {k: go(v) for k, v in x.items()}
-        else:
-            return x
-        memo[id(x)] = out
-        return out
 
-    return go(module)
+def _clone(x: Any, memo: dict[int, Any]) -> Any:
+    """``clone_modules``' recursion, a module function: a closure that calls itself is
+    a reference cycle, and would keep the memo alive until Python's cyclic collector."""
+    if id(x) in memo:
+        return memo[id(x)]
+    if isinstance(x, nn.Module):
+        new = copy.copy(x)
+        memo[id(x)] = new
+        for k, v in x.items():
+            dict.__setitem__(new, k, _clone(v, memo))
+        return new
+    if isinstance(x, list | tuple):
+        items = [_clone(v, memo) for v in x]
+        out: Any = items if isinstance(x, list) else tuple(items)
+    elif isinstance(x, dict):
+        out = {k: _clone(v, memo) for k, v in x.items()}
+    else:
+        return x
+    memo[id(x)] = out
+    return out

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import struct
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,58 +88,62 @@ def flatten(
     """
     leaves: list[mx.array] = []
     paths: list[str] = []
-
-    def go(x: Any, p: str) -> TreeDef:
-        if isinstance(x, mx.array):
-            leaves.append(x)
-            paths.append(p)
-            return TreeDef("leaf")
-        if x is None:
-            return TreeDef("none")
-        if isinstance(x, nn.Module):  # a dict subclass: it would flatten to its parameters
-            raise TraceError(
-                f"{what} {p or '<root>'} is an nn.Module ({type(x).__name__}); segc traces a module as the "
-                "jitted function itself (segc.jit(module)) or closed over by it, not as an argument"
-            )
-        if isinstance(x, tuple | list):
-            named = getattr(x, "_fields", None) if isinstance(x, tuple) else None
-            kids = tuple(go(v, f"{p}.{named[i]}" if named else f"{p}[{i}]") for i, v in enumerate(x))
-            node = type(x) if named is not None else None
-            return TreeDef("tuple" if isinstance(x, tuple) else "list", kids, node=node)
-        if isinstance(x, dict):
-            keys = tuple(x.keys())
-            kids = tuple(go(x[k], f"{p}[{k!r}]") for k in keys)
-            return TreeDef("dict", kids, keys, node=type(x) if type(x) is OrderedDict else None)
-        if isinstance(x, STATIC_TYPES) or (p.startswith("static") and _hashable(x)):
-            return TreeDef("static", (), (static_key(x),), x)
-        raise TraceError(
-            f"{what} {p or '<root>'} is a {type(x).__module__}.{type(x).__qualname__}; "
-            "segc traces mx.array leaves (convert with mx.array) and hashable static "
-            "values (int, float, bool, str, None) inside tuples, lists and dicts"
-        )
-
     if names is not None and isinstance(tree, tuple):
-        kids = tuple(go(v, n) for v, n in zip(tree, names))
+        kids = tuple(_flat(v, n, leaves, paths, what) for v, n in zip(tree, names))
         return leaves, paths, TreeDef("tuple", kids)
-    td = go(tree, path)
-    return leaves, paths, td
+    return leaves, paths, _flat(tree, path, leaves, paths, what)
+
+
+def _flat(x: Any, p: str, leaves: list[mx.array], paths: list[str], what: str) -> TreeDef:
+    """``flatten``'s recursion, a module function (as ``_build`` is ``unflatten``'s): a
+    closure that calls itself is a reference cycle, and would keep a call's leaves alive
+    until Python's cyclic collector runs."""
+    if isinstance(x, mx.array):
+        leaves.append(x)
+        paths.append(p)
+        return TreeDef("leaf")
+    if x is None:
+        return TreeDef("none")
+    if isinstance(x, nn.Module):  # a dict subclass: it would flatten to its parameters
+        raise TraceError(
+            f"{what} {p or '<root>'} is an nn.Module ({type(x).__name__}); segc traces a module as the "
+            "jitted function itself (segc.jit(module)) or closed over by it, not as an argument"
+        )
+    if isinstance(x, tuple | list):
+        named = getattr(x, "_fields", None) if isinstance(x, tuple) else None
+        kids = tuple(
+            _flat(v, f"{p}.{named[i]}" if named else f"{p}[{i}]", leaves, paths, what) for i, v in enumerate(x)
+        )
+        node = type(x) if named is not None else None
+        return TreeDef("tuple" if isinstance(x, tuple) else "list", kids, node=node)
+    if isinstance(x, dict):
+        keys = tuple(x.keys())
+        kids = tuple(_flat(x[k], f"{p}[{k!r}]", leaves, paths, what) for k in keys)
+        return TreeDef("dict", kids, keys, node=type(x) if type(x) is OrderedDict else None)
+    if isinstance(x, STATIC_TYPES) or (p.startswith("static") and _hashable(x)):
+        return TreeDef("static", (), (static_key(x),), x)
+    raise TraceError(
+        f"{what} {p or '<root>'} is a {type(x).__module__}.{type(x).__qualname__}; "
+        "segc traces mx.array leaves (convert with mx.array) and hashable static "
+        "values (int, float, bool, str, None) inside tuples, lists and dicts"
+    )
 
 
 def unflatten(td: TreeDef, leaves: list[Any]) -> Any:
-    it = iter(leaves)
+    return _build(td, iter(leaves))
 
-    def go(t: TreeDef) -> Any:
-        if t.kind == "leaf":
-            return next(it)
-        if t.kind == "static":
-            return t.value
-        if t.kind == "none":
-            return None
-        kids = [go(c) for c in t.children]
-        if t.kind == "tuple":
-            return t.node(*kids) if t.node is not None else tuple(kids)
-        if t.kind == "list":
-            return kids
-        return t.node(zip(t.keys, kids)) if t.node is not None else dict(zip(t.keys, kids))
 
-    return go(td)
+def _build(t: TreeDef, it: Iterator[Any]) -> Any:
+    """``unflatten``'s recursion (a module function: see ``_flat``)."""
+    if t.kind == "leaf":
+        return next(it)
+    if t.kind == "static":
+        return t.value
+    if t.kind == "none":
+        return None
+    kids = [_build(c, it) for c in t.children]
+    if t.kind == "tuple":
+        return t.node(*kids) if t.node is not None else tuple(kids)
+    if t.kind == "list":
+        return kids
+    return t.node(zip(t.keys, kids)) if t.node is not None else dict(zip(t.keys, kids))
