@@ -43,6 +43,21 @@ def test_a_segment_over_the_limit_is_refused_and_nothing_runs(limit: None) -> No
     assert all(same_bits(a, b) for a, b in zip(step(x, buf), want))
 
 
+def test_the_check_reads_the_limit_without_setting_it(limit: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check reads MLX's limit and never sets it: a limit set to 0 for a moment (the
+    old way to read it) would let an allocation on another thread empty MLX's cache."""
+    x, buf = mx.ones((2048,)), mx.zeros((4, 2048))
+    want = grow(x, buf)
+    step = segc.jit(grow)
+    assert all(same_bits(a, b) for a, b in zip(step(x, buf), want))
+    mx.set_memory_limit(8 << 20)
+    sets: list[int] = []
+    monkeypatch.setattr(mx, "set_memory_limit", lambda n: sets.append(n) or 0)
+    with pytest.raises(segc.MemoryLimitError):  # the check ran, and read 8 MiB
+        step(x, buf)
+    assert sets == []
+
+
 def test_a_refused_decode_leaves_the_caches_as_they_were(limit: None) -> None:
     pytest.importorskip("mlx_lm", reason="the mlx-lm models need the lm extra (pip install segc[lm])")
     from mlx_lm.models.cache import make_prompt_cache

@@ -100,7 +100,7 @@ def _getter(cells: tuple[int, ...]) -> Callable[[list], tuple]:
 
 
 # segments whose outputs are smaller than this are not checked against the memory limit
-# (the check reads the limit through two calls: nothing a limit could refuse is that small)
+# (nothing a limit could refuse is that small)
 _MEMORY_LIMIT_FLOOR = 1 << 20
 
 # the policies' names are the cost model's too (segc.passes.commits); the decisions below
@@ -352,10 +352,10 @@ class Executor:
 
     def _check_memory(self) -> None:
         """Refuse, before dispatching anything, a call whose biggest segment's outputs
-        alone exceed MLX's memory limit (read, and set back, through
-        ``mx.set_memory_limit``, which has no getter)."""
-        limit = mx.set_memory_limit(0)
-        mx.set_memory_limit(limit)
+        alone exceed MLX's memory limit (``mx.get_memory_limit``: setting the limit to
+        read it would leave a window where it is 0, in which an allocation on another
+        thread empties MLX's buffer cache)."""
+        limit = mx.get_memory_limit()
         if self._biggest_bytes > limit:
             seg = self.segments[self._biggest]
             raise MemoryLimitError(
