@@ -85,8 +85,8 @@ def main() -> int:
         "(default: on a GPU)"
     )  # fmt: skip
     p.add_argument(
-        "--fit-segment-device", action="store_true",
-        help="calibration: fit the device's time per command buffer too (segment_device_s)"
+        "--fit-segment-device", action=argparse.BooleanOptionalAction,
+        help="calibration: fit the device's time per command buffer too (segment_device_s; default: on a GPU)"
     )  # fmt: skip
     p.add_argument(
         "--no-host-adjust", action="store_true",

@@ -19,6 +19,7 @@ stamps are wall-clock times around a synchronous evaluation: the script runs, bu
 figures are host and device together, not device time.
 
     python benchmarks/device_time.py [--bits 4] [--repeats 10] [--reps 12] [--layers 16] [--skip-products]
+        [--spans] [--cache-limit BYTES]
 
 Each segc kernel's output is compared with MLX's, byte for byte (the last column). With
 ``MLX_MAX_OPS_PER_BUFFER`` and ``MLX_MAX_MB_PER_BUFFER`` set past a step's size, MLX
@@ -354,7 +355,14 @@ def main() -> None:
     ap.add_argument(
         "--spans", action="store_true", help="print every step's span in call order (its modes) and the cache's change"
     )
+    ap.add_argument(
+        "--cache-limit", type=int, default=None,
+        help="MLX's buffer cache limit in bytes for the run (0: every freed buffer goes back to CUDA; the step's "
+        "modes against buffer reuse)"
+    )  # fmt: skip
     args = ap.parse_args()
+    if args.cache_limit is not None:
+        mx.set_cache_limit(args.cache_limit)
     what = "device time (the GPU's clock)" if CUDA else "wall-clock time (no CUDA: host and device together)"
     print(f"{what} on {mx.default_device()}, bf16{f', {args.bits}-bit' if args.bits else ''}, mlx {mx.__version__}")
     rows = [] if args.skip_products else time_products(args)

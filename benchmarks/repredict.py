@@ -72,8 +72,8 @@ def main() -> None:
         help="fit the host's saving on a repeated segment too (costmodel 'Repeats'; default: as the run did)"
     )  # fmt: skip
     ap.add_argument(
-        "--segment-device", action="store_true",
-        help="fit the device's time per command buffer too (segment_device_s; the twenty-second run's lead)"
+        "--segment-device", action=argparse.BooleanOptionalAction,
+        help="fit the device's time per command buffer too (segment_device_s; default: as the run did)"
     )  # fmt: skip
     ap.add_argument("--overheads", default="group", choices=("group", "shared", "device"), help="calibrate.py's")
     ap.add_argument("--calibration", help="calibration plans (comma list of strategies) in place of the run's")
@@ -106,6 +106,8 @@ def main() -> None:
     policy = res["experiment"].get("commit_policy", "segment")
     if args.fit_repeats is None:  # the run's own (off before the twenty-eighth session)
         args.fit_repeats = any(f.get("repeats") for f in res.get("fitted", {}).values())
+    if args.segment_device is None:  # the run's own (off before the thirty-ninth session)
+        args.segment_device = any(f.get("segment_device") for f in res.get("fitted", {}).values())
     if args.host_weight is None:  # the run's own (0 before the twenty-seventh session)
         args.host_weight = float(res["experiment"].get("host_weight", 0.0))
     rows = [dict(r) for r in res["rows"]]

@@ -148,6 +148,8 @@ def test_calibrated_sweep_timed_in_processes(tmp_path: Path) -> None:
     assert fit["host_weight"] == 1.0  # the measured host times are fitted too (Experiment.host_weight)
     # the host's saving on a repeated segment: fitted on a GPU (Experiment.fit_repeats)
     assert fit["repeats"] is (mx.default_device() == mx.gpu)
+    # and the device's time per command buffer: fitted on a GPU (Experiment.fit_segment_device)
+    assert fit["segment_device"] is (mx.default_device() == mx.gpu)
     assert all("prior_predicted_s" in rows[p] for p in plans)
     (s,) = res.summary()
     assert s["heldout_plans"] == 1 and s["spearman_heldout"] is None  # one plan ranks nothing
@@ -333,6 +335,8 @@ def test_repredict_calibrates_on_the_plans_it_is_given(sweep: tuple[Path, object
         fitted_to = {cuts["none"], cuts["markers"]}
         assert s["heldout_plans"] == sum(c not in fitted_to for c in cuts.values()), (s["workload"], cuts)
     assert set(d["fitted"]["llama:num_hidden_layers=2"]["machines"]) == {"decode:16", "prefill:8"}
+    # the per-buffer device term as the run had it (fitted on a GPU only), unless asked
+    assert d["fitted"]["llama:num_hidden_layers=2"]["segment_device"] is (mx.default_device() == mx.gpu)
 
 
 def test_repredict_sets_a_figure_and_refuses_an_unknown_one(sweep: tuple[Path, object], tmp_path: Path) -> None:
@@ -343,14 +347,16 @@ def test_repredict_sets_a_figure_and_refuses_an_unknown_one(sweep: tuple[Path, o
     summary = tmp_path / "summary.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "repredict.py"), str(out), "--calibration", "none,markers"]
     p = subprocess.run(
-        [*cmd, "--set", "commit_s=0.00125", "--json", str(summary)],
+        [*cmd, "--set", "commit_s=0.00125", "--segment-device", "--json", str(summary)],
         capture_output=True,
         text=True,
         timeout=300,
         cwd=ROOT,
     )
     assert p.returncode == 0, p.stdout + p.stderr
-    fitted = json.loads(summary.read_text())["fitted"]["llama:num_hidden_layers=2"]["machines"]
+    fit = json.loads(summary.read_text())["fitted"]["llama:num_hidden_layers=2"]
+    assert fit["segment_device"] is True and "segment_device_s" in fit["free"]  # --segment-device
+    fitted = fit["machines"]
     assert {w: m["commit_s"] for w, m in fitted.items()} == {"decode:16": 0.00125, "prefill:8": 0.00125}
     bad = subprocess.run([*cmd, "--set", "nonsense=1"], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert bad.returncode == 2 and "nonsense=1" in bad.stderr, bad.stderr

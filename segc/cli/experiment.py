@@ -63,8 +63,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--fit-segment-device",
-        action="store_true",
-        help="calibration: fit the device's time per command buffer too (segment_device_s; off by default)",
+        action=argparse.BooleanOptionalAction,
+        help="calibration: fit the device's time per command buffer too (segment_device_s; default: on a GPU)",
     )
     p.add_argument(
         "--no-host-adjust",

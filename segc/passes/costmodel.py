@@ -29,10 +29,11 @@ device
   charged to the segment's span so that ``optimal`` stays an exact dynamic program;
 - *per segment*: ``segment_device`` (``segment_device_s``), the device's time to start and
   drain a command buffer beyond its kernels' launches, paid by each command buffer (a
-  segment's parts each). 0 in the built-in models; calibration fits it on request
-  (``fit.py``): on one H200 run it was fitted at 37 us and ranked the decode plans
-  better, on another at 0, on the CPU at 52 us and ranked them worse
-  (docs/experiments-log.md, the twenty-second run).
+  segment's parts each). 0 in the built-in models; the experiment's calibration fits it
+  on a GPU (``fit.py``): fitted at 37-41 us on three of four fresh GPU runs, where it
+  ranked decode's plans better (0.50-0.62 to 0.81-0.88), and at 0 on the fourth; on
+  the CPU at 52 us, where it ranked them worse (docs/experiments-log.md, the
+  twenty-third and twenty-fourth runs).
 
 *Repeats*: a segment whose equations (primitive, output shapes and types, in order) an
 earlier segment of the call already had costs the host ``repeat_s`` less, and

@@ -91,9 +91,10 @@ class Experiment:
     # equations too (costmodel "Repeats"); None: on a GPU, where it was measured (on this
     # CPU the fit wanders to its bound: docs/experiments-log.md, "The eighteenth run")
     fit_repeats: bool | None = None
-    # calibration: fit the device's time per command buffer too (segment_device_s: a
-    # lead of docs/experiments-log.md, the twenty-second run; off unless asked)
-    fit_segment_device: bool = False
+    # calibration: fit the device's time per command buffer too (segment_device_s); None:
+    # on a GPU, where it ordered decode's plans better on three runs of four and worse on
+    # none (on this CPU it did worse: docs/experiments-log.md, the twenty-third run)
+    fit_segment_device: bool | None = None
     # each call's time adjusted to the host's median speed (timing.adjust: the host CPU's
     # speed, probed before each call, as a covariate); False: the times as measured
     host_adjust: bool = True
@@ -194,7 +195,7 @@ def run_experiment(exp: Experiment) -> Results:
                     exp.overheads,
                     exp.host_weight,
                     repeats=gpu if exp.fit_repeats is None else exp.fit_repeats,
-                    segment_device=exp.fit_segment_device,
+                    segment_device=gpu if exp.fit_segment_device is None else exp.fit_segment_device,
                 )
             for prep in preps:
                 res.rows.extend(prep.rows)
