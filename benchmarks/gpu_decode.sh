@@ -6,7 +6,7 @@
 #
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_decode.sh [PARTS]
 #
-# PARTS: any of  dense quant moe concat chain chaintests isolated runtime kernels select products check generate device ablate commits census kv attn kvattn prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
+# PARTS: any of  dense quant moe concat chain chaintests isolated runtime kernels select products check generate device ablate modes commits census kv attn kvattn prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
 # (default: dense runtime). chain: a layer's MLP, and a decode layer, as one kernel
 # (segc.lower.cuda_chain, cuda_layer; off by default): chain_device.py (device time against
 # the separate kernels, several grids, the tickets alone) and chain_stages.py (each stage's
@@ -21,7 +21,9 @@
 # (tests/test_products_cuda.py, tests/test_kvwrite_cuda.py and the tests of what lowers to them); generate: mlx-lm's own generation loop;
 # device: device_time.py (the step's products and whole steps on the GPU's clock, bf16 and 4-bit);
 # ablate: device_time.py's whole steps as one CUDA graph each (the device's own time; every call's span, --spans), segc's
-# step with each of its differences from eager undone, and with its rotated write and attention as two kernels; commits: the commit policies on a
+# step with each of its differences from eager undone, and with its rotated write and attention as two kernels; modes: segc's
+# whole step (and segcnokv's) as one CUDA graph, every call's span, in four processes of its own (does each process hold
+# one level of device time?); commits: the commit policies on a
 # segment per layer, each variant a process of its own, 2 rounds; census: kernel_census.py
 # (the kernels of one decode step, by name, from MLX's CUDA graphs); kv: the rotation-and-write
 # kernel on and off, two rounds; attn: the decode attention as one kernel or two, two rounds; kvattn: the rotated write with its attention as one kernel (the default) or apart, two rounds; prefill: 512 tokens, segc's defaults against concatenated (MODEL_ARGS="--bits 4" or "--arch mixtral" for another model); prefillproducts: prefill_products.py (a prefill's products alone against eager's prefill, three models). Logs go
@@ -167,6 +169,13 @@ for p in $parts; do
     MLX_MAX_OPS_PER_BUFFER=100000 MLX_MAX_MB_PER_BUFFER=1000000 timeout 180 $PY benchmarks/device_time.py \
       --skip-products --repeats 20 --spans --steps eager,compile,segc,segcdsu,segcplain,segcnokv,segcmlxattn,segckvapart >"$OUT/ablate.txt" 2>&1
     echo "ablate: rc=$?"
+    ;;
+  modes)
+    for i in 1 2 3 4; do
+      MLX_MAX_OPS_PER_BUFFER=100000 MLX_MAX_MB_PER_BUFFER=1000000 timeout 100 $PY benchmarks/device_time.py \
+        --skip-products --repeats 40 --spans --steps segc,segcnokv >"$OUT/modes_$i.txt" 2>&1
+      echo "modes $i: rc=$?"
+    done
     ;;
   census)
     timeout 240 $PY benchmarks/kernel_census.py --steps eager,compile,segc,segcplain,segcnokv,segckvapart --top 40 --keep "$OUT/graphs" >"$OUT/census.txt" 2>&1
