@@ -161,7 +161,10 @@ def test_weights_are_views_and_replacing_them_is_seen() -> None:
     assert same_bits(got2, want2) and not same_bits(want2, want)
 
 
-def test_no_weight_is_held_twice() -> None:
+@pytest.mark.parametrize("freeze", [False, True])
+def test_no_weight_is_held_twice(freeze: bool) -> None:
+    """With ``freeze_params`` too: a frozen entry kept the first call's parameter dict,
+    whose concatenated members were the arrays the module had been rebound away from."""
     model = build("llama", hidden_size=256, intermediate_size=1024, num_hidden_layers=2)
     mx.eval(model.parameters())
     cat_bytes = sum(
@@ -179,15 +182,46 @@ def test_no_weight_is_held_twice() -> None:
     mx.eval(model(x))
     gc.collect()
     base = mx.get_active_memory()
-    step = segc.jit(model, concat_projections=True)
+    step = segc.jit(model, concat_projections=True, freeze_params=freeze)
     mx.eval(step(x))  # traces, builds the concatenations, rebinds the weights to views
     mx.eval(step(x))
     gc.collect()
     assert mx.get_active_memory() - base < cat_bytes // 2
-    other = segc.jit(model, concat_projections=True)  # builds them again, from the views
+    other = segc.jit(model, concat_projections=True, freeze_params=freeze)  # builds them again, from the views
     mx.eval(other(x), step(x))
     gc.collect()
     assert mx.get_active_memory() - base < cat_bytes // 2
+
+
+@pytest.mark.parametrize("freeze", [False, True])
+def test_the_first_call_does_not_hold_every_member_twice(freeze: bool) -> None:
+    """While the first call builds the concatenations, each group's members are freed as
+    soon as the module is rebound to views of it: the call's peak stays far below the
+    members' bytes (it was all of them, held until the next call's gather)."""
+    model = build("llama", hidden_size=256, intermediate_size=1024, num_hidden_layers=8)
+    mx.eval(model.parameters())
+    members = sum(
+        m.weight.nbytes
+        for layer in model.layers
+        for m in (
+            layer.self_attn.q_proj,
+            layer.self_attn.k_proj,
+            layer.self_attn.v_proj,
+            layer.mlp.gate_proj,
+            layer.mlp.up_proj,
+        )
+    )
+    x = mx.array([[1]])
+    want = model(x)
+    mx.eval(want)
+    gc.collect()
+    base = mx.get_active_memory()
+    mx.reset_peak_memory()
+    step = segc.jit(model, concat_projections=True, freeze_params=freeze)
+    got = step(x)
+    mx.eval(got)
+    assert mx.get_peak_memory() - base < members // 2
+    assert same_bits(got, want)
 
 
 def test_groups_across_a_cut_and_refused_shapes_stay_apart() -> None:

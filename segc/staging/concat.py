@@ -10,7 +10,8 @@ So that no weight is held twice, the module's own parameters are then *rebound* 
 slices of the concatenation (``rebind``: the gatherer writes them where they live in the
 module tree). MLX evaluates a row slice of a contiguous array as a view of its buffer,
 so the module's values and its eager outputs do not change, and the old arrays are
-freed once nothing else holds them. Concatenations are shared by every jitted function
+freed once nothing else holds them (the gatherer's dict follows the rebinding, so the
+first call frees each group's members as it goes). Concatenations are shared by every jitted function
 of the process (weakly, by the identity of the views they handed out), so that two
 functions over one module find each other's instead of building and rebinding in turn.
 """

@@ -257,7 +257,10 @@ class Compiled:
             self._memo = (params, ps)
         if self._capture:
             self._capture_params(ps)
-            ps = []
+            # the memo's dict holds the parameters the call was given, which for
+            # concatenated members are the arrays the module has just been rebound away
+            # from: kept here, every such weight would be held twice
+            self._memo, ps = None, []
         return leaves + [x for s in slots for x in s.inputs] + key + ps
 
     def _capture_params(self, ps: list[mx.array]) -> None:

@@ -128,7 +128,7 @@ class ParamGatherer:
     ``dict(tree_flatten(module.parameters()))`` would, and their :class:`ParamSig`.
 
     The returned dict is shared between calls while the parameters do not change: read
-    it, do not modify it.
+    it, do not modify it (``rebind`` updates it in place).
     """
 
     def __init__(self, module: nn.Module, name: str = "module", frozen: bool = False):
@@ -199,7 +199,14 @@ class ParamGatherer:
         where = {n: i for i, n in enumerate(plan.names)}
         for name, a in arrays.items():
             i = where[name]
+            old = plan.leaf_in[i][plan.leaf_key[i]]
             plan.leaf_in[i][plan.leaf_key[i]] = a
+            # what the last gather handed out follows, so that an array rebound away from
+            # is freed now (a concatenation's members, one group at a time), not when the
+            # next gather replaces the dict: else the first call holds every member twice
+            if i < len(self._arrays) and self._arrays[i] is old and self._params.get(name) is old:
+                self._arrays[i] = a
+                self._params[name] = a
         self._checked = False  # the arrays a frozen gatherer holds are no longer the module's
 
     def _swap(self, arrays: list[Any], changed: list[int]) -> tuple[dict[str, mx.array], ParamSig] | None:
