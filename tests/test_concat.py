@@ -161,13 +161,9 @@ def test_weights_are_views_and_replacing_them_is_seen() -> None:
     assert same_bits(got2, want2) and not same_bits(want2, want)
 
 
-@pytest.mark.parametrize("freeze", [False, True])
-def test_no_weight_is_held_twice(freeze: bool) -> None:
-    """With ``freeze_params`` too: a frozen entry kept the first call's parameter dict,
-    whose concatenated members were the arrays the module had been rebound away from."""
-    model = build("llama", hidden_size=256, intermediate_size=1024, num_hidden_layers=2)
-    mx.eval(model.parameters())
-    cat_bytes = sum(
+def _member_bytes(model: nn.Module) -> int:
+    """The bytes of a llama's concatenated weights (each layer's q/k/v and gate/up)."""
+    return sum(
         m.weight.nbytes
         for layer in model.layers
         for m in (
@@ -178,6 +174,15 @@ def test_no_weight_is_held_twice(freeze: bool) -> None:
             layer.mlp.up_proj,
         )
     )
+
+
+@pytest.mark.parametrize("freeze", [False, True])
+def test_no_weight_is_held_twice(freeze: bool) -> None:
+    """With ``freeze_params`` too: a frozen entry kept the first call's parameter dict,
+    whose concatenated members were the arrays the module had been rebound away from."""
+    model = build("llama", hidden_size=256, intermediate_size=1024, num_hidden_layers=2)
+    mx.eval(model.parameters())
+    cat_bytes = _member_bytes(model)
     x = mx.array([[1]])
     mx.eval(model(x))
     gc.collect()
@@ -200,17 +205,7 @@ def test_the_first_call_does_not_hold_every_member_twice(freeze: bool) -> None:
     members' bytes (it was all of them, held until the next call's gather)."""
     model = build("llama", hidden_size=256, intermediate_size=1024, num_hidden_layers=8)
     mx.eval(model.parameters())
-    members = sum(
-        m.weight.nbytes
-        for layer in model.layers
-        for m in (
-            layer.self_attn.q_proj,
-            layer.self_attn.k_proj,
-            layer.self_attn.v_proj,
-            layer.mlp.gate_proj,
-            layer.mlp.up_proj,
-        )
-    )
+    members = _member_bytes(model)
     x = mx.array([[1]])
     want = model(x)
     mx.eval(want)
