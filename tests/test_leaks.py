@@ -164,7 +164,18 @@ def test_a_jitted_function_is_freed_with_its_last_reference() -> None:
     assert ref() is None  # no cycle through step.__call__
 
 
-def test_a_cached_call_leaves_no_reference_cycles() -> None:
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"boundaries": "layers.*"},
+        {"boundaries": "layers.*", "concat_projections": True, "freeze_params": True},
+        {"boundaries": "layers.*", "drain": True},
+        {"boundaries": "layers.*", "commit": "segment"},
+    ],
+    ids=["defaults", "layers", "frozen", "drain", "segment"],
+)
+def test_a_cached_call_leaves_no_reference_cycles(options: dict) -> None:
     """A decode step's cached call, and the trees it flattens and rebuilds, free what
     they made when the call returns: nothing is left for Python's cyclic collector
     (a closure that referred to itself kept each call's outputs alive until it ran)."""
@@ -174,7 +185,7 @@ def test_a_cached_call_leaves_no_reference_cycles() -> None:
 
     model = tiny_llama(num_hidden_layers=2)
     cache = make_prompt_cache(model)
-    step = segc.jit(model)
+    step = segc.jit(model, **options)
     mx.eval(step(mx.array([[1, 2]]), cache=cache))  # traced here
     mx.eval(step(mx.array([[3]]), cache=cache))  # and the decode shape
     gc.collect()

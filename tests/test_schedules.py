@@ -240,3 +240,28 @@ def test_the_timeline_records_waits_dispatches_and_completions(model: Any) -> No
     t_dispatch = {k: t for t, what, k, _ in timeline if what == "dispatch"}
     assert all(t >= t_dispatch[k] for k, (t, _) in complete.items())  # completion is noted after its dispatch
     assert sum(1 for what, _ in kinds if what == "dispatch") == len(step.entries()[0].segments)
+
+
+def test_a_scheduled_call_leaves_no_reference_cycles(model: Any) -> None:
+    """The fenced path, as ``test_leaks.py`` checks the stock one: calls under a boundary
+    schedule free what they made when they return (eager's bits each time), leaving
+    nothing for Python's cyclic collector."""
+    import gc
+
+    want = bits(model(X))
+    step = segc.jit(model, boundaries="layers.*")
+    ends = layer_ends(step)
+    done = Event(name="done")
+    sched = Schedule(tuple(CutNode(i, ("done", k + 1)) for k, i in enumerate(ends)))
+    step.set_boundary_schedule(sched, {"done": done}, stride=len(ends), completion="inline")
+    assert bits(step(X)) == want
+    done.wait(len(ends), timeout=10)
+    gc.collect()
+    gc.disable()
+    try:
+        for call in range(1, 4):
+            assert bits(step(X)) == want
+            done.wait((call + 1) * len(ends), timeout=10)
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
