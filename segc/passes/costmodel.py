@@ -32,7 +32,7 @@ device
   segment's parts each). 0 in the built-in models; the experiment's calibration fits it
   on a GPU (``fit.py``): fitted at 37-41 us on three of four fresh GPU runs, where it
   ranked decode's plans better (0.50-0.62 to 0.81-0.88), and at 0 on the fourth; on
-  the CPU at 52 us, where it ranked them worse (docs/experiments-log.md, the
+  two CPU runs at 46-52 us, where it ranked them worse (docs/experiments-log.md, the
   twenty-third and twenty-fourth runs).
 
 *Repeats*: a segment whose equations (primitive, output shapes and types, in order) an

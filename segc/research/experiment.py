@@ -93,8 +93,8 @@ class Experiment:
     fit_repeats: bool | None = None
     # calibration: fit the device's time per command buffer too (segment_device_s); None:
     # on a GPU, where it ordered decode's plans better on three runs of four and worse on
-    # none (docs/experiments-log.md, the twenty-third and twenty-fourth runs); on this
-    # CPU it did worse (the twenty-second run)
+    # none; on two CPU runs it did worse (docs/experiments-log.md, the twenty-third and
+    # twenty-fourth runs)
     fit_segment_device: bool | None = None
     # each call's time adjusted to the host's median speed (timing.adjust: the host CPU's
     # speed, probed before each call, as a covariate); False: the times as measured
