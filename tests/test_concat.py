@@ -219,6 +219,32 @@ def test_the_first_call_does_not_hold_every_member_twice(freeze: bool) -> None:
     assert same_bits(got, want)
 
 
+@pytest.mark.parametrize("freeze", [False, True])
+def test_a_prefill_before_the_decode_does_not_keep_the_members(freeze: bool) -> None:
+    """A generation's prefill entry reads the members themselves (one input row is the
+    decode's case), so it passed or, frozen, captured the arrays the decode entry then
+    rebinds away from: each entry lets go of them at the rebinding, and after a
+    prefill, decode steps and a second prefill, what is live beyond the caches is far
+    below the members' bytes. The logits are eager's, call by call."""
+    model = build("llama", hidden_size=256, intermediate_size=1024, num_hidden_layers=8)
+    mx.eval(model.parameters())
+    members = _member_bytes(model)
+    want, _ = _decode(build("llama", hidden_size=256, intermediate_size=1024, num_hidden_layers=8), model, 3)
+    gc.collect()
+    base = mx.get_active_memory()
+    step = segc.jit(model, concat_projections=True, freeze_params=freeze)
+    got, cache = _decode(step, model, 3)
+    again = step(mx.array([[5, 6, 7]]), cache=make_prompt_cache(model))
+    mx.eval(again)
+    del again
+    gc.collect()
+    live = mx.get_active_memory() - base - sum(c.keys.nbytes + c.values.nbytes for c in cache)
+    live -= sum(x.nbytes for x in got)
+    assert live < members // 2, (live, members)
+    for k, (a, b) in enumerate(zip(got, want)):
+        assert same_bits(a, b) if STATE_BIT_IDENTICAL else state_close(a, b), f"call {k}"
+
+
 def test_groups_across_a_cut_and_refused_shapes_stay_apart() -> None:
     class Two(nn.Module):
         def __init__(self) -> None:

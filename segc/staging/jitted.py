@@ -109,7 +109,7 @@ class Jitted(EngineHooks):
         check_state_option(state, self.name)
         check_static_names(fn, self.spec.static_argnames, self.name)
         # concatenated weights of every signature; the module's rebound to views of them
-        self._concats = Concats(gather.rebind if gather is not None else None)
+        self._concats = Concats(self._rebind if gather is not None else None)
         if not isinstance(cache_size, int) or isinstance(cache_size, bool) or cache_size < 1:
             raise TraceError(f"cache_size must be an int >= 1, got {cache_size!r}")
         self.cache_size = cache_size
@@ -158,6 +158,16 @@ class Jitted(EngineHooks):
 
     def lower(self, *args: Any, strategy: Any = None, **kwargs: Any) -> Lowered:
         return self.trace(*args, **kwargs).lower(strategy)
+
+    def _rebind(self, arrays: dict[str, mx.array]) -> None:
+        """The module's weights rebound to views of their concatenation (``Concats``):
+        every entry lets go of the arrays it last passed or captured (an entry whose
+        graph reads the members themselves, a prefill's, would otherwise hold every
+        member twice, for good where it froze them)."""
+        assert self.spec.params is not None  # a module's function: Concats has a rebind
+        self.spec.params.rebind(arrays)
+        for entry in self._cache.values():
+            entry.release_params(arrays)
 
     def entries(self) -> list[Compiled]:
         """The compiled entries of the trace cache, one per signature seen."""

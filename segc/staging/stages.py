@@ -9,7 +9,7 @@ from, so that a :class:`Compiled` can check and flatten a call on its own.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -262,6 +262,14 @@ class Compiled:
             # from: kept here, every such weight would be held twice
             self._memo, ps = None, []
         return leaves + [x for s in slots for x in s.inputs] + key + ps
+
+    def release_params(self, names: Iterable[str]) -> None:
+        """Parameters ``names`` now hold other arrays of the same values (concatenated
+        weights' views): forget the arrays last passed, and a frozen entry that captured
+        any of them captures again at its next call."""
+        self._memo = None
+        if self._captured and not set(names).isdisjoint(self._param_order):
+            self._captured, self._capture, self._executor = False, True, None
 
     def _capture_params(self, ps: list[mx.array]) -> None:
         """Build the executor with ``ps`` as constants of its segments (once)."""

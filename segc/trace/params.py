@@ -136,6 +136,7 @@ class ParamGatherer:
         self.name = name
         self.frozen = frozen
         self._checked = False  # frozen: the last result stands
+        self._rebound = False  # rebind changed the dict last handed out, in place
         self._plan: _Plan | None = None
         self._exact = True  # the walker reproduces parameters(); else always fall back
         self._arrays: list[Any] = []
@@ -162,9 +163,14 @@ class ParamGatherer:
     def gather(self) -> tuple[dict[str, mx.array], ParamSig]:
         if self._checked:
             return self._params, self._sig
-        found = self._gather()
+        params, sig = self._gather()
+        if self._rebound and params is self._params:
+            # a dict ``rebind`` changed in place: a memo keyed on its identity
+            # (Compiled._memo) must miss, so the next call gets a new one
+            self._params = params = dict(params)
+        self._rebound = False
         self._checked = self.frozen
-        return found
+        return params, sig
 
     def forget(self) -> None:
         """A frozen gatherer checks the module again at its next call."""
@@ -207,6 +213,7 @@ class ParamGatherer:
             if i < len(self._arrays) and self._arrays[i] is old and self._params.get(name) is old:
                 self._arrays[i] = a
                 self._params[name] = a
+        self._rebound = True  # the next gather hands out a new dict (see gather)
         self._checked = False  # the arrays a frozen gatherer holds are no longer the module's
 
     def _swap(self, arrays: list[Any], changed: list[int]) -> tuple[dict[str, mx.array], ParamSig] | None:
