@@ -248,19 +248,17 @@ class Compiled:
             return leaves + [x for s in slots for x in s.inputs] + key
         if self._memo is not None and self._memo[0] is params:
             ps = self._memo[1]  # the gatherer returns the same dict while no parameter changed
-        elif self._concats is None:
-            ps = [params[p] for p in self._param_order]
-            self._memo = (params, ps)
         else:
-            get = self._concats.get
-            ps = [get(p, params) if d else params[p] for p, d in zip(self._param_order, self._derived)]
-            self._memo = (params, ps)
+            cat = self._concats  # None where no parameter is a concatenation
+            ps = [
+                cat.get(p, params) if d and cat is not None else params[p]
+                for p, d in zip(self._param_order, self._derived)
+            ]
+            if not self._capture:  # a capturing entry's segments hold them: a memo would only keep arrays alive
+                self._memo = (params, ps)
         if self._capture:
             self._capture_params(ps)
-            # the memo's dict holds the parameters the call was given, which for
-            # concatenated members are the arrays the module has just been rebound away
-            # from: kept here, every such weight would be held twice
-            self._memo, ps = None, []
+            ps = []
         return leaves + [x for s in slots for x in s.inputs] + key + ps
 
     def release_params(self, names: Iterable[str]) -> None:
