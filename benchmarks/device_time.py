@@ -272,7 +272,10 @@ SEGC_STEPS: dict[str, tuple[dict[str, Any], str, str, str]] = {
 }
 # segc's step with an environment setting (read when its segments are built): the rotated
 # write and its attention as two kernels (SEGC_FUSED_KV_ATTENTION=0; one is the default)
-ENV_STEPS: dict[str, tuple[str, dict[str, str]]] = {"segckvapart": ("segc", {"SEGC_FUSED_KV_ATTENTION": "0"})}
+ENV_STEPS: dict[str, tuple[str, dict[str, str]]] = {
+    "segckvapart": ("segc", {"SEGC_FUSED_KV_ATTENTION": "0"}),
+    "segcinplace": ("segc", {"SEGC_KV_IN_PLACE": "1"}),  # the write with its attention in place
+}
 # short names for segc's step with bench_llama.py's suffixes (its SETTINGS): chains
 # (segc.lower.cuda_chain, cuda_layer; off by default), a layer as one kernel or the MLP
 # with the next product as one, and the same compiled to fit four blocks an SM

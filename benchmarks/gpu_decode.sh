@@ -6,7 +6,7 @@
 #
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_decode.sh [PARTS]
 #
-# PARTS: any of  dense quant moe concat chain chaintests isolated runtime kernels select products check generate device ablate modes commits census kv attn kvattn prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
+# PARTS: any of  dense quant moe concat chain chaintests isolated runtime kernels select products check generate device ablate modes commits census kv attn kvattn inplace prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
 # (default: dense runtime). chain: a layer's MLP, and a decode layer, as one kernel
 # (segc.lower.cuda_chain, cuda_layer; off by default): chain_device.py (device time against
 # the separate kernels, several grids, the tickets alone) and chain_stages.py (each stage's
@@ -21,12 +21,12 @@
 # (tests/test_products_cuda.py, tests/test_kvwrite_cuda.py and the tests of what lowers to them); generate: mlx-lm's own generation loop;
 # device: device_time.py (the step's products and whole steps on the GPU's clock, bf16 and 4-bit);
 # ablate: device_time.py's whole steps as one CUDA graph each (the device's own time; every call's span, --spans), segc's
-# step with each of its differences from eager undone, and with its rotated write and attention as two kernels; modes: segc's
-# whole step (and segcnokv's) as one CUDA graph, every call's span, in four processes of its own (does each process hold
+# step with each of its differences from eager undone, in place, and with its rotated write and attention as two kernels; modes: segc's
+# whole step (and segcinplace's, segcnokv's) as one CUDA graph, every call's span, in four processes of its own (does each process hold
 # one level of device time?); commits: the commit policies on a
 # segment per layer, each variant a process of its own, 2 rounds; census: kernel_census.py
 # (the kernels of one decode step, by name, from MLX's CUDA graphs); kv: the rotation-and-write
-# kernel on and off, two rounds; attn: the decode attention as one kernel or two, two rounds; kvattn: the rotated write with its attention as one kernel (the default) or apart, two rounds; prefill: 512 tokens, segc's defaults against concatenated (MODEL_ARGS="--bits 4" or "--arch mixtral" for another model); prefillproducts: prefill_products.py (a prefill's products alone against eager's prefill, three models). Logs go
+# kernel on and off, two rounds; attn: the decode attention as one kernel or two, two rounds; kvattn: the rotated write with its attention as one kernel (the default) or apart, two rounds; inplace: that kernel writing the row into the old buffers (SEGC_KV_IN_PLACE=1) or copying them, eager, frozen and frozenhead, one round; prefill: 512 tokens, segc's defaults against concatenated (MODEL_ARGS="--bits 4" or "--arch mixtral" for another model); prefillproducts: prefill_products.py (a prefill's products alone against eager's prefill, three models). Logs go
 # to $OUT. dequantized: the 4-bit prefill with its quantized products as the dequantized
 # weights' products (segc.lower.dequantized): its tests, prefill_qmm.py (each product's device
 # time, its bytes, the prefill's peak memory), 512 tokens with the form on and off
@@ -167,13 +167,13 @@ for p in $parts; do
     ;;
   ablate)
     MLX_MAX_OPS_PER_BUFFER=100000 MLX_MAX_MB_PER_BUFFER=1000000 timeout 180 $PY benchmarks/device_time.py \
-      --skip-products --repeats 20 --spans --steps eager,compile,segc,segcdsu,segcplain,segcnokv,segcmlxattn,segckvapart >"$OUT/ablate.txt" 2>&1
+      --skip-products --repeats 20 --spans --steps eager,compile,segc,segcinplace,segcdsu,segcplain,segcnokv,segcmlxattn,segckvapart >"$OUT/ablate.txt" 2>&1
     echo "ablate: rc=$?"
     ;;
   modes)
     for i in 1 2 3 4; do
       MLX_MAX_OPS_PER_BUFFER=100000 MLX_MAX_MB_PER_BUFFER=1000000 timeout 100 $PY benchmarks/device_time.py \
-        --skip-products --repeats 40 --spans --steps segc,segcnokv >"$OUT/modes_$i.txt" 2>&1
+        --skip-products --repeats 40 --spans --steps segc,segcinplace,segcnokv >"$OUT/modes_$i.txt" 2>&1
       echo "modes $i: rc=$?"
     done
     ;;
@@ -190,6 +190,12 @@ for p in $parts; do
     ;;
   attn)  # segc's decode attention as one kernel or two (SEGC_ATTENTION_KERNELS), unpaired with the writes
     (export SEGC_FUSED_KV_ATTENTION=0 && onoff attn SEGC_ATTENTION_KERNELS 1 2)
+    ;;
+  inplace)  # the write with its attention in place (SEGC_KV_IN_PLACE=1) or copying the buffers (0, the default), one round
+    for v in 1 0; do
+      (export SEGC_KV_IN_PLACE=$v && VARIANTS=eager,frozen,frozenhead REPEATS=30 BENCH_LIMIT=200 \
+        bench "inplace$v" --prefill 0 --first-call-layers 0 --no-dispatch)
+    done
     ;;
   kvattn)  # the rotated write with its attention as one kernel (the default) or apart (SEGC_FUSED_KV_ATTENTION=0)
     onoff kvattn SEGC_FUSED_KV_ATTENTION 1 0

@@ -206,6 +206,15 @@ def _write_with_attention_against_apart(recorded, dt, hq, hkv, cap, pos, dims, t
     assert ko.tobytes() == np.array(kw.view(mx.uint16) if dt == mx.bfloat16 else kw).tobytes()
     assert vo.tobytes() == np.array(vw.view(mx.uint16) if dt == mx.bfloat16 else vw).tobytes()
     assert out.tobytes() == want.tobytes()
+    # in place (SEGC_KV_IN_PLACE=1): no new buffers; the old ones as the launch left
+    # them are the copies' bytes, and the output is the same
+    recorded.clear()
+    cuda_kvattention.kv_attention(ins, mask, dims, trad, base, 1.0, freqs, 0.125, in_place=True)
+    ((mi, ci),) = recorded
+    assert len(ci["output_shapes"]) == 4 and mi["name"].startswith("segc_kv_attention")
+    ((oi, _, _, _, *left),) = run(mi, ci, inputs=True)
+    assert oi.tobytes() == out.tobytes()
+    assert left[2].tobytes() == ko.tobytes() and left[4].tobytes() == vo.tobytes()
 
 
 @pytest.mark.parametrize("kind", ["gemv", "add", "glu"])
@@ -555,3 +564,53 @@ def test_a_chain_found_in_a_layer_runs_through_segc_s_wiring(recorded, monkeypat
     want = replay_fn(eqns, names, keep, {})(*vals)
     for got, w in zip(outs, want, strict=True):
         np.testing.assert_allclose(got, np.array(w).reshape(got.shape), rtol=1e-4, atol=1e-4)
+
+
+def test_the_write_in_place_hands_back_the_old_buffers_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``SEGC_KV_IN_PLACE``'s wiring (``kv_attention(..., in_place=True)``), the kernel
+    emulated as the GPU runs it, writing into its inputs' memory: the buffers it hands
+    back hold the copying kernel's bytes and are the caller's (a contiguous buffer
+    written in place); a buffer that is not contiguous is written through its contiguous
+    copy, and the caller's is left as it was."""
+    from segc.lower import cuda_kernel
+
+    def make(**made: Any) -> Any:
+        def call(**kw: Any) -> list[mx.array]:
+            mx.eval(kw["inputs"])
+            n = len(kw["output_shapes"])
+            (got,) = run(made, kw, inputs=True)
+            for x, after in zip(kw["inputs"], got[n:], strict=True):
+                np.asarray(memoryview(x))[...] = after  # as the GPU's kernel writes its inputs
+            return [mx.array(o) for o in got[:n]]
+
+        return call
+
+    monkeypatch.setattr(cuda_kernel.mx.fast, "cuda_kernel", make)
+    cuda_kvattention._kernel.cache_clear()
+    try:
+        cap, pos = 40, 21
+        mx.random.seed(5)
+        kb, vb, base = (mx.random.normal((1, 2, cap, 64)) for _ in range(3))
+        k, v, q = mx.random.normal((1, 2, 1, 64)), mx.random.normal((1, 2, 1, 64)), mx.random.normal((1, 8, 1, 64))
+        mask = mx.array(np.arange(cap)[None, :] <= pos)
+        off = mx.array(pos, dtype=mx.int32)
+        ins = [kb, k, vb, v, off, q]
+        mx.eval(ins, base)
+
+        def attend(ins: list[mx.array], in_place: bool) -> list[bytes]:
+            res = cuda_kvattention.kv_attention(ins, mask, 64, False, 10000.0, 1.0, False, 0.125, in_place=in_place)
+            return [_bits(x) for x in res]  # (the emulator runs at the call: mx.depends's order is the GPU's to show)
+
+        want = attend(ins, False)
+        assert _bits(kb) != want[0] and _bits(vb) != want[1]  # the copy wrote its own buffers
+        assert attend(ins, True) == want
+        assert (_bits(kb), _bits(vb)) == (want[0], want[1])  # the caller's buffers, written
+        # keys not contiguous: the same bytes handed back, the caller's keys untouched
+        swapped = mx.swapaxes(base.reshape(1, cap, 2, 64), 1, 2)
+        mx.eval(swapped)
+        before = _bits(base)
+        ins2 = [swapped, k, mx.array(np.array(vb)), v, off, q]
+        want2 = attend([mx.array(np.array(swapped)), *ins2[1:]], False)
+        assert attend(ins2, True) == want2 and _bits(base) == before
+    finally:
+        cuda_kvattention._kernel.cache_clear()

@@ -161,3 +161,27 @@ def test_a_callers_attention_kernel_is_not_taken_into_segcs_write(monkeypatch: p
     mx.eval(f(mx.ones((4,))))
     own = kvwrite.cuda_kv_write_with_attention
     assert handed and set(handed) == {kvwrite.cuda_kv_write if attention == "caller's" else own}
+
+
+@pytest.mark.parametrize("reader", [False, True])
+def test_memory_predicted_in_place_allocates_no_new_buffers(monkeypatch: pytest.MonkeyPatch, reader: bool) -> None:
+    """``predict_memory(copied_writes=True)`` for a write paired with its attention
+    (bfloat16 buffers of 2 heads x 16 positions x 64: 4 KiB each): with
+    ``SEGC_KV_IN_PLACE=1`` the new buffers are the old ones, 8 KiB fewer activations;
+    where the old key buffer has another reader the kernel copies, so nothing changes."""
+    from segc.ir import Graph, Input, Var
+    from segc.ir.nodes import Const
+    from segc.passes.memory import predict_memory
+
+    eqns, avals, ins, outs, consts = _graph(reader=False, d=64)
+    if reader:  # the old keys read again: not alone
+        eqns.append(Eqn(999, "Multiply", ("kb", "kb"), (Var("kk", avals["kb"][0], "bf16"),)))
+        outs.append("kk")
+    kinds = {"kb": "state", "vb": "state", "off": "state"}
+    inputs = tuple(Input(Var(n, *avals[n]), kinds.get(n, "arg"), n) for n in ins)
+    g = Graph("kv", inputs, tuple(Const(Var(n, *avals[n]), v) for n, v in consts.items()), tuple(eqns), tuple(outs))
+    got = {}
+    for value in ("0", "1"):
+        monkeypatch.setenv("SEGC_KV_IN_PLACE", value)
+        got[value] = predict_memory(g, copied_writes=True).activations
+    assert got["0"] - got["1"] == (0 if reader else 2 * 2 * 16 * 64 * 2), got

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import mlx.core as mx
 import pytest
-from conftest import examples, same_bits
+from conftest import assert_env_setting, examples, same_bits
 from hypothesis import given, settings
 from hypothesis import strategies as hst
 
@@ -195,6 +195,30 @@ def test_the_queries_rotation_is_left_alone_when_it_differs() -> None:
     got = _replay(eqns, avals, ins, outs, vals, Counted())
     plain = replay_fn(eqns, ins, outs, {})(*vals)
     assert all(same_bits(a, b) for a, b in zip(got, plain, strict=True))
+
+
+def test_a_write_is_alone_only_where_nothing_else_reads_its_buffers() -> None:
+    """``KVWriteMatch.alone``, which lets the write with its attention write in place
+    (``SEGC_KV_IN_PLACE=1``): false where the old key or value buffer has another reader,
+    in the segment or elsewhere in the program, or leaves the segment."""
+    eqns, avals, _, outs = _layer()
+    ((m,),) = [find_kv_writes(eqns, outs, avals)]
+    assert m.alone
+    for buf in ("kb", "vb"):
+        reader = Eqn(9, "Multiply", (buf, buf), (Var("rd", (1, 2, 16, 8), "bf16"),))
+        (m,) = find_kv_writes([*eqns, reader], [*outs, "rd"], {**avals, "rd": ((1, 2, 16, 8), "bf16")})
+        assert not m.alone, f"{buf} read in the segment"
+        (m,) = find_kv_writes(eqns, outs, avals, context=[*eqns, reader])
+        assert not m.alone, f"{buf} read in another segment"
+        (m,) = find_kv_writes(eqns, [*outs, buf], avals)
+        assert not m.alone, f"{buf} an output of the segment"
+
+
+@pytest.mark.parametrize(("value", "want"), [(None, False), ("0", False), ("1", True), ("yes", None)])
+def test_the_in_place_setting_is_read_and_checked(monkeypatch: pytest.MonkeyPatch, value, want) -> None:
+    """Off unless the environment asks (an array sharing a cache's buffer would see the
+    row written); anything but 0 or 1 refused by name."""
+    assert_env_setting(monkeypatch, "SEGC_KV_IN_PLACE", value, kvwrite.kv_in_place_wanted, want)
 
 
 def test_the_setting() -> None:

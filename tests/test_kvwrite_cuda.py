@@ -99,3 +99,31 @@ def test_a_decode_keeps_its_bits_with_the_write_and_the_attention_as_one_kernel(
     one = with_setting(monkeypatch, kvwrite, "FUSED_KV_WRITE", write, paired)
     assert_decodes_agree(model, one, with_setting(monkeypatch, kvwrite, "FUSED_KV_WRITE", kvwrite.cuda_kv_write, apart))
     assert len(pairs) >= 2, pairs
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_a_decode_keeps_its_bits_with_the_write_in_place(arch, monkeypatch) -> None:
+    """``SEGC_KV_IN_PLACE=1`` (the row written into the old buffers) against the copying
+    kernel: logits and caches byte for byte over a prompt and ten decode steps, every
+    layer's write taken alone (nothing else reads its buffers) and in place."""
+    model = build(arch, num_hidden_layers=2, hidden_size=256, intermediate_size=512, head_dim=64, dtype=mx.bfloat16)
+    pairs: list[tuple[kvwrite.KVWriteMatch, bool]] = []
+    own = kvwrite.cuda_kv_write_with_attention.with_attention  # type: ignore[attr-defined]
+
+    def with_attention(m, scale, ins):
+        pairs.append((m, kvwrite.kv_in_place_wanted()))
+        return own(m, scale, ins)
+
+    monkeypatch.setattr(kvwrite.cuda_kv_write_with_attention, "with_attention", with_attention)
+
+    def under(value: str, f):
+        def call(*a, **kw):
+            monkeypatch.setenv("SEGC_KV_IN_PLACE", value)
+            return f(*a, **kw)
+
+        return call
+
+    in_place = under("1", segc.jit(model, validate=False, concat_projections=True))
+    copied = under("0", segc.jit(model, validate=False, concat_projections=True))
+    assert_decodes_agree(model, in_place, copied)
+    assert sorted({w for _, w in pairs}) == [False, True] and all(m.alone for m, _ in pairs), pairs

@@ -41,7 +41,9 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
         models=[MODEL], workloads=["decode:16", "prefill:8"], strategies=STRATEGIES, repeats=2, warmup=1,
         out=out, plots=(), progress=False,
     )  # fmt: skip
-    return out, run_experiment(exp)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SEGC_KV_IN_PLACE", "0")  # recorded with the run (a setting a lowering reads)
+        return out, run_experiment(exp)
 
 
 def test_sweep_writes_csv_and_json(sweep: tuple[Path, object]) -> None:
@@ -59,6 +61,7 @@ def test_sweep_writes_csv_and_json(sweep: tuple[Path, object]) -> None:
     d = json.loads((out / "results.json").read_text())
     assert d["segc_experiment"] == 1 and d["env"]["mlx"] == mx.__version__ and "commit" in d["env"]
     assert d["env"]["device"] == str(mx.default_device())
+    assert {k: v for k, v in d["env"]["settings"].items() if k == "SEGC_KV_IN_PLACE"} == {"SEGC_KV_IN_PLACE": "0"}
     assert MachineModel(**d["machine"]) == res.machine  # type: ignore[attr-defined]
     assert [(s["workload"], s["plans"], s["bit_identical"]) for s in d["summary"]] == [
         ("decode:16", 7, True),

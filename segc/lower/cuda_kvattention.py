@@ -49,9 +49,34 @@ __device__ T segc_key(const T* kr, const T* knew, T* ko, size_t krow, int d, int
 #define SEGC_LD(p) __ldcg(p)
 """
 
+# in place (``SEGC_KV_IN_PLACE=1``): the row at the offset written into the old buffers,
+# nothing copied; the block whose chunk holds the offset writes it before it reads it
+_IN_PLACE = r"""
+template <typename T, bool TRAD, int DIMS, int DK, bool FREQS>
+__device__ T segc_key(const T* kr, const T* knew, size_t krow, int d, int bh, int C, int32_t pos, const float* freqs) {
+  // a key's element: the buffer's, or at the offset the new key rotated, written into the buffer
+  if ((krow - static_cast<size_t>(bh) * C) != static_cast<size_t>(pos)) {
+    return kr[d];
+  }
+  T x = segc_rotated<T, TRAD, DIMS, DK, FREQS>(knew, bh, d, pos, freqs);
+  const_cast<T*>(kr)[d] = x;
+  return x;
+}
+#define SEGC_Q(row, d) segc_rotated<T, TRAD, DIMS, D, FREQS>(q, (row), (d), off[0], FREQ_PTR)
+#define SEGC_KEY(kr, krow, d) segc_key<T, TRAD, DIMS, D, FREQS>((kr), knew, (krow), (d), bh, C, off[0], FREQ_PTR)
+#define SEGC_VALUES \
+    if (off[0] >= start && off[0] < start + n) { \
+        for (int dd = t; dd < D; dd += NT) { \
+            const_cast<T*>(v)[((size_t)bh * C + off[0]) * D + dd] = vnew[(size_t)bh * D + dd]; \
+        } \
+    }
+#define SEGC_VBUF v
+#define SEGC_LD(p) __ldcg(p)
+"""
+
 
 @functools.cache
-def _kernel(freqs: bool, log2_base_bits: int, rope_scale_bits: int, scale_bits: int) -> Any:
+def _kernel(freqs: bool, log2_base_bits: int, rope_scale_bits: int, scale_bits: int, in_place: bool = False) -> Any:
     ins = ["q", "knew", "k", "vnew", "v", "off", "mask", "count", *(["freqs"] if freqs else [])]
     header = (
         _HEADER
@@ -60,10 +85,12 @@ def _kernel(freqs: bool, log2_base_bits: int, rope_scale_bits: int, scale_bits: 
         + f"#define SCALE (__int_as_float(0x{scale_bits:08x}))\n"
         + f"#define FREQ_PTR {'freqs' if freqs else 'nullptr'}\n"
         + _ROTATE
-        + _READS
+        + (_IN_PLACE if in_place else _READS)
     )
-    name = f"segc_kv_attention{'_f' if freqs else ''}_{log2_base_bits:08x}_{rope_scale_bits:08x}_{scale_bits:08x}"
-    return cuda_kernel(name, ins, ["out", "ko", "vo", "po", "pm", "pl"], _PARTIAL + _ONE_TAIL, header)
+    name = f"segc_kv_attention{'_f' if freqs else ''}{'_i' if in_place else ''}"
+    name += f"_{log2_base_bits:08x}_{rope_scale_bits:08x}_{scale_bits:08x}"
+    outs = ["out", *([] if in_place else ["ko", "vo"]), "po", "pm", "pl"]
+    return cuda_kernel(name, ins, outs, _PARTIAL + _ONE_TAIL, header)
 
 
 def kv_attention(
@@ -75,12 +102,17 @@ def kv_attention(
     rope_scale: float,
     freqs: bool,
     scale: float,
+    in_place: bool = False,
 ) -> list[mx.array]:
     """The key buffer, new keys, value buffer, new values, offset and queries in ``ins``
     (``KVWriteMatch.ins`` with its queries; then the frequencies with ``freqs``), rotated
     with ``dims``, ``traditional``, ``base`` and ``rope_scale`` and written, and the
     attention of the rotated queries over the written buffers with ``mask`` and
-    ``scale``: ``[new key buffer, new value buffer, attention output]``."""
+    ``scale``: ``[new key buffer, new value buffer, attention output]``. With
+    ``in_place`` the kernel writes the offset's row into the old buffers (made contiguous
+    first, which shares a contiguous buffer), and the new buffers are those, ordered
+    after the kernel by ``mx.depends``: only for buffers nothing else reads
+    (``KVWriteMatch.alone``; docs/lowering.md)."""
     kb, k, vb, v, off, q = ins[:6]
     b, hkv, cap, d = kb.shape
     hq, lq = q.shape[1], q.shape[2]
@@ -105,13 +137,18 @@ def kv_attention(
         ("FREQS", freqs),
     ]
     rows = hq * lq
-    kernel = _kernel(freqs, *rope_bits(base, rope_scale), _bits(scale))
-    out, ko, vo, *_ = kernel(
+    kernel = _kernel(freqs, *rope_bits(base, rope_scale), _bits(scale), in_place)
+    if in_place:
+        kb, vb = mx.contiguous(kb), mx.contiguous(vb)
+    bufs = [] if in_place else [kb.shape, vb.shape]
+    outs = kernel(
         inputs=[q, k, kb, v, vb, off.reshape(()) if off.ndim else off, m, counter(hkv), *ins[6:7]],
         template=tmpl,
         grid=(hkv * nchunks * THREADS, 1, 1),
         threadgroup=(THREADS, 1, 1),
-        output_shapes=[q.shape, kb.shape, vb.shape, (rows * nchunks * d,), (rows * nchunks,), (rows * nchunks,)],
-        output_dtypes=[q.dtype, kb.dtype, vb.dtype, mx.float32, mx.float32, mx.float32],
+        output_shapes=[q.shape, *bufs, (rows * nchunks * d,), (rows * nchunks,), (rows * nchunks,)],
+        output_dtypes=[q.dtype, *[kb.dtype] * len(bufs), mx.float32, mx.float32, mx.float32],
     )
+    out = outs[0]
+    ko, vo = mx.depends([kb, vb], [out]) if in_place else outs[1:3]
     return [ko, vo, out]

@@ -24,6 +24,7 @@ rotation and the writes, and intermediate values nothing else reads.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -55,6 +56,7 @@ class KVWriteMatch:
     queries: bool
     freqs: bool
     eqns: tuple[Eqn, ...]
+    alone: bool = False  # the write is the only reader of either old buffer in the program
 
     @property
     def skip(self) -> frozenset[int]:
@@ -126,6 +128,7 @@ def find_kv_writes(
 
         max_bytes = SELECT_WRITE_BYTES
     g = SegmentGraph(eqns, keep, context)
+    reads = Counter(v for e in (context or eqns) for v in e.ins)
     used = set(taken)
     found: list[KVWriteMatch] = []
     writes = [e for e in eqns if _one_row_write(e, g, avals, max_bytes)]
@@ -195,6 +198,7 @@ def find_kv_writes(
                 rq is not None,
                 len(rk.ins) == 3,
                 tuple(sorted(group, key=lambda e: g.pos[e.id])),
+                all(reads[b] == 1 and b not in keep for b in (kbuf, dv.ins[0])),
             )
         )
     return found
@@ -245,6 +249,16 @@ def kv_attention_wanted() -> bool:
     return env_choice("SEGC_FUSED_KV_ATTENTION", ("0", "1"), "1") == "1"
 
 
+def kv_in_place_wanted() -> bool:
+    """Whether the write with its attention writes the new row into the old buffers
+    instead of copying them (``cuda_kvattention.py``), where nothing else reads them
+    (``KVWriteMatch.alone``): the environment's ``SEGC_KV_IN_PLACE``, ``0`` (the
+    default) or ``1``. In place, an array that shares a cache's buffer and outlives the
+    call (a view of it kept by the caller) sees the new row, where MLX would have copied
+    (docs/lowering.md)."""
+    return env_choice("SEGC_KV_IN_PLACE", ("0", "1"), "0") == "1"
+
+
 def cuda_kv_write(m: KVWriteMatch, ins: Sequence[mx.array]) -> list[mx.array]:
     """``m`` computed by one CUDA kernel (``cuda_kvwrite.py``, imported on first use)."""
     from .cuda_kvwrite import kv_write
@@ -264,7 +278,8 @@ def _with_attention(m: KVWriteMatch, scale: float, ins: Sequence[mx.array]) -> l
     """``m``'s inputs then the attention's mask: the new buffers and the attention's output."""
     from .cuda_kvattention import kv_attention
 
-    return kv_attention(ins[:-1], ins[-1], m.dims, m.traditional, m.base, m.scale, m.freqs, scale)
+    in_place = m.alone and kv_in_place_wanted()
+    return kv_attention(ins[:-1], ins[-1], m.dims, m.traditional, m.base, m.scale, m.freqs, scale, in_place)
 
 
 cuda_kv_write_with_attention.with_attention = _with_attention  # type: ignore[attr-defined]

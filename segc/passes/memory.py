@@ -33,7 +33,9 @@ second call hands them to the executor) frees each after its last reader. On a m
 whose lowering computes a decode step's rotated KV writes with segc's CUDA kernel
 (``segc.lower.kvwrite``: ``copied_writes``), those writes allocate their new buffers
 (MLX's custom kernels cannot write into an input), and the consumed cache buffers die
-at the kernel: the same simulation without the in-place case for them.
+at the kernel: the same simulation without the in-place case for them. With
+``SEGC_KV_IN_PLACE=1`` a write paired with its attention writes into the buffer it
+consumes, as the simulation's in-place case has it.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from dataclasses import dataclass, replace
 
 from ..ir import Eqn, Graph, segments
 from ..lower.fused import cuda_defaults, find_all
+from ..lower.kvwrite import kv_attention_wanted, kv_in_place_wanted
 from ..lower.prim import lookup
 from .analysis import ops
 from .costmodel import CPU, command_buffers, op_costs
@@ -166,15 +169,20 @@ def _donates(e: Eqn) -> bool:
 
 def _copied(g: Graph) -> frozenset[int]:
     """The writes segc's CUDA lowering computes with its rotated-write kernel (or a
-    layer's), segment by segment (``fused.find_all``, as the replay finds them)."""
+    layer's), segment by segment (``fused.find_all``, as the replay finds them); not
+    those its write-with-attention kernel makes in place (``SEGC_KV_IN_PLACE=1``, where
+    nothing else reads the old buffers: ``KVWriteMatch.alone``)."""
     avals = {n: (v.shape, v.dtype) for n, v in g.vars().items()}
     consts = {c.var.name: c.value for c in g.consts}
+    in_place = kv_attention_wanted() and kv_in_place_wanted()
     out: set[int] = set()
     for s in segments(g):
         found = find_all(s.eqns(g), s.outputs, consts, avals, g.eqns, **cuda_defaults())
         layers = [p.pair[0] for p in found.products if p.pair is not None]  # a layer's kernel writes them too
+        kept = {id(w) for w, _ in found.pairs if w.alone} if in_place else set()
         for w in [*found.writes, *layers]:
-            out.update(e.id for e in w.eqns if e.prim == "DynamicSliceUpdate")
+            if id(w) not in kept:
+                out.update(e.id for e in w.eqns if e.prim == "DynamicSliceUpdate")
     return frozenset(out)
 
 

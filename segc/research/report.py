@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import datetime
 import json
+import os
 import platform
 import subprocess
 from collections.abc import Sequence
@@ -80,6 +81,9 @@ def environment() -> dict[str, Any]:
         "platform": platform.platform(),
         "segc": version,
         "utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        # segc's and MLX's settings from the environment (SEGC_KV_IN_PLACE=1, ...): a
+        # run's lowering depends on them
+        "settings": {k: v for k, v in sorted(os.environ.items()) if k.startswith(("SEGC_", "MLX_"))},
     }
     try:
         info = mx.device_info()
