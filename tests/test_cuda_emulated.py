@@ -69,8 +69,8 @@ def test_one_kernel_matches_two_and_mlx_call_after_call(recorded, hq, hkv, lq, r
     for launch in one:
         out = _as_mx(launch[0], dt)
         assert _bits(out) == _bits(_as_mx(two[0], dt)), "one kernel differs from two"
-        for got, ref in zip(launch[1:], partials, strict=True):  # the partial results too
-            assert got.tobytes() == ref.tobytes()
+        # the partial results too, in one output: weighted sums, maxima, sums of exponentials
+        assert len(launch) == 2 and launch[1].tobytes() == b"".join(p.tobytes() for p in partials)
         np.testing.assert_allclose(
             np.array(out.astype(mx.float32)), np.array(want.astype(mx.float32)), rtol=tol, atol=tol
         )
@@ -211,8 +211,8 @@ def _write_with_attention_against_apart(recorded, dt, hq, hkv, cap, pos, dims, t
     recorded.clear()
     cuda_kvattention.kv_attention(ins, mask, dims, trad, base, 1.0, freqs, 0.125, in_place=True)
     ((mi, ci),) = recorded
-    assert len(ci["output_shapes"]) == 4 and mi["name"].startswith("segc_kv_attention")
-    ((oi, _, _, _, *left),) = run(mi, ci, inputs=True)
+    assert len(ci["output_shapes"]) == 2 and mi["name"].startswith("segc_kv_attention")
+    ((oi, _, *left),) = run(mi, ci, inputs=True)
     assert oi.tobytes() == out.tobytes()
     assert left[2].tobytes() == ko.tobytes() and left[4].tobytes() == vo.tobytes()
 

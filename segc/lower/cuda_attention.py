@@ -213,14 +213,30 @@ def _kernels(scale_bits: int) -> tuple[Any, Any]:
     return partial, combine
 
 
+# the one kernel's partial results in one output, ``ps``: the weighted sums, then the
+# maxima, then the sums of exponentials (an output fewer to allocate and hand back, twice
+# a layer, than three); ``B`` rows of queries a batch entry
+PACKED = r"""
+    const size_t segc_parts = (size_t)q_shape[0] * HQ * L * ((k_shape[2] + CHUNK - 1) / CHUNK);
+    float* po = ps;
+    float* pm = ps + segc_parts * D;
+    float* pl = pm + segc_parts;
+"""
+
+
+def packed_shape(rows: int, chunks: int, d: int) -> tuple[int]:
+    """The shape of :data:`PACKED`'s output for ``rows`` query rows over ``chunks``."""
+    return (rows * chunks * (d + 2),)
+
+
 @functools.cache
 def _one_kernel(scale_bits: int) -> Any:
     """``partial`` and ``combine`` as one kernel (module docstring)."""
     return cuda_kernel(
         name=f"segc_attention_one_{scale_bits:08x}",
         input_names=["q", "k", "v", "mask", "count"],
-        output_names=["out", "po", "pm", "pl"],
-        source=_PARTIAL + _ONE_TAIL,
+        output_names=["out", "ps"],
+        source=PACKED + _PARTIAL + _ONE_TAIL,
         header=_HEADER
         + PLAIN
         + "#define SEGC_LD(p) __ldcg(p)\n"
@@ -281,8 +297,8 @@ def cuda_attention(
             template=tmpl,
             grid=(b * hkv * nchunks * THREADS, 1, 1),
             threadgroup=(THREADS, 1, 1),
-            output_shapes=[(b, hq, lq, d), *partials],
-            output_dtypes=[q.dtype, mx.float32, mx.float32, mx.float32],
+            output_shapes=[(b, hq, lq, d), packed_shape(rows, nchunks, d)],
+            output_dtypes=[q.dtype, mx.float32],
         )
         return out
     partial, combine = _kernels(scale_bits)

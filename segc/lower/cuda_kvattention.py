@@ -23,7 +23,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from .cuda_attention import _HEADER, _ONE_TAIL, _PARTIAL, CHUNK, THREADS, counter
+from .cuda_attention import _HEADER, _ONE_TAIL, _PARTIAL, CHUNK, PACKED, THREADS, counter, packed_shape
 from .cuda_kernel import cuda_kernel
 from .cuda_kvwrite import _HEADER as _ROTATE
 from .cuda_kvwrite import _bits, rope_bits
@@ -89,8 +89,8 @@ def _kernel(freqs: bool, log2_base_bits: int, rope_scale_bits: int, scale_bits: 
     )
     name = f"segc_kv_attention{'_f' if freqs else ''}{'_i' if in_place else ''}"
     name += f"_{log2_base_bits:08x}_{rope_scale_bits:08x}_{scale_bits:08x}"
-    outs = ["out", *([] if in_place else ["ko", "vo"]), "po", "pm", "pl"]
-    return cuda_kernel(name, ins, outs, _PARTIAL + _ONE_TAIL, header)
+    outs = ["out", *([] if in_place else ["ko", "vo"]), "ps"]
+    return cuda_kernel(name, ins, outs, PACKED + _PARTIAL + _ONE_TAIL, header)
 
 
 def kv_attention(
@@ -146,8 +146,8 @@ def kv_attention(
         template=tmpl,
         grid=(hkv * nchunks * THREADS, 1, 1),
         threadgroup=(THREADS, 1, 1),
-        output_shapes=[q.shape, *bufs, (rows * nchunks * d,), (rows * nchunks,), (rows * nchunks,)],
-        output_dtypes=[q.dtype, *[kb.dtype] * len(bufs), mx.float32, mx.float32, mx.float32],
+        output_shapes=[q.shape, *bufs, packed_shape(rows, nchunks, d)],
+        output_dtypes=[q.dtype, *[kb.dtype] * len(bufs), mx.float32],
     )
     out = outs[0]
     ko, vo = mx.depends([kb, vb], [out]) if in_place else outs[1:3]
