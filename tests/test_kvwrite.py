@@ -200,7 +200,7 @@ def test_the_queries_rotation_is_left_alone_when_it_differs() -> None:
 def test_a_write_is_alone_only_where_nothing_else_reads_its_buffers() -> None:
     """``KVWriteMatch.alone``, which lets the write with its attention write in place
     (``SEGC_KV_IN_PLACE=1``): false where the old key or value buffer has another reader,
-    in the segment or elsewhere in the program, or leaves the segment."""
+    in the segment or elsewhere in the program, or leaves the segment or the program."""
     eqns, avals, _, outs = _layer()
     ((m,),) = [find_kv_writes(eqns, outs, avals)]
     assert m.alone
@@ -212,6 +212,8 @@ def test_a_write_is_alone_only_where_nothing_else_reads_its_buffers() -> None:
         assert not m.alone, f"{buf} read in another segment"
         (m,) = find_kv_writes(eqns, [*outs, buf], avals)
         assert not m.alone, f"{buf} an output of the segment"
+        (m,) = find_kv_writes(eqns, outs, avals, program_outputs={buf})
+        assert not m.alone, f"{buf} an output of the program (a function handing back the old buffer)"
 
 
 @pytest.mark.parametrize(("value", "want"), [(None, False), ("0", False), ("1", True), ("yes", None)])

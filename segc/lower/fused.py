@@ -7,7 +7,7 @@ kernel, ``cuda_layer.py``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -127,6 +127,8 @@ def find_all(
     consts: Mapping[str, Any],
     avals: Mapping[str, tuple],
     context: Sequence[Eqn] = (),
+    program_outputs: Collection[str] = (),
+    /,
     *,
     attention: bool = False,
     where_eager_fuses: bool = False,
@@ -140,7 +142,8 @@ def find_all(
     ``avals`` every var's ``(shape, dtype)``, ``context`` the whole graph's equations.
     ``where_eager_fuses``: only the attentions eager MLX runs fused (``"auto"``);
     ``chains``: a layer's MLP products as one kernel (``product_chain.py``), with the
-    attention before it where ``pairs`` are found (``layer_chain.py``)."""
+    attention before it where ``pairs`` are found (``layer_chain.py``);
+    ``program_outputs``: the whole program's outputs (``KVWriteMatch.alone``)."""
     shapes = {n: a[0] for n, a in avals.items()}
     found = find_attention(eqns, keep, consts, shapes, context) if attention else []
     if where_eager_fuses:
@@ -151,7 +154,7 @@ def find_all(
     if chains:
         prods = chain_products(prods, eqns, keep, context)
     skip |= {i for p in prods for i in p.skip}
-    ws = find_kv_writes(eqns, keep, avals, context, frozenset(skip)) if writes else []
+    ws = find_kv_writes(eqns, keep, avals, context, frozenset(skip), program_outputs=program_outputs) if writes else []
     two = _pairs(ws, found, eqns, keep, avals) if pairs else []
     if chains and two and attention_wanted():  # a chain and the pair before it: a layer
         prods, two = chain_layers(prods, two, eqns, keep, avals, context)

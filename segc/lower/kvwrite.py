@@ -25,7 +25,7 @@ rotation and the writes, and intermediate values nothing else reads.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -119,10 +119,13 @@ def find_kv_writes(
     context: Sequence[Eqn] = (),
     taken: frozenset[int] = frozenset(),
     max_bytes: int | None = None,
+    program_outputs: Collection[str] = (),
 ) -> list[KVWriteMatch]:
     """Every rotated key write with its value write (and query rotation) in ``eqns`` (a
     segment's equations, in order; ``keep`` its outputs; ``avals`` every var's shape and
-    dtype), none of whose equations are in ``taken`` (another kernel's)."""
+    dtype), none of whose equations are in ``taken`` (another kernel's). ``context`` (the
+    whole program's equations) and ``program_outputs`` tell whether the old buffers have
+    another reader (``KVWriteMatch.alone``)."""
     if max_bytes is None:
         from .shapes import SELECT_WRITE_BYTES
 
@@ -198,7 +201,7 @@ def find_kv_writes(
                 rq is not None,
                 len(rk.ins) == 3,
                 tuple(sorted(group, key=lambda e: g.pos[e.id])),
-                all(reads[b] == 1 and b not in keep for b in (kbuf, dv.ins[0])),
+                all(reads[b] == 1 and b not in keep and b not in program_outputs for b in (kbuf, dv.ins[0])),
             )
         )
     return found

@@ -8,7 +8,7 @@ already broadcast and cast: the trace records those steps as their own primitive
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import mlx.core as mx
@@ -99,6 +99,7 @@ def segment_fn(
         kv_write,
         dequantize,
         dense_experts,
+        g.outputs,
     )
 
 
@@ -172,6 +173,7 @@ def replay_fn(
     kv_write: KVWrite | None = None,
     dequantize: bool = False,
     dense_experts: bool = False,
+    program_outputs: Collection[str] = (),
 ) -> Callable[..., list[mx.array]]:
     with_attention: WithAttention | None = getattr(kv_write, "with_attention", None)
     av = dict(avals or {})
@@ -183,6 +185,7 @@ def replay_fn(
         consts,
         av,
         context,
+        program_outputs,
         attention=attention is not None,
         where_eager_fuses=getattr(attention, "where_eager_fuses", False),  # "auto": attention.eager_fuses
         products=products is not None,

@@ -177,7 +177,7 @@ def _copied(g: Graph) -> frozenset[int]:
     in_place = kv_attention_wanted() and kv_in_place_wanted()
     out: set[int] = set()
     for s in segments(g):
-        found = find_all(s.eqns(g), s.outputs, consts, avals, g.eqns, **cuda_defaults())
+        found = find_all(s.eqns(g), s.outputs, consts, avals, g.eqns, g.outputs, **cuda_defaults())
         layers = [p.pair[0] for p in found.products if p.pair is not None]  # a layer's kernel writes them too
         kept = {id(w) for w, _ in found.pairs if w.alone} if in_place else set()
         for w in [*found.writes, *layers]:
