@@ -12,7 +12,10 @@ decode step of 83 kernels spends about 2.3 ms of host time (docs/performance-log
 session), about 25 us a kernel, where eager's kernels cost about 8 us: this separates the
 kernel's kind, compilation and the commits (sixteenth session: 6 us a custom kernel, 34
 us a segment of five with its commit; ``segment_host.py`` times segc's own segments).
-Every variant's result is compared byte for byte with the eager chain's.
+Every variant's result is compared byte for byte with the eager chain's. Then, on the
+segments, what the KV write in place (``SEGC_KV_IN_PLACE=1``) adds around each kernel:
+two KV-like buffers made contiguous and ordered after it by ``mx.depends`` (host time
+without and with, and the difference a kernel; ``inplace`` rows).
 
     python benchmarks/host_cost.py [--kernels 83] [--segments 17] [--repeats 50]
 """
@@ -129,6 +132,60 @@ def compiled_against_eager(
     return host, raw(got) == raw(want)
 
 
+def held(step: Callable[[mx.array], mx.array], n: int, wrap: bool) -> Callable[..., list[mx.array]]:
+    """``n`` steps, each with a pair of KV-like buffers (``2 * n`` inputs after the
+    vector) handed back as outputs: as they are, or (``wrap``) as the write in place
+    hands them back (``SEGC_KV_IN_PLACE=1``: each made contiguous, then ordered after the
+    step by one ``mx.depends``), so the difference is what those three primitives cost
+    the host a step."""
+
+    def f(x: mx.array, *bufs: mx.array) -> list[mx.array]:
+        out = []
+        for i in range(n):
+            k, v = bufs[2 * i], bufs[2 * i + 1]
+            if wrap:
+                k, v = mx.contiguous(k), mx.contiguous(v)
+            x = step(x)
+            out += mx.depends([k, v], [x]) if wrap else [k, v]
+        return [x, *out]
+
+    return f
+
+
+def in_place_cost(kind: str, kernels: int, segments: int, size: int, repeats: int) -> tuple[float, float, bool]:
+    """The host's seconds a call of ``kernels`` steps in ``segments`` compiled functions
+    (an ``mx.async_eval`` after each) without and with the in-place write's wrapping
+    (:func:`held`), and whether both give the eager chain's bytes and hand back the
+    buffers unchanged."""
+    step = step_of(kind, size)
+    sizes = [kernels // segments + (i < kernels % segments) for i in range(segments)]
+    bufs = [mx.random.normal((1, 8, 64, 64), key=mx.random.key(2 + i)).astype(mx.bfloat16) for i in range(2 * kernels)]
+    x = mx.random.normal((size,), key=mx.random.key(1)).astype(mx.bfloat16)
+    mx.eval(bufs, x)
+    want = chain(step, kernels)(x)
+    mx.eval(want)
+    hosts, same = [], True
+    for wrap in (False, True):
+        fns = [mx.compile(held(step, k, wrap)) for k in sizes]
+        starts = [sum(sizes[:i]) for i in range(segments)]
+        times = []
+        for r in range(repeats + 3):
+            mx.synchronize()
+            t0 = time.perf_counter()
+            y, kept = x, []
+            for f, k, a in zip(fns, sizes, starts):
+                y, *b = f(y, *bufs[2 * a : 2 * (a + k)])
+                kept += b
+                mx.async_eval(y, *b)
+            t1 = time.perf_counter()
+            mx.eval(y, *kept)
+            if r >= 3:
+                times.append(t1 - t0)
+        same &= raw(y) == raw(want) and all(raw(a) == raw(b) for a, b in zip(kept, bufs))
+        hosts.append(statistics.median(times))
+    return hosts[0], hosts[1], same
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kernels", type=int, default=83)
@@ -152,6 +209,13 @@ def main() -> None:
             same_everywhere &= got == want
             per = host / a.kernels * 1e6
             print(f"{kind:<8} {name:<9} {host * 1e3:>7.3f} ms {wall * 1e3:>7.3f} ms {per:>9.2f} us  {got == want}")
+    print("the write in place's wrapping (two mx.contiguous and one mx.depends a kernel), the segments' host time:")
+    print(f"{'kind':<8} {'variant':<9} {'without':>10} {'with':>10} {'more/kernel':>12}  same bytes as eager")
+    for kind in kinds:
+        off, on, same = in_place_cost(kind, a.kernels, a.segments, a.size, a.repeats)
+        same_everywhere &= same
+        per = (on - off) / a.kernels * 1e6
+        print(f"{kind:<8} {'inplace':<9} {off * 1e3:>7.3f} ms {on * 1e3:>7.3f} ms {per:>9.2f} us  {same}")
     print(f"every variant gave the eager chain's bytes: {same_everywhere}")
     raise SystemExit(0 if same_everywhere else 1)
 

@@ -295,12 +295,15 @@ def test_bench_generate_runs_mlx_lms_loop_with_every_variant() -> None:
 def test_host_cost_runs_and_every_variant_keeps_the_eager_chains_bytes() -> None:
     """``benchmarks/host_cost.py`` (MLX's host time per kernel; the custom kernel needs
     CUDA, so the CPU runs the builtin one): it compares each variant's result with the
-    eager chain's bytes and exits non-zero when one differs."""
+    eager chain's bytes (and the in-place wrapping's buffers with what went in) and exits
+    non-zero when one differs."""
     cmd = [sys.executable, str(ROOT / "benchmarks" / "host_cost.py"), "--kernels", "5", "--segments", "2"]
     p = subprocess.run([*cmd, "--repeats", "2", "--size", "64"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert p.returncode == 0, p.stdout + p.stderr
     rows = [line.split() for line in p.stdout.splitlines() if line.startswith("builtin")]
-    assert [r[1] for r in rows] == ["eager", "compiled", "segments"] and all(r[-1] == "True" for r in rows), p.stdout
+    # and the in-place write's wrapping, whose buffers must come back unchanged
+    assert [r[1] for r in rows] == ["eager", "compiled", "segments", "inplace"], p.stdout
+    assert all(r[-1] == "True" for r in rows), p.stdout
 
 
 def test_segment_host_counts_each_segments_primitives_and_keeps_the_executors_bytes() -> None:
