@@ -17,7 +17,6 @@ fallback is not eager's kernel anyway (docs/lowering.md, "Fused decode attention
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +25,7 @@ import mlx.core as mx
 
 from ..errors import UsageError
 from ..ir import Eqn
+from .env import env_choice
 from .pattern import SegmentGraph, only_reader, skippable, through
 
 MAX_ROWS = 16  # query rows (heads per KV head x query tokens) one kernel block holds
@@ -282,7 +282,8 @@ def attention_kernel(setting: str | Kernel = "auto") -> Kernel | None:
         raise UsageError(f"attention must be one of {ATTENTION}, not {setting!r}")
     cuda = mx.default_device() == mx.gpu and mx.cuda.is_available()
     if setting == "auto":
-        if not cuda or os.environ.get("SEGC_FUSED_ATTENTION", "1") == "0":
+        off = env_choice("SEGC_FUSED_ATTENTION", ("1", "0"), "1") == "0"  # a bad value refused on any device
+        if not cuda or off:
             return None
         from .cuda_attention import attention_kernels, cuda_attention
 

@@ -42,7 +42,6 @@ output rows and row length), which the kernel then copies as it copies ``gemv``.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -50,6 +49,7 @@ import mlx.core as mx
 
 from .. import dtypes
 from ..errors import UsageError
+from .env import env_choice
 from .product_match import DTYPES as DTYPES
 from .product_match import ProductMatch as ProductMatch
 from .product_match import find_products as find_products
@@ -153,13 +153,15 @@ def cuda_wanted(setting: str, name: str) -> bool:
     """Whether ``setting`` (``"auto"`` or ``"never"``) of the setting ``name``
     (``FUSED_PRODUCTS``, ``FUSED_KV_WRITE``) asks for segc's CUDA kernel here: ``"auto"``
     where the default device is a CUDA GPU, MLX is of :data:`MLX_SERIES` (the kernels
-    copy its code) and the environment does not set ``SEGC_<name>=0``."""
+    copy its code) and the environment does not set ``SEGC_<name>=0`` (``1`` or unset;
+    another value is a ``UsageError``)."""
     if setting == "never":
         return False
     if setting != "auto":
         raise UsageError(f"{name} must be 'auto', 'never' or a kernel, not {setting!r}")
+    off = env_choice(f"SEGC_{name}", ("1", "0"), "1") == "0"  # a bad value refused on any device
     cuda = mx.default_device() == mx.gpu and mx.cuda.is_available()
-    if not cuda or os.environ.get(f"SEGC_{name}", "1") == "0":
+    if not cuda or off:
         return False
     return str(getattr(mx, "__version__", "")).startswith(MLX_SERIES)
 
