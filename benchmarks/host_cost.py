@@ -3,9 +3,11 @@
 compiled functions with an ``mx.async_eval`` after each (segc's decode step: 83 kernels in
 17 segments on the H200).
 
-Two kinds of kernel: ``builtin`` (a one-row product, MLX's own ``gemv``: one kernel that
-compilation cannot fuse) and ``custom`` (an ``mx.fast.cuda_kernel`` adding one to a
-vector, as segc's kernels are made; CUDA only). For each: the host time from the call to
+Kinds of kernel: ``builtin`` (a one-row product, MLX's own ``gemv``: one kernel that
+compilation cannot fuse), ``custom`` (an ``mx.fast.cuda_kernel`` adding one to a
+vector, as segc's kernels are made; CUDA only) and ``custom+2`` (the same with two more
+outputs it leaves unwritten: what two outputs cost, as the attention's partial results
+handed back as one output instead of three save). For each: the host time from the call to
 the return of its ``mx.async_eval`` (building, then encoding and launching), and the
 wall time to the end of the work, medians over ``--repeats`` calls. On the H200 a segc
 decode step of 83 kernels spends about 2.3 ms of host time (docs/performance-log.md, fifteenth
@@ -44,7 +46,11 @@ def step_of(kind: str, size: int) -> Callable[[mx.array], mx.array]:
         w = mx.random.normal((size, size), key=mx.random.key(0)).astype(mx.bfloat16) * (size**-0.5)
         mx.eval(w)
         return lambda x: (x[None] @ w)[0]
-    kernel = mx.fast.cuda_kernel(name="host_cost_add_one", input_names=["x"], output_names=["out"], source=ADD_ONE)
+    extra = 2 if kind == "custom+2" else 0  # outputs the kernel leaves unwritten, as scratch
+    names = ["out", *(f"scratch{i}" for i in range(extra))]
+    kernel = mx.fast.cuda_kernel(
+        name=f"host_cost_add_one_{extra}", input_names=["x"], output_names=names, source=ADD_ONE
+    )
 
     def add_one(x: mx.array) -> mx.array:
         return kernel(
@@ -52,8 +58,8 @@ def step_of(kind: str, size: int) -> Callable[[mx.array], mx.array]:
             template=[("T", x.dtype)],
             grid=(size, 1, 1),
             threadgroup=(256, 1, 1),
-            output_shapes=[x.shape],
-            output_dtypes=[x.dtype],
+            output_shapes=[x.shape, *[(1024,)] * extra],
+            output_dtypes=[x.dtype, *[mx.float32] * extra],
         )[0]
 
     return add_one
@@ -191,11 +197,14 @@ def main() -> None:
     ap.add_argument("--kernels", type=int, default=83)
     ap.add_argument("--segments", type=int, default=17)
     ap.add_argument("--repeats", type=int, default=50)
-    ap.add_argument("--kinds", default="builtin,custom", help="custom needs MLX's CUDA backend")
+    ap.add_argument(
+        "--kinds", default="builtin,custom,custom+2",
+        help="custom (and custom+2: the same kernel with two more outputs) need MLX's CUDA backend",
+    )  # fmt: skip
     ap.add_argument("--size", type=int, default=2048, help="the vector's length and the product's width")
     a = ap.parse_args()
     cuda = mx.default_device() == mx.gpu and mx.cuda.is_available()
-    kinds = [k for k in a.kinds.split(",") if k != "custom" or cuda]
+    kinds = [k for k in a.kinds.split(",") if not k.startswith("custom") or cuda]
     print(f"mlx {mx.__version__}, {mx.default_device()}, {a.kernels} kernels, {a.segments} segments")
     print(f"{'kind':<8} {'variant':<9} {'host':>10} {'wall':>10} {'host/kernel':>12}  same bytes as eager")
     same_everywhere = True
