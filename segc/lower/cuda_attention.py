@@ -214,8 +214,8 @@ def _kernels(scale_bits: int) -> tuple[Any, Any]:
 
 
 # the one kernel's partial results in one output, ``ps``: the weighted sums, then the
-# maxima, then the sums of exponentials (an output fewer to allocate and hand back, twice
-# a layer, than three); ``B`` rows of queries a batch entry
+# maxima, then the sums of exponentials, for every query row of every batch entry (two
+# outputs fewer a layer to allocate and hand back than three)
 PACKED = r"""
     const size_t segc_parts = (size_t)q_shape[0] * HQ * L * ((k_shape[2] + CHUNK - 1) / CHUNK);
     float* po = ps;

@@ -131,10 +131,10 @@ def find_kv_writes(
 
         max_bytes = SELECT_WRITE_BYTES
     g = SegmentGraph(eqns, keep, context)
-    reads = Counter(v for e in (context or eqns) for v in e.ins)
     used = set(taken)
     found: list[KVWriteMatch] = []
     writes = [e for e in eqns if _one_row_write(e, g, avals, max_bytes)]
+    reads = Counter(v for e in (context or eqns) for v in e.ins) if writes else Counter()
     ropes = [e for e in eqns if e.prim == "RoPE"]
     for dk in writes:
         if dk.id in used:
@@ -262,6 +262,13 @@ def kv_in_place_wanted() -> bool:
     return env_choice("SEGC_KV_IN_PLACE", ("0", "1"), "0") == "1"
 
 
+def written_in_place(m: KVWriteMatch) -> bool:
+    """Whether ``m``, taken with its attention into one kernel, writes its row into the
+    old buffers (:func:`kv_in_place_wanted`, where ``m.alone``): what the lowering does
+    and the memory model predicts."""
+    return m.alone and kv_in_place_wanted()
+
+
 def cuda_kv_write(m: KVWriteMatch, ins: Sequence[mx.array]) -> list[mx.array]:
     """``m`` computed by one CUDA kernel (``cuda_kvwrite.py``, imported on first use)."""
     from .cuda_kvwrite import kv_write
@@ -281,7 +288,7 @@ def _with_attention(m: KVWriteMatch, scale: float, ins: Sequence[mx.array]) -> l
     """``m``'s inputs then the attention's mask: the new buffers and the attention's output."""
     from .cuda_kvattention import kv_attention
 
-    in_place = m.alone and kv_in_place_wanted()
+    in_place = written_in_place(m)
     return kv_attention(ins[:-1], ins[-1], m.dims, m.traditional, m.base, m.scale, m.freqs, scale, in_place)
 
 

@@ -45,7 +45,7 @@ from dataclasses import dataclass, replace
 
 from ..ir import Eqn, Graph, segments
 from ..lower.fused import cuda_defaults, find_all
-from ..lower.kvwrite import kv_attention_wanted, kv_in_place_wanted
+from ..lower.kvwrite import kv_attention_wanted, written_in_place
 from ..lower.prim import lookup
 from .analysis import ops
 from .costmodel import CPU, command_buffers, op_costs
@@ -174,12 +174,12 @@ def _copied(g: Graph) -> frozenset[int]:
     nothing else reads the old buffers: ``KVWriteMatch.alone``)."""
     avals = {n: (v.shape, v.dtype) for n, v in g.vars().items()}
     consts = {c.var.name: c.value for c in g.consts}
-    in_place = kv_attention_wanted() and kv_in_place_wanted()
+    paired = kv_attention_wanted()  # find_all pairs whatever the setting; the lowering pairs only with it
     out: set[int] = set()
     for s in segments(g):
         found = find_all(s.eqns(g), s.outputs, consts, avals, g.eqns, g.outputs, **cuda_defaults())
         layers = [p.pair[0] for p in found.products if p.pair is not None]  # a layer's kernel writes them too
-        kept = {id(w) for w, _ in found.pairs if w.alone} if in_place else set()
+        kept = {id(w) for w, _ in found.pairs if written_in_place(w)} if paired else set()
         for w in [*found.writes, *layers]:
             if id(w) not in kept:
                 out.update(e.id for e in w.eqns if e.prim == "DynamicSliceUpdate")
