@@ -48,7 +48,9 @@ a kernel of its own), ``+chain3`` also with ``SEGC_CHAIN_NEXT=0`` (the MLP's thr
 products alone); ``+chainocc`` and ``+chain4occ`` as ``+chain`` and ``+chain4`` with
 ``SEGC_CHAIN_OCCUPANCY=4`` (the kernels compiled to fit four blocks an SM); ``+sm1`` and
 ``+sm2`` set the chains' grid to one or two blocks an SM of an H100 or H200
-(``SEGC_CHAIN_BLOCKS=132``, ``264``; the default is the largest separate kernel's grid).
+(``SEGC_CHAIN_BLOCKS=132``, ``264``; the default is the largest separate kernel's grid);
+``+inplace`` with ``SEGC_KV_IN_PLACE=1`` (what ``segc.jit(..., kv_in_place=True)`` does:
+the KV write with its attention writes into the cache's buffers, docs/lowering.md).
 
 on two workloads: a decode step (one token; with a KV cache at ``--context`` when
 ``segc.jit`` accepts one, else a plain 1-token forward, and the output says which) and a
@@ -175,6 +177,8 @@ SETTINGS = {  # a variant's "+suffix" (--isolate only)
     # the chains' grids: one and two blocks an SM of the H100 and H200 (132 SMs each)
     "sm1": {"SEGC_CHAIN_BLOCKS": "132"},
     "sm2": {"SEGC_CHAIN_BLOCKS": "264"},
+    # the KV write with its attention writing into the old buffers (segc.jit's kv_in_place)
+    "inplace": {"SEGC_KV_IN_PLACE": "1"},
 }
 
 

@@ -259,3 +259,73 @@ def test_replay_order_follows_the_data(data) -> None:
 
     free = [s[1].id for s in plan if not needs_k(s[1].id)]
     assert [i for i in got if not needs_k(i)] == free
+
+
+@pytest.mark.parametrize(
+    ("option", "env", "alone", "want"),
+    [
+        (True, "0", True, True),
+        (False, "1", True, False),
+        (None, "1", True, True),
+        (None, None, True, False),
+        (True, "1", False, False),  # a buffer something else reads is never written in place
+    ],
+)
+def test_the_jit_option_decides_over_the_environment(monkeypatch: pytest.MonkeyPatch, option, env, alone, want) -> None:
+    """``segc.jit(..., kv_in_place=)``: the kernel ``kv_write_kernel`` hands the executor
+    asks ``kv_attention`` for the write in place as the option says, whatever
+    ``SEGC_KV_IN_PLACE`` is; None leaves it to the environment. The CUDA side is
+    stood in for (the kernel itself: ``tests/test_cuda_emulated.py`` and the GPU tests)."""
+    from types import SimpleNamespace
+
+    from segc.lower import cuda_kvattention, products
+
+    if env is None:
+        monkeypatch.delenv("SEGC_KV_IN_PLACE", raising=False)
+    else:
+        monkeypatch.setenv("SEGC_KV_IN_PLACE", env)
+    monkeypatch.delenv("SEGC_FUSED_KV_ATTENTION", raising=False)
+    monkeypatch.setattr(products, "cuda_wanted", lambda setting, name: True)
+    asked: list[bool] = []
+
+    def kv_attention(*args: object) -> list[str]:
+        asked.append(bool(args[-1]))
+        return ["new keys", "new values", "out"]
+
+    monkeypatch.setattr(cuda_kvattention, "kv_attention", kv_attention)
+    kernel = kv_write_kernel("auto", in_place=option)
+    assert kernel is not None and hasattr(kernel, "with_attention")
+    m = SimpleNamespace(alone=alone, dims=8, traditional=False, base=10000.0, scale=1.0, freqs=None)
+    assert kernel.with_attention(m, 0.125, ["kb", "k", "vb", "v", "off", "q", "mask"]) == [  # type: ignore[attr-defined]
+        "new keys",
+        "new values",
+        "out",
+    ]
+    assert asked == [want]
+
+
+def test_the_jit_hands_its_option_to_every_executor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The option reaches the executor of a first call's compile and of a relowering
+    (``record_timeline``); a value that is not True, False or None is refused by name
+    before anything is traced."""
+    import segc
+    from segc.runtime import executor
+
+    seen: list[object] = []
+    own = executor.kv_write_kernel
+
+    def recorded(*args: object, **kw: object) -> object:
+        seen.append(kw.get("in_place", "missing"))
+        return own(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(executor, "kv_write_kernel", recorded)
+    for option in (True, False, None):
+        seen.clear()
+        f = segc.jit(lambda x: x * 2 + 1, kv_in_place=option)
+        x = mx.arange(4, dtype=mx.float32)
+        assert same_bits(f(x), x * 2 + 1)
+        f.record_timeline([])
+        assert seen == [option, option], (option, seen)
+    for bad in ("yes", 1, 0.0):
+        with pytest.raises(UsageError, match="kv_in_place"):
+            segc.jit(lambda x: x, kv_in_place=bad)

@@ -24,6 +24,7 @@ rotation and the writes, and intermediate values nothing else reads.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -228,11 +229,15 @@ Kernel = Callable[[KVWriteMatch, Sequence[mx.array]], list[mx.array]]
 FUSED_KV_WRITE: str | Kernel = "auto"
 
 
-def kv_write_kernel(setting: str | Kernel | None = None, *, own_attention: bool = True) -> Kernel | None:
+def kv_write_kernel(
+    setting: str | Kernel | None = None, *, own_attention: bool = True, in_place: bool | None = None
+) -> Kernel | None:
     """The kernel segments lower their rotated KV writes to, or None (MLX's own
     kernels). ``setting`` defaults to :data:`FUSED_KV_WRITE`. ``own_attention=False``
     (the jit was given an attention kernel of its own, ``attention=callable``): segc's
-    write never takes the attention into its kernel, so the caller's kernel computes it."""
+    write never takes the attention into its kernel, so the caller's kernel computes it.
+    ``in_place`` (``segc.jit(..., kv_in_place=)``): whether the write with its attention
+    writes into the old buffers; None leaves it to :func:`kv_in_place_wanted`."""
     setting = FUSED_KV_WRITE if setting is None else setting
     if callable(setting):
         return setting
@@ -242,7 +247,9 @@ def kv_write_kernel(setting: str | Kernel | None = None, *, own_attention: bool 
     wanted = cuda_wanted(setting, "FUSED_KV_WRITE")
     if not wanted or shapes.SELECT_WRITE == "never":
         return None
-    return cuda_kv_write_with_attention if own_attention and kv_attention_wanted() else cuda_kv_write
+    if not (own_attention and kv_attention_wanted()):
+        return cuda_kv_write
+    return cuda_kv_write_with_attention if in_place is None else _paired(in_place)
 
 
 def kv_attention_wanted() -> bool:
@@ -252,21 +259,23 @@ def kv_attention_wanted() -> bool:
     return env_choice("SEGC_FUSED_KV_ATTENTION", ("0", "1"), "1") == "1"
 
 
-def kv_in_place_wanted() -> bool:
+def kv_in_place_wanted(setting: bool | None = None) -> bool:
     """Whether the write with its attention writes the new row into the old buffers
     instead of copying them (``cuda_kvattention.py``), where nothing else reads them
-    (``KVWriteMatch.alone``): the environment's ``SEGC_KV_IN_PLACE``, ``0`` (the
-    default) or ``1``. In place, an array that shares a cache's buffer and outlives the
+    (``KVWriteMatch.alone``): ``setting`` (``segc.jit``'s ``kv_in_place``) where it is
+    given, else the environment's ``SEGC_KV_IN_PLACE``, ``0`` (the default) or ``1``. In place, an array that shares a cache's buffer and outlives the
     call (a view of it kept by the caller) sees the new row, where MLX would have copied
     (docs/lowering.md)."""
+    if setting is not None:
+        return setting
     return env_choice("SEGC_KV_IN_PLACE", ("0", "1"), "0") == "1"
 
 
-def written_in_place(m: KVWriteMatch) -> bool:
+def written_in_place(m: KVWriteMatch, setting: bool | None = None) -> bool:
     """Whether ``m``, taken with its attention into one kernel, writes its row into the
     old buffers (:func:`kv_in_place_wanted`, where ``m.alone``): what the lowering does
     and the memory model predicts."""
-    return m.alone and kv_in_place_wanted()
+    return m.alone and kv_in_place_wanted(setting)
 
 
 def cuda_kv_write(m: KVWriteMatch, ins: Sequence[mx.array]) -> list[mx.array]:
@@ -284,13 +293,28 @@ def cuda_kv_write_with_attention(m: KVWriteMatch, ins: Sequence[mx.array]) -> li
     return cuda_kv_write(m, ins)
 
 
-def _with_attention(m: KVWriteMatch, scale: float, ins: Sequence[mx.array]) -> list[mx.array]:
+def _with_attention(
+    m: KVWriteMatch, scale: float, ins: Sequence[mx.array], setting: bool | None = None
+) -> list[mx.array]:
     """``m``'s inputs then the attention's mask: the new buffers and the attention's output."""
     from .cuda_kvattention import kv_attention
 
-    in_place = written_in_place(m)
+    in_place = written_in_place(m, setting)
     return kv_attention(ins[:-1], ins[-1], m.dims, m.traditional, m.base, m.scale, m.freqs, scale, in_place)
 
 
 cuda_kv_write_with_attention.with_attention = _with_attention  # type: ignore[attr-defined]
+
+
+def _paired(in_place: bool) -> Kernel:
+    """:func:`cuda_kv_write_with_attention` with the write in place, or not, as a jit
+    asked (``kv_in_place``), whatever the environment says."""
+
+    def kernel(m: KVWriteMatch, ins: Sequence[mx.array]) -> list[mx.array]:
+        return cuda_kv_write(m, ins)
+
+    kernel.with_attention = functools.partial(_with_attention, setting=in_place)  # type: ignore[attr-defined]
+    return kernel
+
+
 WithAttention = Callable[[KVWriteMatch, float, Sequence[mx.array]], list[mx.array]]

@@ -158,6 +158,7 @@ class Executor:
         check: bool = True,
         commit: str = "auto",
         attention: Any = "auto",
+        kv_in_place: bool | None = None,
     ):
         # a constant a printed graph elided (over printer.ELIDE_BYTES) has no value to run
         elided = [c.var.name for c in g.consts if c.value is None]
@@ -194,8 +195,8 @@ class Executor:
         dequantize = dequantized_wanted()  # segc.lower.dequantized.DEQUANTIZED_PRODUCTS, read now
         dense_experts = experts_wanted()  # segc.lower.experts.DENSE_EXPERTS, read now
         # segc.lower.kvwrite.FUSED_KV_WRITE, read now; a caller's attention kernel is not
-        # taken into segc's write-with-attention kernel
-        kv_write = kv_write_kernel(own_attention=not callable(attention))
+        # taken into segc's write-with-attention kernel; kv_in_place: segc.jit's option
+        kv_write = kv_write_kernel(own_attention=not callable(attention), in_place=kv_in_place)
         # per segment: the values its function takes, in order: the inputs it reads (less the
         # views of constants it makes itself, remat.py), then the constants compile would lose
         takes: list[tuple[str, ...]] = []

@@ -41,7 +41,14 @@ def jit(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
     the arrays it traced with, and retraces or rebinds when one changed; True: checked
     at the first call, then taken as they were until ``clear_cache()``, as ``mx.compile``
     captures the arrays a function closes over and ``torch.compile``'s freezing takes
-    weights as constants; saves about 0.06 ms a decode call of 16 layers on a GPU host).
+    weights as constants; saves about 0.06 ms a decode call of 16 layers on a GPU host),
+    ``kv_in_place`` (CUDA: a decode step's KV write, taken with its attention into one
+    kernel, writes the new row into the cache's buffers instead of copying them, where
+    nothing else in the call reads them; True, False, or None (the default): the
+    environment's ``SEGC_KV_IN_PLACE``, off unless ``1``. Same bits; about 0.2 ms less
+    device time a decode step of the reference llama on an H100. What it gives up, as
+    ``jax.jit``'s ``donate_argnums`` does: an array that shares a cache's buffer and
+    outlives the call (a view the caller kept) sees the new row. See docs/lowering.md).
     Usable as ``@segc.jit`` or ``@segc.jit(boundaries=...)``.
     """
     if fn is None:

@@ -35,6 +35,7 @@ class EngineHooks:
     attention: Any
     _concats: Concats
     freeze_params: bool
+    kv_in_place: bool | None
 
     def set_boundary_schedule(
         self,
@@ -146,19 +147,24 @@ class EngineHooks:
         with DISPATCH_LOCK:
             self._relower(replace(self._effects, timeline=timeline))
 
+    def _compile_options(self) -> dict[str, Any]:
+        """The jit's options every ``Lowered.compile`` of its traces takes."""
+        return {
+            "drain": self.drain,
+            "commit": self.commit,
+            "attention": self.attention,
+            "concats": self._concats,
+            "capture_params": self.freeze_params,
+            "kv_in_place": self.kv_in_place,
+        }
+
     def _relower(self, effects: Effects) -> None:
         """Lower every cached trace again with ``effects`` (no re-trace); on an error
         (a window endpoint missing from one graph) nothing changes."""
         fresh = OrderedDict(
             (
                 sig,
-                c.lowered.traced.lower(effects=effects).compile(
-                    drain=self.drain,
-                    commit=self.commit,
-                    attention=self.attention,
-                    concats=self._concats,
-                    capture_params=self.freeze_params,
-                ),
+                c.lowered.traced.lower(effects=effects).compile(**self._compile_options()),
             )
             for sig, c in self._cache.items()
         )

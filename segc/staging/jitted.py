@@ -69,6 +69,7 @@ class Jitted(EngineHooks):
         concat_projections: bool = False,
         exact_trace_limit: int = 16,
         freeze_params: bool = False,
+        kv_in_place: bool | None = None,
     ):
         if not callable(fn):
             raise TraceError(f"segc.jit needs a function or an nn.Module, got {type(fn).__name__}")
@@ -97,6 +98,9 @@ class Jitted(EngineHooks):
         if not isinstance(freeze_params, bool):
             raise UsageError(f"freeze_params must be True or False, not {freeze_params!r}")
         self.freeze_params = freeze_params  # parameters checked once, then as captured (clear_cache)
+        if kv_in_place is not None and not isinstance(kv_in_place, bool):
+            raise UsageError(f"kv_in_place must be True, False or None, not {kv_in_place!r}")
+        self.kv_in_place = kv_in_place  # the decode's KV rows written into the old buffers (CUDA)
         gather = ParamGatherer(self.module, self.name, frozen=freeze_params) if self.module is not None else None
         self.spec = CallSpec(
             fn,
@@ -180,13 +184,7 @@ class Jitted(EngineHooks):
 
     def _compile(self, t: Traced) -> Compiled:
         """The miss path: lower and compile a fresh trace, and file it in the cache."""
-        c = t.lower(effects=self._effects).compile(
-            drain=self.drain,
-            commit=self.commit,
-            attention=self.attention,
-            concats=self._concats,
-            capture_params=self.freeze_params,
-        )
+        c = t.lower(effects=self._effects).compile(**self._compile_options())
         self.info.misses += 1
         # against the entry this call was expected to hit (the nearest cached signature)
         expected = t.signature.closest(list(self._cache)) if self._cache else self._last

@@ -145,11 +145,18 @@ class Lowered:
         attention: Any = None,
         concats: Concats | None = None,
         capture_params: bool = False,
+        kv_in_place: bool | None = None,
     ) -> Compiled:
         concats = concats if concats is not None else self.traced.concats
         attention = self.attention if attention is None else attention
         return Compiled(
-            self, drain=drain, commit=commit, attention=attention, concats=concats, capture_params=capture_params
+            self,
+            drain=drain,
+            commit=commit,
+            attention=attention,
+            concats=concats,
+            capture_params=capture_params,
+            kv_in_place=kv_in_place,
         )
 
 
@@ -171,10 +178,17 @@ class Compiled:
         attention: Any = "auto",
         concats: Concats | None = None,
         capture_params: bool = False,
+        kv_in_place: bool | None = None,
     ):
         self.lowered = lowered
         self.graph = lowered.graph
-        self._executor_options = {"compile": compile, "drain": drain, "commit": commit, "attention": attention}
+        self._executor_options = {
+            "compile": compile,
+            "drain": drain,
+            "commit": commit,
+            "attention": attention,
+            "kv_in_place": kv_in_place,
+        }
         self._param_order = [i.path for i in self.graph.inputs if i.kind == "param"]
         self._capture = capture_params and bool(self._param_order)
         self._captured = False
