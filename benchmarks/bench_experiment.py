@@ -37,7 +37,7 @@ from typing import Any
 import mlx.core as mx
 
 from segc.passes.costmodel import MachineModel, default_model
-from segc.research import Experiment, run_experiment
+from segc.research import Experiment, read_fitted, run_experiment
 from segc.research.calibrate import calibrate, fit_overheads
 
 EVERY = [
@@ -98,7 +98,12 @@ def main() -> int:
     )  # fmt: skip
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--machine", metavar="FILE", help="a saved machine model instead of the built-in one")
+    p.add_argument(
+        "--machine",
+        metavar="FILE|DIR",
+        help="a saved machine model instead of the built-in one, or an earlier run's fitted/ folder (each "
+        "model and workload's plans, optimal's among them, made with the model that run fitted)",
+    )
     p.add_argument("--microbench", action="store_true", help="measure the bandwidth and FLOP rate here first")
     p.add_argument("--fit", default="none", help="fit the overheads on this model first (before any calibration)")
     p.add_argument("--fit-workloads", default="decode:256,prefill:128")
@@ -109,7 +114,8 @@ def main() -> int:
 
     t0 = time.perf_counter()
     commits = _list(args.commit)
-    machine = MachineModel.load(args.machine) if args.machine else default_model()
+    fitted_dir = bool(args.machine) and Path(args.machine).is_dir()
+    machine = MachineModel.load(args.machine) if args.machine and not fitted_dir else default_model()
     if args.microbench:
         machine = calibrate()
     if args.fit != "none":
@@ -140,6 +146,7 @@ def main() -> int:
             repeats=args.repeats,
             warmup=args.warmup,
             machine=machine,
+            planners=read_fitted(args.machine, [args.model], _list(args.workloads)) if fitted_dir else {},
             out=Path(args.out) / f"commit-{commit}" if len(commits) > 1 else args.out,
             plots=plots,
             progress=sys.stderr.isatty(),

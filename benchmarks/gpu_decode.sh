@@ -55,7 +55,7 @@
 # mixtral:--arch,mixtral) runs one model in a device call.
 # VARIANTS (default eager,compile,segc,each,whole,drain; isolated: eager,compile,segc,wholefrozen,frozen), REPEATS (40), ROUNDS (1),
 # BENCH_LIMIT (400 s); experiment: WORKLOADS (decode:1024,prefill:512; plandevice: WORKLOAD), PROCESSES (12), ORDER (rounds; blocks, interleaved: the timing order), OVERHEADS (group; device: calibrate the
-# device's figures alone), MACHINE (a machine model JSON, e.g. with host_kinds.py's figures).
+# device's figures alone), MACHINE (a machine model JSON, e.g. with host_kinds.py's figures, or an experiment's fitted/ folder, e.g. benchmarks/machines/bu: each workload's plans, optimal's among them, made with the model that run fitted).
 set -u
 OUT="${OUT:-/tmp/segc-gpu-out}"
 mkdir -p "$OUT"

@@ -433,3 +433,66 @@ def test_repredict_regimes_report_each_workloads_halves(sweep: tuple[Path, objec
     ]
     assert heads == ["decode:16", "prefill:8"], p.stdout
     assert sum("post-stratified, Spearman" in ln for ln in p.stdout.splitlines()) == 2, p.stdout
+
+
+def test_plans_made_with_a_runs_fitted_models(tmp_path: Path) -> None:
+    """``segc experiment --machine DIR`` (``read_fitted``, ``Experiment.planners``): the
+    workload with a calibrated model in the folder has its plans made with it, the
+    other with the built-in model; each ``optimal`` is the plan that model's own
+    dynamic program makes, computed here apart. A folder with no model for the sweep is
+    refused, naming the files it looked for."""
+    from dataclasses import replace
+
+    from segc.errors import ScheduleError
+    from segc.passes import make_plan
+    from segc.passes.costmodel import default_model
+    from segc.research import read_fitted
+
+    base = default_model()
+    dear = replace(base, dispatch_s=1.0, source="calibrated: dear")  # a second a segment: one segment wins
+    (tmp_path / "fitted").mkdir()
+    dear.save(tmp_path / "fitted" / "llama-num-hidden-layers-2_prefill-8.json")
+    with pytest.raises(ScheduleError, match=r"llama-num-hidden-layers-2_decode-16\.json"):
+        read_fitted(tmp_path / "fitted", [MODEL], ["decode:16"])
+    planners = read_fitted(tmp_path / "fitted", [MODEL], ["decode:16", "prefill:8"])
+    assert list(planners) == [(MODEL, "prefill:8")] and planners[MODEL, "prefill:8"] == dear
+    exp = Experiment(
+        models=[MODEL], workloads=["decode:16", "prefill:8"], strategies=["optimal"], repeats=1, warmup=0,
+        planners=planners, out=tmp_path / "x", plots=(), progress=False, eager=False,
+    )  # fmt: skip
+    res = run_experiment(exp)
+    rows = {r["workload"]: r for r in res.rows}
+    model = load_model(MODEL)
+    for w, m in (("decode:16", base), ("prefill:8", dear)):
+        a, kw = make_workload(w, model).args()
+        want = make_plan(segc.jit(model, boundaries="layers.*").trace(*a, **kw).graph, "optimal", model=m)
+        saved = Plan.load(tmp_path / "x" / rows[w]["plan_file"])
+        assert saved.cuts == want.cuts and rows[w]["plan_predicted_s"] == want.info["predicted_s"], w
+        assert rows[w]["bit_identical"]
+    assert rows["prefill:8"]["segments"] == 1 and rows["decode:16"]["segments"] > 1  # the two models differ
+    d = json.loads((tmp_path / "x" / "results.json").read_text())
+    assert d["experiment"]["planned_with"] == {f"{MODEL} prefill:8": "calibrated: dear"}
+
+
+def test_cli_experiment_takes_a_fitted_folder(tmp_path: Path) -> None:
+    """``--machine DIR``: the folder's model plans its workload (recorded in the results);
+    a folder with none for the sweep is a clear error, exit status 2."""
+    from dataclasses import replace
+
+    from segc.passes.costmodel import default_model
+
+    (tmp_path / "fitted").mkdir()
+    replace(default_model(), dispatch_s=1.0, source="calibrated: dear").save(
+        tmp_path / "fitted" / "llama-num-hidden-layers-2_prefill-8.json"
+    )
+    common = ["experiment", "--model", MODEL, "--strategy", "optimal", "--repeats", "1", "--warmup", "0"]
+    p = _segc(*common, "--workload", "decode:16", "--machine", str(tmp_path / "fitted"), "--quiet", "--plots", "")
+    assert p.returncode == 2 and "no calibrated machine model" in p.stderr, p.stderr
+    p = _segc(
+        *common, "--workload", "prefill:8", "--machine", str(tmp_path / "fitted"), "--quiet", "--plots", "",
+        "--no-eager", "--out", str(tmp_path / "x"),
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    d = json.loads((tmp_path / "x" / "results.json").read_text())
+    assert d["experiment"]["planned_with"] == {f"{MODEL} prefill:8": "calibrated: dear"}
+    assert [r["segments"] for r in d["rows"]] == [1]  # a second a segment: optimal keeps one

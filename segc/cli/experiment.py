@@ -14,6 +14,7 @@ Examples::
     segc experiment --model reference --workload decode:1024 --workload prefill:512 \\
         --strategy none --strategy markers --strategy balanced:2..18:4 --out h200/
     segc experiment --machine cpu.json --repeats 30 --out results/
+    segc experiment --machine results/fitted --calibration ... --out again/   # optimal as results/ fitted it
     segc experiment --calibration none --calibration markers --calibration every:4 \\
         --calibration balanced:2 --processes 5 --repeats 10 --out results/   # fitted, held out
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,7 +36,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=20, help="timed calls per plan (and process; default 20)")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls per plan first (default 2)")
     p.add_argument("--boundaries", default="layers.*", help="marker globs ('' for none)")
-    p.add_argument("--machine", metavar="FILE", help="a machine model from segc calibrate (default: built in)")
+    p.add_argument(
+        "--machine",
+        metavar="FILE|DIR",
+        help="a machine model from segc calibrate (default: built in), or an earlier experiment's fitted/ "
+        "folder: each model and workload's plans made with the model that run fitted",
+    )
     p.add_argument("--calibrate", action="store_true", help="calibrate a machine model first (as segc calibrate)")
     p.add_argument(
         "--calibration",
@@ -105,20 +112,28 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         machine = None
-        if args.machine:
+        planners: dict = {}
+        models = args.model or ["small"]
+        workloads = args.workload or ["decode:128", "prefill:128"]
+        if args.machine and Path(args.machine).is_dir():  # an experiment's fitted/: plans made with them
+            from segc.research import read_fitted
+
+            planners = read_fitted(args.machine, models, workloads)
+        elif args.machine:
             machine = MachineModel.load(args.machine)
         elif args.calibrate:
             from segc.research.calibrate import calibrate, fit_overheads
 
             machine = fit_overheads(calibrate())
         exp = Experiment(
-            models=args.model or ["small"],
-            workloads=args.workload or ["decode:128", "prefill:128"],
+            models=models,
+            workloads=workloads,
             strategies=args.strategy or list(DEFAULT_STRATEGIES),
             repeats=args.repeats,
             warmup=args.warmup,
             boundaries=args.boundaries,
             machine=machine,
+            planners=planners,
             out=args.out,
             plots=[f for f in args.plots.split(",") if f.strip()],
             progress=not args.quiet,

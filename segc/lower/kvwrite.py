@@ -263,9 +263,9 @@ def kv_in_place_wanted(setting: bool | None = None) -> bool:
     """Whether the write with its attention writes the new row into the old buffers
     instead of copying them (``cuda_kvattention.py``), where nothing else reads them
     (``KVWriteMatch.alone``): ``setting`` (``segc.jit``'s ``kv_in_place``) where it is
-    given, else the environment's ``SEGC_KV_IN_PLACE``, ``0`` (the default) or ``1``. In place, an array that shares a cache's buffer and outlives the
-    call (a view of it kept by the caller) sees the new row, where MLX would have copied
-    (docs/lowering.md)."""
+    given, else the environment's ``SEGC_KV_IN_PLACE``, ``0`` (the default) or ``1``.
+    In place, an array that shares a cache's buffer and outlives the call (a view of it
+    kept by the caller) sees the new row, where MLX would have copied (docs/lowering.md)."""
     if setting is not None:
         return setting
     return env_choice("SEGC_KV_IN_PLACE", ("0", "1"), "0") == "1"

@@ -9,6 +9,7 @@ from .experiment import run_experiment as run_experiment
 from .models import load_model as load_model
 from .models import make_workload as make_workload
 from .report import Results as Results
+from .report import read_fitted as read_fitted
 from .sweep import expand as expand
 from .sweep import spearman as spearman
 
@@ -20,6 +21,7 @@ __all__ = [
     "expand",
     "load_model",
     "make_workload",
+    "read_fitted",
     "run_experiment",
     "spearman",
 ]

@@ -27,7 +27,9 @@ and every plan is
 predicted again with the fitted model; the plans that are none of the calibration plans
 (nor the same cuts as one) are the held-out ones, whose rank correlation the summary
 reports apart. An ``optimal`` plan is made with the machine model given, before the
-fit.
+fit, or with ``planners``' model for its model and workload: a run's calibrated models
+(``report.read_fitted``), so that a second run measures the fitted model's own optimum
+among the other plans.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import gc
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -74,6 +76,10 @@ class Experiment:
     warmup: int = 2
     boundaries: str = "layers.*"
     machine: MachineModel | None = None
+    # per (model, workload): the machine model its plans are made with (``optimal``'s, say)
+    # instead of ``machine``, e.g. a run's calibrated ones (report.read_fitted); the fit
+    # still starts from ``machine``
+    planners: Mapping[tuple[str, str], MachineModel] = field(default_factory=dict)
     out: str | Path | None = None
     plots: Sequence[str] = ("png", "svg")
     progress: bool = True
@@ -171,7 +177,9 @@ def run_experiment(exp: Experiment) -> Results:
     calib = expand_all(exp.calibration)
     specs += [c for c in calib if c not in specs]
     out = Path(exp.out) if exp.out is not None else None
-    res = Results(machine=machine, experiment={k: v for k, v in vars(exp).items() if k not in ("machine", "log")})
+    own = ("machine", "log", "planners")
+    res = Results(machine=machine, experiment={k: v for k, v in vars(exp).items() if k not in own})
+    res.experiment["planned_with"] = {f"{m} {w}": p.source for (m, w), p in exp.planners.items()}
     res.experiment["strategies_expanded"] = specs
     res.experiment["commit_policy"] = policy
     n_plans = len(specs) + exp.eager
@@ -182,7 +190,9 @@ def run_experiment(exp: Experiment) -> Results:
             model = load_model(mspec)
             preps = []
             for wspec in exp.workloads:
-                prep = _prepare(exp, machine, policy, specs, set(calib), mspec, model, wspec, out, bar)
+                planner = exp.planners.get((mspec, wspec))
+                planner = machine if planner is None else replace(planner, device=machine.device)
+                prep = _prepare(exp, planner, policy, specs, set(calib), mspec, model, wspec, out, bar)
                 if exp.processes == 1:
                     _time_here(exp, prep, bar)
                 preps.append(prep)

@@ -339,3 +339,22 @@ def _pair(plans: list[dict[str, Any]]) -> None:
     fast = fast_mode([r["times_s"] for r in timed]) if every else None
     for r, v in zip(timed, measured_in([r["times_s"] for r in timed], fast) if fast else []):
         r["measured_fast_s"] = v
+
+
+def read_fitted(
+    where: str | Path, models: Sequence[str], workloads: Sequence[str]
+) -> dict[tuple[str, str], MachineModel]:
+    """The calibrated machine models :meth:`Results.write_fitted` saved in ``where`` (an
+    experiment's ``fitted/``), per (model, workload) of this sweep that has one: what
+    ``Experiment.planners`` takes, so that ``optimal`` is planned with the model a
+    run fitted. A folder with none of them is a ``ScheduleError``, naming the files it
+    looked for."""
+    from ..errors import ScheduleError
+
+    d = Path(where)
+    names = {(m, w): d / f"{slug(m)}_{slug(w)}.json" for m in models for w in workloads}
+    found = {k: MachineModel.load(p) for k, p in names.items() if p.is_file()}
+    if not found:
+        looked = ", ".join(sorted(p.name for p in names.values()))
+        raise ScheduleError(f"{d}: no calibrated machine model for this sweep (looked for {looked})")
+    return found
