@@ -114,7 +114,8 @@ def main() -> int:
 
     t0 = time.perf_counter()
     commits = _list(args.commit)
-    fitted_dir = bool(args.machine) and Path(args.machine).is_dir()
+    fitted_dir = bool(args.machine) and Path(args.machine).is_dir()  # an earlier run's fitted/: plans made with them
+    planners = read_fitted(args.machine, [args.model], _list(args.workloads)) if fitted_dir else {}
     machine = MachineModel.load(args.machine) if args.machine and not fitted_dir else default_model()
     if args.microbench:
         machine = calibrate()
@@ -146,7 +147,7 @@ def main() -> int:
             repeats=args.repeats,
             warmup=args.warmup,
             machine=machine,
-            planners=read_fitted(args.machine, [args.model], _list(args.workloads)) if fitted_dir else {},
+            planners=planners,
             out=Path(args.out) / f"commit-{commit}" if len(commits) > 1 else args.out,
             plots=plots,
             progress=sys.stderr.isatty(),

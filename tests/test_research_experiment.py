@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -24,7 +25,7 @@ from mlx.utils import tree_flatten
 import segc
 from segc.errors import SegcError
 from segc.passes import Plan
-from segc.passes.costmodel import MachineModel
+from segc.passes.costmodel import MachineModel, default_model
 from segc.passes.plan import apply_plan
 from segc.research import Experiment, load_model, make_workload, run_experiment
 from segc.research.report import COLUMNS
@@ -441,11 +442,8 @@ def test_plans_made_with_a_runs_fitted_models(tmp_path: Path) -> None:
     other with the built-in model; each ``optimal`` is the plan that model's own
     dynamic program makes, computed here apart. A folder with no model for the sweep is
     refused, naming the files it looked for."""
-    from dataclasses import replace
-
     from segc.errors import ScheduleError
     from segc.passes import make_plan
-    from segc.passes.costmodel import default_model
     from segc.research import read_fitted
 
     base = default_model()
@@ -477,10 +475,6 @@ def test_plans_made_with_a_runs_fitted_models(tmp_path: Path) -> None:
 def test_cli_experiment_takes_a_fitted_folder(tmp_path: Path) -> None:
     """``--machine DIR``: the folder's model plans its workload (recorded in the results);
     a folder with none for the sweep is a clear error, exit status 2."""
-    from dataclasses import replace
-
-    from segc.passes.costmodel import default_model
-
     (tmp_path / "fitted").mkdir()
     replace(default_model(), dispatch_s=1.0, source="calibrated: dear").save(
         tmp_path / "fitted" / "llama-num-hidden-layers-2_prefill-8.json"

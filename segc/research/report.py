@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import ScheduleError
 from ..passes.costmodel import MachineModel
 from .noise import fast_mode, measured_in, measured_paired, noise, verdict
 from .sweep import slug, spearman
@@ -349,8 +350,6 @@ def read_fitted(
     ``Experiment.planners`` takes, so that ``optimal`` is planned with the model a
     run fitted. A folder with none of them is a ``ScheduleError``, naming the files it
     looked for."""
-    from ..errors import ScheduleError
-
     d = Path(where)
     names = {(m, w): d / f"{slug(m)}_{slug(w)}.json" for m in models for w in workloads}
     found = {k: MachineModel.load(p) for k, p in names.items() if p.is_file()}
