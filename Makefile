@@ -50,6 +50,9 @@ bench: $(STAMP)
 gpu-prepare:
 	../shared/gpu/prepare
 	$(PYTHON) -m pip download -q --no-deps -d .gpu/two pytest-xdist execnet pytest-timeout
+	@# CUPTI for benchmarks/kernel_timeline.py, for the device's python 3.12 and MLX's CUDA 13
+	$(PYTHON) -m pip download -q --no-deps -d .gpu/cupti --python-version 3.12 --only-binary=:all: \
+	  cupti-python==13.0.1 'nvidia-cuda-cupti==13.0.*' 'cuda-bindings==13.0.*' cuda-pathfinder
 	if command -v perf >/dev/null; then bash benchmarks/pack_perf.sh .gpu/perfx; fi
 
 clean:

@@ -6,7 +6,7 @@
 #
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_decode.sh [PARTS]
 #
-# PARTS: any of  dense quant moe concat chain chaintests isolated runtime kernels select products check generate device ablate modes commits census kv attn kvattn inplace prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
+# PARTS: any of  dense quant moe concat chain chaintests isolated runtime kernels select products check generate device ablate modes commits census kv attn kvattn kvattndev timeline inplace prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
 # (default: dense runtime). chain: a layer's MLP, and a decode layer, as one kernel
 # (segc.lower.cuda_chain, cuda_layer; off by default): chain_device.py (device time against
 # the separate kernels, several grids, the tickets alone) and chain_stages.py (each stage's
@@ -26,7 +26,7 @@
 # one level of device time?); commits: the commit policies on a
 # segment per layer, each variant a process of its own, 2 rounds; census: kernel_census.py
 # (the kernels of one decode step, by name, from MLX's CUDA graphs); kv: the rotation-and-write
-# kernel on and off, two rounds; attn: the decode attention as one kernel or two, two rounds; kvattn: the rotated write with its attention as one kernel (the default) or apart, two rounds; inplace: that kernel writing the row into the old buffers (frozen+inplace, frozenhead+inplace: SEGC_KV_IN_PLACE=1) or copying them, beside eager, every variant a process, two rounds; prefill: 512 tokens, segc's defaults against concatenated (MODEL_ARGS="--bits 4" or "--arch mixtral" for another model); prefillproducts: prefill_products.py (a prefill's products alone against eager's prefill, three models). Logs go
+# kernel on and off, two rounds; attn: the decode attention as one kernel or two, two rounds; kvattn: the rotated write with its attention as one kernel (the default) or apart, two rounds; timeline: kernel_timeline.py (every kernel of STEPS' decode steps, default eager,segc,segcinplace,segcnokv, from CUPTI's records: span, kernels running, gaps, per kernel name; carry .gpu/cupti, benchmarks/stage_cupti.sh installs it); kvattndev: kvattn_device.py (the write and attention's forms per layer on the device's clock: eager's, segcnokv's select, apart, fused copying and in place, the attention alone; and how many of a lowered 16-layer step's writes are in place); inplace: that kernel writing the row into the old buffers (frozen+inplace, frozenhead+inplace: SEGC_KV_IN_PLACE=1) or copying them, beside eager, every variant a process, two rounds; prefill: 512 tokens, segc's defaults against concatenated (MODEL_ARGS="--bits 4" or "--arch mixtral" for another model); prefillproducts: prefill_products.py (a prefill's products alone against eager's prefill, three models). Logs go
 # to $OUT. dequantized: the 4-bit prefill with its quantized products as the dequantized
 # weights' products (segc.lower.dequantized): its tests, prefill_qmm.py (each product's device
 # time, its bytes, the prefill's peak memory), 512 tokens with the form on and off
@@ -147,7 +147,7 @@ for p in $parts; do
   check)
     # a test past 240 s is stopped with its stack (thread: a wait inside MLX never returns
     # to Python); the slowest are listed (on an H100 the whole took more than 300 s)
-    timeout 560 $PY -m pytest -q -p no:benchmark -p no:cacheprovider -n 8 --timeout 240 --timeout-method thread --durations 15 tests/test_products_cuda.py tests/test_gather_cuda.py tests/test_kvwrite_cuda.py tests/test_attention_cuda.py tests/test_dequantized_cuda.py tests/test_experts_cuda.py tests/test_kvwrite.py \
+    timeout "${CHECK_LIMIT:-560}" $PY -m pytest -q -p no:benchmark -p no:cacheprovider -n 8 --timeout 240 --timeout-method thread --durations 15 tests/test_products_cuda.py tests/test_gather_cuda.py tests/test_kvwrite_cuda.py tests/test_attention_cuda.py tests/test_dequantized_cuda.py tests/test_experts_cuda.py tests/test_kvwrite.py \
       tests/test_products.py tests/test_dequantized.py tests/test_experts.py tests/test_freeze_params.py tests/test_select_write.py tests/test_fused_attention.py \
       >"$OUT/check.txt" 2>&1
     echo "check: rc=$?"
@@ -196,6 +196,17 @@ for p in $parts; do
   inplace)  # the write with its attention in place (+inplace: kv_in_place=True) or copying the buffers (the default), two rounds
     VARIANTS=eager,frozen,frozen+inplace,frozenhead,frozenhead+inplace ROUNDS=2 REPEATS=30 BENCH_LIMIT=${BENCH_LIMIT:-420} \
       bench inplace --prefill 0 --first-call-layers 0 --no-dispatch
+    ;;
+  timeline)  # every kernel of eager's and segc's steps on the device's clock (CUPTI; carry [".gpu/cupti"])
+    lib=$(bash benchmarks/stage_cupti.sh) || { echo "timeline: no CUPTI"; exit 1; }
+    PYTHONPATH="/tmp/cupti:${PYTHONPATH:-}" LD_LIBRARY_PATH="$lib:${LD_LIBRARY_PATH:-}" MLX_MAX_OPS_PER_BUFFER=100000 \
+      MLX_MAX_MB_PER_BUFFER=1000000 timeout 300 $PY benchmarks/kernel_timeline.py --steps "${STEPS:-eager,segc,segcinplace,segcnokv}" \
+      --calls 20 >"$OUT/timeline.txt" 2>&1
+    echo "timeline: rc=$?"
+    ;;
+  kvattndev)  # the write and attention's forms on the device's clock, and the in-place writes of a lowered step
+    timeout 150 $PY benchmarks/kvattn_device.py --repeats 30 --step-layers 16 >"$OUT/kvattn_device.txt" 2>&1
+    echo "kvattndev: rc=$?"
     ;;
   kvattn)  # the rotated write with its attention as one kernel (the default) or apart (SEGC_FUSED_KV_ATTENTION=0)
     onoff kvattn SEGC_FUSED_KV_ATTENTION 1 0

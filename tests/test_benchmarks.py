@@ -590,3 +590,37 @@ def test_a_chains_marks_land_at_its_loops_points_and_change_nothing_else() -> No
     # with the marks' lines taken out, the kernel's own text
     kept = [line for line in marked.splitlines() if not line.startswith("/*") or line.startswith(("/*work", "/*body"))]
     assert "\n".join(kept) == plain.rstrip("\n")
+
+
+def test_kernel_timeline_sums_hand_made_records() -> None:
+    """``benchmarks/kernel_timeline.py``'s figures from CUPTI-like records written by
+    hand (ns): a call's span, the kernels' running time (overlaps counted once), its
+    gaps and copies, and the kernels by their names without template arguments."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from kernel_timeline import short, summarize
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    assert (
+        short("void mlx::core::cu::gemv<__nv_bfloat16, 8, (int)1>(const __nv_bfloat16*, int)") == "mlx::core::cu::gemv"
+    )
+    a = "void k<float>(float*)"
+    calls = [
+        [("kernel", 100, 200, a), ("kernel", 150, 260, "segc_x"), ("kernel", 300, 350, a), ("memset", 90, 95, "m")],
+        [("memcpy", 0, 10, "c")],  # no kernel: not a call
+        [("kernel", 1000, 1100, a)],
+    ]
+    s = summarize(calls)
+    assert s["spans"] == [250, 100] and s["running"] == [210, 100] and s["gaps"] == [40, 0]
+    assert s["kernels"] == [3, 1] and s["copies"] == [5, 0]
+    assert s["by_name"] == {"k": [3, 250], "segc_x": [1, 110], "memset": [1, 5]}
+
+
+def test_kvattn_device_runs_eagers_form_on_the_cpu() -> None:
+    """``benchmarks/kvattn_device.py`` on the CPU: segc's forms need CUDA, eager's runs
+    (on the wall clock) and prints a positive time a layer."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "kvattn_device.py"), "--layers", "2", "--repeats", "2"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 0, p.stdout + p.stderr
+    row = next(line.split() for line in p.stdout.splitlines() if line.startswith("eager"))
+    assert float(row[1]) > 0 and float(row[2]) > 0, p.stdout

@@ -1,0 +1,179 @@
+"""Every kernel of a decode step on the GPU's own clock, from CUPTI's activity records
+(issue 13: segc's step costs the device more than eager's; which kernels, and how much
+is gaps between them?).
+
+For each step variant (``device_time.py``'s: ``eager``, ``compile``, ``segc``,
+``segcinplace``, ``segcnokv``, ...; each a reference llama of its own at context 1024),
+after three calls to warm up, ``--calls`` calls are recorded with CUPTI's kernel, memcpy
+and memset activities, one call at a time (the host waits for each). Per call: its span
+(first kernel's start to last kernel's end), the time some kernel runs (the union of the
+kernels' intervals), the gaps (the rest), the kernels' count, and memcpy/memset work.
+Then the kernels by name over the calls: count and device time a step, the largest
+first. With ``MLX_MAX_OPS_PER_BUFFER`` and ``MLX_MAX_MB_PER_BUFFER`` set past a step's
+size a step is one CUDA graph and its gaps are the device's own, no wait for the host.
+
+Needs ``cupti-python`` (with ``nvidia-cuda-cupti`` and ``cuda-bindings`` of MLX's CUDA
+major version; ``make gpu-prepare`` packs them into ``.gpu/cupti``, docs/gpu.md):
+
+    python benchmarks/kernel_timeline.py [--steps eager,segc,segcinplace,segcnokv] [--calls 20] [--top 25]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from device_time import step_body
+
+
+def short(name: str) -> str:
+    """A kernel's name without its template arguments and parameters (a readable key)."""
+    name = re.sub(r"\(.*\)$", "", name)
+    depth, out = 0, []
+    for ch in name:
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth = max(depth - 1, 0)
+        elif depth == 0:
+            out.append(ch)
+    s = "".join(out).replace("void ", "").strip()
+    return s[-70:]
+
+
+def busy(intervals: list[tuple[int, int]]) -> int:
+    """The length of the union of ``intervals`` (ns)."""
+    total, end = 0, None
+    for a, b in sorted(intervals):
+        if end is None or a > end:
+            total += b - a
+            end = b
+        elif b > end:
+            total += b - end
+            end = b
+    return total
+
+
+class Recorder:
+    """CUPTI's kernel, memcpy and memset records, collected as they are flushed."""
+
+    def __init__(self) -> None:
+        from cupti import cupti
+
+        self.cupti = cupti
+        self.records: list[tuple[str, int, int, str]] = []  # (kind, start, end, name)
+        self.kinds = [cupti.ActivityKind.CONCURRENT_KERNEL, cupti.ActivityKind.MEMCPY, cupti.ActivityKind.MEMSET]
+        cupti.activity_register_callbacks(self.requested, self.completed)
+
+    def requested(self) -> tuple[int, int]:
+        return 8 * 1024 * 1024, 0
+
+    def completed(self, activities: list[Any]) -> None:
+        k = self.cupti.ActivityKind
+        for a in activities:
+            if a.kind == k.CONCURRENT_KERNEL:
+                self.records.append(("kernel", a.start, a.end, a.name))
+            elif a.kind == k.MEMCPY:
+                self.records.append(("memcpy", a.start, a.end, f"memcpy {a.bytes} B"))
+            elif a.kind == k.MEMSET:
+                self.records.append(("memset", a.start, a.end, f"memset {a.bytes} B"))
+
+    def now(self) -> int:
+        return int(self.cupti.get_timestamp())
+
+    def start(self) -> None:
+        for kind in self.kinds:
+            self.cupti.activity_enable(kind)
+
+    def stop(self) -> list[tuple[str, int, int, str]]:
+        self.cupti.activity_flush_all(1)
+        for kind in self.kinds:
+            self.cupti.activity_disable(kind)
+        out, self.records = self.records, []
+        return out
+
+
+def record(rec: Recorder, body: Any, calls: int) -> list[list[tuple[str, int, int, str]]]:
+    """Each call's records, a call's window the host's timestamps around it."""
+    x = mx.array([[1]])
+    for _ in range(3):
+        mx.eval(body(x))
+    mx.synchronize()
+    windows = []
+    rec.start()
+    for _ in range(calls):
+        t0 = rec.now()
+        mx.eval(body(x))
+        mx.synchronize()
+        windows.append((t0, rec.now()))
+    records = rec.stop()
+    return [[r for r in records if a <= r[1] <= b] for a, b in windows]
+
+
+def summarize(per_call: list[list[tuple[str, int, int, str]]]) -> dict[str, Any]:
+    """Per call (one with kernels): its span, the kernels' running time, the gaps, the
+    kernel count and the memcpy/memset time (ns); and by kernel name (``short``) or
+    ``memcpy``/``memset``: the records' count and time over every call."""
+    out: dict[str, Any] = {"spans": [], "running": [], "gaps": [], "kernels": [], "copies": []}
+    by_name: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for call in per_call:
+        ks = [r for r in call if r[0] == "kernel"]
+        if not ks:
+            continue
+        span = max(r[2] for r in ks) - min(r[1] for r in ks)
+        run = busy([(r[1], r[2]) for r in ks])
+        out["spans"].append(span)
+        out["running"].append(run)
+        out["gaps"].append(span - run)
+        out["kernels"].append(len(ks))
+        out["copies"].append(sum(r[2] - r[1] for r in call if r[0] != "kernel"))
+        for r in call:
+            entry = by_name[short(r[3]) if r[0] == "kernel" else r[0]]
+            entry[0] += 1
+            entry[1] += r[2] - r[1]
+    out["by_name"] = dict(by_name)
+    return out
+
+
+def report(name: str, per_call: list[list[tuple[str, int, int, str]]], top: int) -> None:
+    s = summarize(per_call)
+    n = len(s["spans"])
+    if not n:
+        print(f"\n{name}: no kernels recorded")
+        return
+    med = lambda xs: statistics.median(xs) / 1e3  # noqa: E731  (us)
+    print(
+        f"\n{name}: {n} calls; span {med(s['spans']):.1f} us (min {min(s['spans']) / 1e3:.1f}, max "
+        f"{max(s['spans']) / 1e3:.1f}), kernels running {med(s['running']):.1f} us, gaps {med(s['gaps']):.1f} us, "
+        f"{statistics.median(s['kernels']):.0f} kernels, memcpy/memset {med(s['copies']):.1f} us a call",
+        flush=True,
+    )
+    for k, (c, t) in sorted(s["by_name"].items(), key=lambda kv: -kv[1][1])[:top]:
+        print(f"  {t / n / 1e3:9.1f} us {c / n:6.1f}x  {k}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", default="eager,segc,segcinplace,segcnokv")
+    ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--top", type=int, default=25)
+    args = ap.parse_args()
+    print(f"mlx {mx.__version__} on {mx.default_device()}; decode steps at context 1024, CUPTI's records")
+    rec = Recorder()
+    for name in args.steps.split(","):
+        body = step_body(name, args.layers, None)
+        report(name, record(rec, body, args.calls), args.top)
+
+
+if __name__ == "__main__":
+    main()
