@@ -179,6 +179,8 @@ SETTINGS = {  # a variant's "+suffix" (--isolate only)
     "sm2": {"SEGC_CHAIN_BLOCKS": "264"},
     # the KV write with its attention writing into the old buffers (segc.jit's kv_in_place)
     "inplace": {"SEGC_KV_IN_PLACE": "1"},
+    # the decode attention's chunks read into shared memory first (SEGC_ATTENTION_STAGE)
+    "stage": {"SEGC_ATTENTION_STAGE": "1"},
 }
 
 

@@ -275,6 +275,9 @@ SEGC_STEPS: dict[str, tuple[dict[str, Any], str, str, str]] = {
 ENV_STEPS: dict[str, tuple[str, dict[str, str]]] = {
     "segckvapart": ("segc", {"SEGC_FUSED_KV_ATTENTION": "0"}),
     "segcinplace": ("segc", {"SEGC_KV_IN_PLACE": "1"}),  # the write with its attention in place
+    # the attention's chunks read into shared memory first (SEGC_ATTENTION_STAGE), copying and in place
+    "segcstage": ("segc", {"SEGC_ATTENTION_STAGE": "1"}),
+    "segcinplacestage": ("segc", {"SEGC_KV_IN_PLACE": "1", "SEGC_ATTENTION_STAGE": "1"}),
 }
 # short names for segc's step with bench_llama.py's suffixes (its SETTINGS): chains
 # (segc.lower.cuda_chain, cuda_layer; off by default), a layer as one kernel or the MLP
@@ -282,20 +285,26 @@ ENV_STEPS: dict[str, tuple[str, dict[str, str]]] = {
 SUFFIXED = {f"segc{s}": f"segc+{s}" for s in ("chain", "chain4", "chainocc", "chain4occ")}
 
 
-def step_body(name: str, layers: int, bits: int | None) -> Callable[[mx.array], list[mx.array]]:
+def step_body(name: str, layers: int, bits: int | None, moving: bool = False) -> Callable[[mx.array], list[mx.array]]:
     """One decode step at context 1024 of variant ``name`` (``eager``, ``compile`` or a
     ``SEGC_STEPS`` name) on a model of its own: a function of the token (a ``(1, 1)``
-    array) returning the step's logits and KV buffers, warmed up (traced, lowered)."""
+    array) returning the step's logits and KV buffers, warmed up (traced, lowered).
+    ``moving``: each call decodes the next position, as a generation does (a new offset
+    every call, from 1,024 up: at most 256 calls), not position 1,024 again
+    (``compile`` needs the fixed position)."""
     from bench_llama import FixedContext, compiled_with_cache, first_call_with, make_model
 
     import segc
 
     model = make_model("reference" if CUDA else "cpu", layers=layers, bits=bits)
     fc = FixedContext(model, 1024)
+    caches = (lambda: fc.cache) if moving else fc.reset
     x = mx.array([[1]])
     if name == "eager":
-        return lambda y: [model(y, cache=fc.reset()), *fc.arrays()]
+        return lambda y: [model(y, cache=caches()), *fc.arrays()]
     if name == "compile":
+        if moving:
+            raise SystemExit("compile decodes one fixed position: not with moving positions")
         comp = compiled_with_cache(model, fc)
         return lambda y: [comp(y), *fc.arrays()]
     env: dict[str, str] = {}
@@ -316,7 +325,7 @@ def step_body(name: str, layers: int, bits: int | None) -> Callable[[mx.array], 
     step = segc.jit(model, validate=False, concat_projections=True, freeze_params=True, **kw)
     # lowered now, with env for this step alone
     first_call_with(lambda: mx.eval(step(x, cache=fc.reset()), fc.arrays()), select, fused, kv, env)
-    return lambda y: [step(y, cache=fc.reset()), *fc.arrays()]
+    return lambda y: [step(y, cache=caches()), *fc.arrays()]
 
 
 def time_steps(args: argparse.Namespace) -> dict[str, float]:

@@ -9,7 +9,11 @@ and memset activities, one call at a time (the host waits for each). Per call: i
 (first kernel's start to last kernel's end), the time some kernel runs (the union of the
 kernels' intervals), the gaps (the rest), the kernels' count, and memcpy/memset work.
 Then the kernels by name over the calls: count and device time a step, the largest
-first. With ``MLX_MAX_OPS_PER_BUFFER`` and ``MLX_MAX_MB_PER_BUFFER`` set past a step's
+first. Then, apart (the counters may slow what they watch), a few calls more with
+unified memory's counters (MLX puts an array made on the host in managed memory): page faults and
+bytes moved a call (``--no-uvm`` skips them). ``--moving``: each call decodes the next
+position, as a generation does (segc's offset a new array made on the host each call),
+instead of position 1,024 again. With ``MLX_MAX_OPS_PER_BUFFER`` and ``MLX_MAX_MB_PER_BUFFER`` set past a step's
 size a step is one CUDA graph and its gaps are the device's own, no wait for the host.
 
 Needs ``cupti-python`` (with ``nvidia-cuda-cupti`` and ``cuda-bindings`` of MLX's CUDA
@@ -72,7 +76,32 @@ class Recorder:
         self.cupti = cupti
         self.records: list[tuple[str, int, int, str]] = []  # (kind, start, end, name)
         self.kinds = [cupti.ActivityKind.CONCURRENT_KERNEL, cupti.ActivityKind.MEMCPY, cupti.ActivityKind.MEMSET]
+        self.uvm = False
         cupti.activity_register_callbacks(self.requested, self.completed)
+
+    def with_uvm(self) -> bool:
+        """Also record unified memory's page faults and transfers (an array made on the
+        host is managed memory; a kernel's output is not); False where CUPTI refuses."""
+        c = self.cupti
+        kinds = c.ActivityUnifiedMemoryCounterKind
+        wanted = [
+            kinds.BYTES_TRANSFER_HTOD,
+            kinds.BYTES_TRANSFER_DTOH,
+            kinds.CPU_PAGE_FAULT_COUNT,
+            kinds.GPU_PAGE_FAULT,
+        ]
+        try:
+            cfg = c.ActivityUnifiedMemoryCounterConfig(len(wanted))
+            cfg.scope, cfg.device_id, cfg.enable = 1, 0, 1
+            for i, kind in enumerate(wanted):
+                cfg[i].kind = kind
+            c.activity_configure_unified_memory_counter(cfg.ptr, len(wanted))
+        except Exception as e:  # a probe: report it and go on without
+            print(f"(no unified memory counters: {e})")
+            return False
+        c.activity_enable(c.ActivityKind.UNIFIED_MEMORY_COUNTER)
+        self.uvm = True
+        return True
 
     def requested(self) -> tuple[int, int]:
         return 8 * 1024 * 1024, 0
@@ -86,18 +115,22 @@ class Recorder:
                 self.records.append(("memcpy", a.start, a.end, f"memcpy {a.bytes} B"))
             elif a.kind == k.MEMSET:
                 self.records.append(("memset", a.start, a.end, f"memset {a.bytes} B"))
+            elif a.kind == k.UNIFIED_MEMORY_COUNTER:
+                kind = self.cupti.ActivityUnifiedMemoryCounterKind(a.counter_kind).name
+                self.records.append(("uvm", a.start, a.end, f"{kind} {a.value}"))
 
     def now(self) -> int:
         return int(self.cupti.get_timestamp())
 
     def start(self) -> None:
+        """Enabled before any step is built: a CUDA graph instantiated before may not be
+        traced, and MLX keeps its graphs."""
         for kind in self.kinds:
             self.cupti.activity_enable(kind)
 
-    def stop(self) -> list[tuple[str, int, int, str]]:
+    def take(self) -> list[tuple[str, int, int, str]]:
+        """Every record so far (flushed), and none kept."""
         self.cupti.activity_flush_all(1)
-        for kind in self.kinds:
-            self.cupti.activity_disable(kind)
         out, self.records = self.records, []
         return out
 
@@ -108,14 +141,14 @@ def record(rec: Recorder, body: Any, calls: int) -> list[list[tuple[str, int, in
     for _ in range(3):
         mx.eval(body(x))
     mx.synchronize()
+    rec.take()  # the warm-up's records
     windows = []
-    rec.start()
     for _ in range(calls):
         t0 = rec.now()
         mx.eval(body(x))
         mx.synchronize()
         windows.append((t0, rec.now()))
-    records = rec.stop()
+    records = rec.take()
     return [[r for r in records if a <= r[1] <= b] for a, b in windows]
 
 
@@ -135,8 +168,14 @@ def summarize(per_call: list[list[tuple[str, int, int, str]]]) -> dict[str, Any]
         out["running"].append(run)
         out["gaps"].append(span - run)
         out["kernels"].append(len(ks))
-        out["copies"].append(sum(r[2] - r[1] for r in call if r[0] != "kernel"))
+        out["copies"].append(sum(r[2] - r[1] for r in call if r[0] in ("memcpy", "memset")))
         for r in call:
+            if r[0] == "uvm":  # a counter: its kind, the records' count and their values' sum
+                kind, value = r[3].rsplit(" ", 1)
+                entry = by_name[f"uvm {kind}"]
+                entry[0] += 1
+                entry[1] += int(value)
+                continue
             entry = by_name[short(r[3]) if r[0] == "kernel" else r[0]]
             entry[0] += 1
             entry[1] += r[2] - r[1]
@@ -157,8 +196,12 @@ def report(name: str, per_call: list[list[tuple[str, int, int, str]]], top: int)
         f"{statistics.median(s['kernels']):.0f} kernels, memcpy/memset {med(s['copies']):.1f} us a call",
         flush=True,
     )
-    for k, (c, t) in sorted(s["by_name"].items(), key=lambda kv: -kv[1][1])[:top]:
+    named = {k: v for k, v in s["by_name"].items() if not k.startswith("uvm ")}
+    for k, (c, t) in sorted(named.items(), key=lambda kv: -kv[1][1])[:top]:
         print(f"  {t / n / 1e3:9.1f} us {c / n:6.1f}x  {k}")
+    for k, (c, v) in sorted(s["by_name"].items()):
+        if k.startswith("uvm "):
+            print(f"  {k}: {c / n:.1f} records, {v / n:.0f} a call (bytes or faults)")
 
 
 def main() -> None:
@@ -167,12 +210,21 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument(
+        "--moving", action="store_true", help="each call decodes the next position (a new offset array a call)"
+    )
+    ap.add_argument("--no-uvm", dest="uvm", action="store_false", help="skip the unified memory counters' pass")
     args = ap.parse_args()
     print(f"mlx {mx.__version__} on {mx.default_device()}; decode steps at context 1024, CUPTI's records")
     rec = Recorder()
-    for name in args.steps.split(","):
-        body = step_body(name, args.layers, None)
+    rec.start()
+    bodies = {name: step_body(name, args.layers, None, args.moving) for name in args.steps.split(",")}
+    for name, body in bodies.items():
         report(name, record(rec, body, args.calls), args.top)
+    if args.uvm and rec.with_uvm():  # apart: the counters may slow what they watch
+        print("\nagain, with unified memory's counters (their spans are not the figures above):")
+        for name, body in bodies.items():
+            report(f"{name}, counted", record(rec, body, max(args.calls // 4, 3)), 0)
 
 
 if __name__ == "__main__":

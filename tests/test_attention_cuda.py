@@ -90,3 +90,19 @@ def test_one_kernel_is_softmax_attention(live: int) -> None:
     got = np.array(cuda_attention(q, k, v, mask, 0.125, kernels=1))
     # MLX's CUDA float32 products round like TF32; the kernel is float32 throughout
     np.testing.assert_allclose(got, _f64_attention(q, k, v, mask, 0.125), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dt", [mx.bfloat16, mx.float32])
+def test_the_staged_chunk_gives_the_same_bytes(monkeypatch: pytest.MonkeyPatch, d: int, dt: mx.Dtype) -> None:
+    """``SEGC_ATTENTION_STAGE=1`` (each block's keys and values read into shared memory
+    first) against the default, one kernel and two, over a buffer of 1,280 positions."""
+    from segc.lower.cuda_attention import cuda_attention
+
+    xs = _inputs(32, 8, 1, 1280, d, dt, 1, 1025, seed=d)
+    outs = {}
+    for stage in ("0", "1"):
+        monkeypatch.setenv("SEGC_ATTENTION_STAGE", stage)
+        outs[stage] = [cuda_attention(*xs, d**-0.5, kernels=n) for n in (1, 2)]
+        mx.eval(outs[stage])
+    assert all(same_bits(a, b) for a, b in zip(outs["0"], outs["1"], strict=True))

@@ -608,12 +608,12 @@ def test_kernel_timeline_sums_hand_made_records() -> None:
     calls = [
         [("kernel", 100, 200, a), ("kernel", 150, 260, "segc_x"), ("kernel", 300, 350, a), ("memset", 90, 95, "m")],
         [("memcpy", 0, 10, "c")],  # no kernel: not a call
-        [("kernel", 1000, 1100, a)],
+        [("kernel", 1000, 1100, a), ("uvm", 1000, 1001, "GPU_PAGE_FAULT 4"), ("uvm", 1002, 1009, "GPU_PAGE_FAULT 3")],
     ]
     s = summarize(calls)
     assert s["spans"] == [250, 100] and s["running"] == [210, 100] and s["gaps"] == [40, 0]
-    assert s["kernels"] == [3, 1] and s["copies"] == [5, 0]
-    assert s["by_name"] == {"k": [3, 250], "segc_x": [1, 110], "memset": [1, 5]}
+    assert s["kernels"] == [3, 1] and s["copies"] == [5, 0]  # a counter's record is no copy
+    assert s["by_name"] == {"k": [3, 250], "segc_x": [1, 110], "memset": [1, 5], "uvm GPU_PAGE_FAULT": [2, 7]}
 
 
 def test_kvattn_device_runs_eagers_form_on_the_cpu() -> None:

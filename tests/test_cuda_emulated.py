@@ -25,6 +25,7 @@ from segc import dtypes
 from segc.errors import UsageError
 from segc.lower import cuda_attention, cuda_chain, cuda_gather, cuda_kvattention, cuda_kvwrite, cuda_products, products
 from segc.lower.attention import reference_attention
+from segc.lower.cuda_kernel import expand
 from segc.lower.product_match import ProductMatch, norm_blocks
 
 pytestmark = [
@@ -104,6 +105,35 @@ def test_one_kernel_is_two_over_shapes(heads, lq, per_row, cap, data) -> None:
         assert launch[0].tobytes() == two[0].tobytes()
 
 
+@pytest.mark.parametrize("form", ["one", "two", "copying", "in place"])
+@pytest.mark.parametrize("dt", [mx.bfloat16, mx.float32])
+def test_the_chunk_staged_in_shared_memory_changes_no_byte(recorded, monkeypatch, form, dt) -> None:
+    """With ``SEGC_STAGE`` (``SEGC_ATTENTION_STAGE=1``) each block reads its chunk's keys
+    and values into shared memory first where they fit: the attention's kernels, alone
+    and with the write, copying or in place, give the bytes they give reading every key
+    and value from memory where it is used (the default), outputs and buffers alike."""
+    cap, pos = 70, 45
+    q, k, v, mask = _attention_inputs(8, 2, 1, cap, 64, dt, 1, pos + 1, seed=3)
+    kn, vn = (mx.random.normal((1, 2, 1, 64)).astype(dt) for _ in range(2))
+    ins = [k, kn, v, vn, mx.array(pos, dtype=mx.int32), q]
+    if form in ("one", "two"):
+        cuda_attention.cuda_attention(q, k, v, mask, 0.125, kernels=1 if form == "one" else 2)
+    else:
+        cuda_kvattention.kv_attention(ins, mask, 64, False, 10000.0, 1.0, False, 0.125, form == "in place")
+    made, call = recorded[0]
+    assert "SEGC_STAGE" not in expand(made["header"]), "staged by default"
+    monkeypatch.setenv("SEGC_ATTENTION_STAGE", "1")  # the setting makes the same kernel with the define
+    recorded.clear()
+    if form in ("one", "two"):
+        cuda_attention.cuda_attention(q, k, v, mask, 0.125, kernels=1 if form == "one" else 2)
+    else:
+        cuda_kvattention.kv_attention(ins, mask, 64, False, 10000.0, 1.0, False, 0.125, form == "in place")
+    assert "#define SEGC_STAGE\n" in expand(recorded[0][0]["header"])
+    direct = run(made, call, inputs=True)
+    staged = run(dict(made, header="#define SEGC_STAGE\n" + made["header"]), call, inputs=True)
+    assert [a.tobytes() for a in staged[0]] == [a.tobytes() for a in direct[0]]
+
+
 def test_a_counter_left_at_its_count_is_seen(recorded) -> None:
     """The check can fail: started from a counter that was not set back, no block of a
     group is the last, and the output is never written."""
@@ -175,11 +205,18 @@ def test_the_write_with_the_attention_is_the_write_then_the_attention(
     _write_with_attention_against_apart(recorded, dt, hq, hkv, cap, pos, dims, trad, freqs)
 
 
-def _write_with_attention_against_apart(recorded, dt, hq, hkv, cap, pos, dims, trad, freqs) -> None:
+@pytest.mark.parametrize(("dt", "d", "dims"), [(mx.float16, 36, 32), (mx.float32, 18, 16)])
+def test_the_write_with_the_attention_copies_rows_of_any_size(recorded, dt, d, dims) -> None:
+    """Rows whose bytes are no multiple of 16 (the copy's vectors): element by element,
+    the same bytes as the write's kernel followed by the attention's."""
+    _write_with_attention_against_apart(recorded, dt, 4, 2, 45, 33, dims, False, False, d)
+
+
+def _write_with_attention_against_apart(recorded, dt, hq, hkv, cap, pos, dims, trad, freqs, d=64) -> None:
     mx.random.seed(pos)
-    kb, vb = (mx.random.normal((1, hkv, cap, 64)).astype(dt) for _ in range(2))
-    k, v = (mx.random.normal((1, hkv, 1, 64)).astype(dt) for _ in range(2))
-    q = mx.random.normal((1, hq, 1, 64)).astype(dt)
+    kb, vb = (mx.random.normal((1, hkv, cap, d)).astype(dt) for _ in range(2))
+    k, v = (mx.random.normal((1, hkv, 1, d)).astype(dt) for _ in range(2))
+    q = mx.random.normal((1, hq, 1, d)).astype(dt)
     ins = [
         kb,
         k,

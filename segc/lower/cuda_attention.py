@@ -20,6 +20,12 @@ array made once per traced call (so each compiled segment holds its own: two ker
 that MLX may run concurrently never share one); the last block sets it back to zero for
 the next call. ``SEGC_ATTENTION_KERNELS=2`` (or ``kernels=2``) keeps the two kernels.
 
+In a decode step the buffers come from HBM, and a block that waits on memory once a key
+spends about a microsecond a wait (35 µs a layer inside a step on an H100, 6 alone:
+docs/lowering.md). The loops are unrolled so that their loads go out together, and with
+``SEGC_ATTENTION_STAGE=1`` (:func:`staged`) each block reads its chunk's keys and values
+into shared memory first; the arithmetic is the same in the same order either way.
+
 Everything is float32 until the one rounding to the output dtype. A row whose mask hides
 every key gets the mean of the values (what the fallback's softmax over equal scores
 gives). segc imports it only on a machine whose MLX has CUDA (importing it needs
@@ -48,6 +54,7 @@ _HEADER = "#define NEG_INF (-__int_as_float(0x7f800000))\n"
 PLAIN = (
     "#define SEGC_Q(row, d) q[(size_t)(row) * D + (d)]\n"
     "#define SEGC_KEY(kr, krow, d) (kr)[d]\n"
+    "#define SEGC_VAL(e, pos, d) v[e]\n"
     "#define SEGC_VALUES\n"
     "#define SEGC_VBUF v\n"
 )
@@ -63,11 +70,20 @@ _PARTIAL = r"""
     const int t = threadIdx.x;
     const int warp = t / 32, lane = t % 32;
     constexpr int NW = NT / 32;
+    static_assert(CHUNK % NW == 0, "a chunk's keys split evenly over the warps");
     const int start = s * CHUNK;
     const int n = min(CHUNK, C - start);
     constexpr int R = REP * L;           // query rows of the group
     __shared__ float qs[R][D];
     __shared__ float sc[R][CHUNK];
+    // the chunk's keys, then its values, in shared memory where they fit beside the rest
+#ifdef SEGC_STAGE
+    constexpr bool STAGE = 2 * CHUNK * D * sizeof(T) + (R * D + R * CHUNK) * sizeof(float) <= 40960;
+    __shared__ T kvs[STAGE ? 2 * CHUNK * D : 1];
+#else
+    constexpr bool STAGE = false;        // every load straight from memory where it is used
+    T* kvs = nullptr;
+#endif
     for (int i = t; i < R * D; i += NT) {
         int r = i / D, d = i % D;
         int h = r / L, l = r % L;
@@ -75,10 +91,24 @@ _PARTIAL = r"""
         qs[r][d] = static_cast<float>(SEGC_Q((b * HQ + hq) * L + l, d)) * SCALE;
     }
     SEGC_VALUES
+    if (STAGE) {
+        // every load of the chunk issued at once: one wait for memory, not one a key (the
+        // buffers come from HBM in a decode step, where each wait is about a microsecond)
+        #pragma unroll 4
+        for (int i = t; i < n * D; i += NT) {
+            const int j = i / D, d = i % D;
+            const size_t krow = (size_t)bh * C + start + j;
+            kvs[i] = SEGC_KEY(k + krow * D, krow, d);
+            kvs[CHUNK * D + i] = SEGC_VAL(krow * D + d, start + j, d);
+        }
+    }
     __syncthreads();
     // a warp per key: its lanes read the key's row together (coalesced), one product per
-    // query row of the group, summed across the warp
-    for (int j = warp; j < CHUNK; j += NW) {
+    // query row of the group, summed across the warp; unrolled (the same arithmetic in
+    // the same order)
+    #pragma unroll
+    for (int jj = 0; jj < CHUNK / NW; ++jj) {
+        const int j = warp + jj * NW;
         float acc[R];
         #pragma unroll
         for (int r = 0; r < R; ++r) acc[r] = 0.f;
@@ -86,7 +116,7 @@ _PARTIAL = r"""
             const size_t krow = (size_t)bh * C + start + j;
             const T* kr = k + krow * D;
             for (int d = lane; d < D; d += 32) {
-                float kv = static_cast<float>(SEGC_KEY(kr, krow, d));
+                float kv = static_cast<float>(STAGE ? kvs[j * D + d] : SEGC_KEY(kr, krow, d));
                 #pragma unroll
                 for (int r = 0; r < R; ++r) acc[r] += qs[r][d] * kv;
             }
@@ -124,7 +154,8 @@ _PARTIAL = r"""
     for (int i = t; i < R * D; i += NT) {
         int r = i / D, d = i % D;
         float acc = 0.f;
-        const T* vc = SEGC_VBUF + ((size_t)bh * C + start) * D + d;
+        const T* vc = STAGE ? kvs + CHUNK * D + d : SEGC_VBUF + ((size_t)bh * C + start) * D + d;
+        #pragma unroll 8
         for (int j = 0; j < n; ++j) acc += sc[r][j] * static_cast<float>(vc[(size_t)j * D]);
         int h = r / L, l = r % L;
         size_t row = ((size_t)(b * HQ + hk * REP + h) * L + l);
@@ -137,6 +168,7 @@ _PARTIAL = r"""
 # ``SEGC_LD`` reads a partial result (plainly, or from L2 where other blocks wrote it)
 _MERGE = r"""
         float mx_ = NEG_INF;
+        #pragma unroll 8
         for (int c = 0; c < S; ++c) mx_ = fmaxf(mx_, SEGC_LD(pm + row * S + c));
         float res;
         if (mx_ == NEG_INF) {
@@ -146,6 +178,7 @@ _MERGE = r"""
             res = acc / C;
         } else {
             float num = 0.f, den = 0.f;
+            #pragma unroll 8
             for (int c = 0; c < S; ++c) {
                 float w = expf(SEGC_LD(pm + row * S + c) - mx_);
                 den += SEGC_LD(pl + row * S + c) * w;
@@ -192,8 +225,20 @@ _COMBINE = (
 )
 
 
+def staged() -> bool:
+    """Whether the kernels read each chunk's keys and values into shared memory first
+    (``SEGC_STAGE``): the environment's ``SEGC_ATTENTION_STAGE``, ``0`` (the default,
+    until measured on a GPU) or ``1`` (docs/lowering.md). The same bytes either way."""
+    return env_choice("SEGC_ATTENTION_STAGE", ("0", "1"), "0") == "1"
+
+
+def stage_header(stage: bool) -> str:
+    """The define that turns the staging on, or nothing."""
+    return "#define SEGC_STAGE\n" if stage else ""
+
+
 @functools.cache
-def _kernels(scale_bits: int) -> tuple[Any, Any]:
+def _kernels(scale_bits: int, stage: bool = False) -> tuple[Any, Any]:
     """The two kernels, the scale written into the first as its float32 bits (one kernel
     per model's scale; no scale array to make and read per call)."""
     partial = cuda_kernel(
@@ -201,7 +246,7 @@ def _kernels(scale_bits: int) -> tuple[Any, Any]:
         input_names=["q", "k", "v", "mask"],
         output_names=["po", "pm", "pl"],
         source=_PARTIAL,
-        header=_HEADER + PLAIN + f"#define SCALE (__int_as_float(0x{scale_bits:08x}))\n",
+        header=_HEADER + PLAIN + stage_header(stage) + f"#define SCALE (__int_as_float(0x{scale_bits:08x}))\n",
     )
     combine = cuda_kernel(
         name="segc_attention_combine",
@@ -230,7 +275,7 @@ def packed_shape(rows: int, chunks: int, d: int) -> tuple[int]:
 
 
 @functools.cache
-def _one_kernel(scale_bits: int) -> Any:
+def _one_kernel(scale_bits: int, stage: bool = False) -> Any:
     """``partial`` and ``combine`` as one kernel (module docstring)."""
     return cuda_kernel(
         name=f"segc_attention_one_{scale_bits:08x}",
@@ -239,6 +284,7 @@ def _one_kernel(scale_bits: int) -> Any:
         source=PACKED + _PARTIAL + _ONE_TAIL,
         header=_HEADER
         + PLAIN
+        + stage_header(stage)
         + "#define SEGC_LD(p) __ldcg(p)\n"
         + f"#define SCALE (__int_as_float(0x{scale_bits:08x}))\n",
     )
@@ -292,7 +338,7 @@ def cuda_attention(
     partials = [(rows * nchunks * d,), (rows * nchunks,), (rows * nchunks,)]
     if _how_many(kernels) == 1:
         count = counter(b * hkv)
-        out, *_ = _one_kernel(scale_bits)(
+        out, *_ = _one_kernel(scale_bits, staged())(
             inputs=[q, k, v, m, count],
             template=tmpl,
             grid=(b * hkv * nchunks * THREADS, 1, 1),
@@ -301,7 +347,7 @@ def cuda_attention(
             output_dtypes=[q.dtype, mx.float32],
         )
         return out
-    partial, combine = _kernels(scale_bits)
+    partial, combine = _kernels(scale_bits, staged())
     po, pm, pl = partial(
         inputs=[q, k, v, m],
         template=tmpl,

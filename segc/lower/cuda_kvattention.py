@@ -4,15 +4,15 @@ it wrote; the default on CUDA, ``SEGC_FUSED_KV_ATTENTION=0`` keeps the two kerne
 
 The attention kernel (``cuda_attention.py``, one kernel) reads each key once, a block per
 KV head and chunk of 32 positions; here the same block also writes that chunk of the new
-key and value buffers: each key it reads from the old buffer (the row at the offset
-rotated from the new keys, as ``cuda_kvwrite.py`` rotates it) it writes to the new one,
-and it copies the chunk's values (the row at the offset from the new values) before it
-weighs them. The queries are rotated as they are loaded. The attention's text is
-``cuda_attention``'s with these reads in place of its plain ones (its ``SEGC_*``
-macros), and the rotations are ``cuda_kvwrite``'s function: the same bytes as the
-rotated write's kernel followed by the attention's, in one kernel instead of two, and
-one pass over the buffers instead of two (``tests/test_cuda_emulated.py`` checks the
-logic on the CPU). Only for one batch row, and head sizes equal for keys and values.
+key and value buffers: it copies the chunk's keys and values, 16 bytes a thread where
+aligned (the row at the offset the new key rotated, as ``cuda_kvwrite.py`` rotates it,
+and the new value), then reads the keys from the old buffer (the row at the offset
+rotated again: the same bytes) and weighs the values it wrote. The queries are rotated
+as they are loaded. The attention's text is ``cuda_attention``'s with these reads in
+place of its plain ones (its ``SEGC_*`` macros), and the rotations are
+``cuda_kvwrite``'s function: the same bytes as the rotated write's kernel followed by
+the attention's, in one kernel instead of two (``tests/test_cuda_emulated.py`` checks
+the logic on the CPU). Only for one batch row, and head sizes equal for keys and values.
 """
 
 from __future__ import annotations
@@ -23,28 +23,64 @@ from typing import Any
 
 import mlx.core as mx
 
-from .cuda_attention import _HEADER, _ONE_TAIL, _PARTIAL, CHUNK, PACKED, THREADS, counter, packed_shape
+from .cuda_attention import (
+    _HEADER,
+    _ONE_TAIL,
+    _PARTIAL,
+    CHUNK,
+    PACKED,
+    THREADS,
+    counter,
+    packed_shape,
+    stage_header,
+    staged,
+)
 from .cuda_kernel import cuda_kernel
 from .cuda_kvwrite import _HEADER as _ROTATE
 from .cuda_kvwrite import _bits, rope_bits
 
 _READS = r"""
 template <typename T, bool TRAD, int DIMS, int DK, bool FREQS>
-__device__ T segc_key(const T* kr, const T* knew, T* ko, size_t krow, int d, int bh, int C, int32_t pos, const float* freqs) {
-  // a key's element: the old buffer's, or at the offset the new key rotated; written to the new buffer
-  T x = (krow - static_cast<size_t>(bh) * C) == static_cast<size_t>(pos)
+__device__ T segc_key(const T* kr, const T* knew, size_t krow, int d, int bh, int C, int32_t pos, const float* freqs) {
+  // a key's element: the old buffer's, or at the offset the new key rotated
+  return (krow - static_cast<size_t>(bh) * C) == static_cast<size_t>(pos)
       ? segc_rotated<T, TRAD, DIMS, DK, FREQS>(knew, bh, d, pos, freqs) : kr[d];
-  ko[krow * DK + d] = x;
-  return x;
+}
+template <typename T, bool TRAD, int DIMS, int DK, bool FREQS, int NT>
+__device__ void segc_copy_chunk(const T* k, T* ko, const T* v, T* vo, const T* knew, const T* vnew, int bh, int C,
+                                int start, int n, int t, int32_t pos, const float* freqs) {
+  // the chunk's rows of both buffers copied to the new ones, 16 bytes a thread where
+  // aligned; the row at the offset is the new key rotated and the new value
+  constexpr int VEC = 16 / sizeof(T);
+  const size_t base = (static_cast<size_t>(bh) * C + start) * DK;
+  const int total = n * DK;
+  const int prow = pos - start;
+  const bool vec = DK % VEC == 0 && ((reinterpret_cast<uintptr_t>(k + base) | reinterpret_cast<uintptr_t>(ko + base) |
+      reinterpret_cast<uintptr_t>(v + base) | reinterpret_cast<uintptr_t>(vo + base)) % 16) == 0;
+  const int w = vec ? VEC : 1;
+  const int per = total / w;
+  for (int i = t; i < 2 * per; i += NT) {
+    const bool key = i < per;
+    const int e = (key ? i : i - per) * w;
+    const T* src = (key ? k : v) + base;
+    T* dst = (key ? ko : vo) + base;
+    if (e / DK == prow) {
+      for (int u = 0; u < w; ++u) {
+        const int d = e % DK + u;
+        dst[e + u] = key ? segc_rotated<T, TRAD, DIMS, DK, FREQS>(knew, bh, d, pos, freqs) : vnew[static_cast<size_t>(bh) * DK + d];
+      }
+    } else if (vec) {
+      *reinterpret_cast<uint4*>(dst + e) = *reinterpret_cast<const uint4*>(src + e);
+    } else {
+      dst[e] = src[e];
+    }
+  }
 }
 #define SEGC_Q(row, d) segc_rotated<T, TRAD, DIMS, D, FREQS>(q, (row), (d), off[0], FREQ_PTR)
-#define SEGC_KEY(kr, krow, d) segc_key<T, TRAD, DIMS, D, FREQS>((kr), knew, ko, (krow), (d), bh, C, off[0], FREQ_PTR)
+#define SEGC_KEY(kr, krow, d) segc_key<T, TRAD, DIMS, D, FREQS>((kr), knew, (krow), (d), bh, C, off[0], FREQ_PTR)
 #define SEGC_VALUES \
-    for (int i = t; i < n * D; i += NT) { \
-        const int jj = i / D, dd = i % D; \
-        const size_t e = ((size_t)bh * C + start + jj) * D + dd; \
-        vo[e] = (start + jj == off[0]) ? vnew[(size_t)bh * D + dd] : v[e]; \
-    }
+    segc_copy_chunk<T, TRAD, DIMS, D, FREQS, NT>(k, ko, v, vo, knew, vnew, bh, C, start, n, t, off[0], FREQ_PTR);
+#define SEGC_VAL(e, p, d) ((p) == off[0] ? vnew[(size_t)bh * D + (d)] : v[e])
 #define SEGC_VBUF vo
 #define SEGC_LD(p) __ldcg(p)
 """
@@ -70,16 +106,20 @@ __device__ T segc_key(const T* kr, const T* knew, size_t krow, int d, int bh, in
             const_cast<T*>(v)[((size_t)bh * C + off[0]) * D + dd] = vnew[(size_t)bh * D + dd]; \
         } \
     }
+#define SEGC_VAL(e, p, d) ((p) == off[0] ? vnew[(size_t)bh * D + (d)] : v[e])
 #define SEGC_VBUF v
 #define SEGC_LD(p) __ldcg(p)
 """
 
 
 @functools.cache
-def _kernel(freqs: bool, log2_base_bits: int, rope_scale_bits: int, scale_bits: int, in_place: bool = False) -> Any:
+def _kernel(
+    freqs: bool, log2_base_bits: int, rope_scale_bits: int, scale_bits: int, in_place: bool = False, stage: bool = False
+) -> Any:
     ins = ["q", "knew", "k", "vnew", "v", "off", "mask", "count", *(["freqs"] if freqs else [])]
     header = (
         _HEADER
+        + stage_header(stage)
         + f"#define SEGC_LOG2_BASE (__int_as_float(0x{log2_base_bits:08x}))\n"
         + f"#define SEGC_SCALE (__int_as_float(0x{rope_scale_bits:08x}))\n"
         + f"#define SCALE (__int_as_float(0x{scale_bits:08x}))\n"
@@ -137,7 +177,7 @@ def kv_attention(
         ("FREQS", freqs),
     ]
     rows = hq * lq
-    kernel = _kernel(freqs, *rope_bits(base, rope_scale), _bits(scale), in_place)
+    kernel = _kernel(freqs, *rope_bits(base, rope_scale), _bits(scale), in_place, staged())
     if in_place:
         kb, vb = mx.contiguous(kb), mx.contiguous(vb)
     bufs = [] if in_place else [kb.shape, vb.shape]
