@@ -25,8 +25,11 @@ major version; ``make gpu-prepare`` packs them into ``.gpu/cupti``, docs/gpu.md)
 from __future__ import annotations
 
 import argparse
+import functools
 import re
+import shutil
 import statistics
+import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -37,6 +40,17 @@ import mlx.core as mx
 sys.path.insert(0, str(Path(__file__).parent))
 
 from device_time import step_body
+
+
+@functools.cache
+def demangled(name: str) -> str:
+    """``name`` as ``c++filt`` reads it where that tool is installed (CUPTI gives the
+    mangled names), else ``name``."""
+    tool = shutil.which("c++filt")
+    if tool is None or not name.startswith("_Z"):
+        return name
+    res = subprocess.run([tool, name], capture_output=True, text=True, timeout=10)
+    return res.stdout.strip() or name if res.returncode == 0 else name
 
 
 def short(name: str) -> str:
@@ -176,7 +190,7 @@ def summarize(per_call: list[list[tuple[str, int, int, str]]]) -> dict[str, Any]
                 entry[0] += 1
                 entry[1] += int(value)
                 continue
-            entry = by_name[short(r[3]) if r[0] == "kernel" else r[0]]
+            entry = by_name[short(demangled(r[3])) if r[0] == "kernel" else r[0]]
             entry[0] += 1
             entry[1] += r[2] - r[1]
     out["by_name"] = dict(by_name)
