@@ -26,7 +26,7 @@
 # one level of device time?); commits: the commit policies on a
 # segment per layer, each variant a process of its own, 2 rounds; census: kernel_census.py
 # (the kernels of one decode step, by name, from MLX's CUDA graphs); kv: the rotation-and-write
-# kernel on and off, two rounds; attn: the decode attention as one kernel or two, two rounds; kvattn: the rotated write with its attention as one kernel (the default) or apart, two rounds; stage: the attention's chunks read into shared memory first (SEGC_ATTENTION_STAGE=1) against not: the CUDA attention and write tests, timeline's steps with and without (about 4 minutes); stagedecode: the decode with and without (+stage), each variant a process, two rounds (about 5 minutes); timeline: kernel_timeline.py (every kernel of STEPS' decode steps, default eager,segc,segcinplace,segcnokv; MOVING=1: each call the next position, from CUPTI's records: span, kernels running, gaps, per kernel name; carry .gpu/cupti, benchmarks/stage_cupti.sh installs it); kvattndev: kvattn_device.py (the write and attention's forms per layer on the device's clock: eager's, segcnokv's select, apart, fused copying and in place, the attention alone; and how many of a lowered 16-layer step's writes are in place); inplace: that kernel writing the row into the old buffers (frozen+inplace, frozenhead+inplace: SEGC_KV_IN_PLACE=1) or copying them, beside eager, every variant a process, two rounds; prefill: 512 tokens, segc's defaults against concatenated (MODEL_ARGS="--bits 4" or "--arch mixtral" for another model); prefillproducts: prefill_products.py (a prefill's products alone against eager's prefill, three models). Logs go
+# kernel on and off, two rounds; attn: the decode attention as one kernel or two, two rounds; kvattn: the rotated write with its attention as one kernel (the default) or apart, two rounds; stage: the attention's chunks read into shared memory first (SEGC_ATTENTION_STAGE=1) against not: the CUDA attention and write tests, timeline's steps with and without, kvattn_device.py's forms with and without (about 5 minutes); stagedecode: the decode with and without (+stage), each variant a process, two rounds (about 5 minutes); timeline: kernel_timeline.py (every kernel of STEPS' decode steps, default eager,segc,segcinplace,segcnokv; MOVING=1: each call the next position, from CUPTI's records: span, kernels running, gaps, per kernel name; carry .gpu/cupti, benchmarks/stage_cupti.sh installs it); kvattndev: kvattn_device.py (the write and attention's forms per layer on the device's clock: eager's, segcnokv's select, apart, fused copying and in place, the attention alone; and how many of a lowered 16-layer step's writes are in place); inplace: that kernel writing the row into the old buffers (frozen+inplace, frozenhead+inplace: SEGC_KV_IN_PLACE=1) or copying them, beside eager, every variant a process, two rounds; prefill: 512 tokens, segc's defaults against concatenated (MODEL_ARGS="--bits 4" or "--arch mixtral" for another model); prefillproducts: prefill_products.py (a prefill's products alone against eager's prefill, three models). Logs go
 # to $OUT. dequantized: the 4-bit prefill with its quantized products as the dequantized
 # weights' products (segc.lower.dequantized): its tests, prefill_qmm.py (each product's device
 # time, its bytes, the prefill's peak memory), 512 tokens with the form on and off
@@ -205,11 +205,13 @@ for p in $parts; do
     echo "timeline: rc=$?"
     ;;
   stage)  # the attention's chunks in shared memory first (SEGC_ATTENTION_STAGE=1) or not: its GPU tests, every kernel of the
-    # steps (CUPTI; carry .gpu/cupti); about 4 minutes
+    # steps (CUPTI; carry .gpu/cupti), each form alone (kvattn_device.py); about 5 minutes
     timeout 200 $PY -m pytest -q -p no:benchmark -p no:cacheprovider -n 8 --timeout 180 --timeout-method thread \
       tests/test_attention_cuda.py tests/test_kvwrite_cuda.py >"$OUT/stage_tests.txt" 2>&1
     echo "stage tests: rc=$?"
     STEPS=eager,segc,segcstage,segcinplace,segcinplacestage bash "$0" timeline
+    timeout 120 $PY benchmarks/kvattn_device.py --repeats 30 >"$OUT/kvattn_stage.txt" 2>&1
+    echo "stage forms: rc=$?"
     ;;
   stagedecode)  # the decode with and without it, each variant a process, two rounds (about 5 minutes)
     VARIANTS=eager,frozen,frozen+stage,frozen+inplace+stage ROUNDS=2 REPEATS=30 BENCH_LIMIT=${BENCH_LIMIT:-400} \
