@@ -90,7 +90,6 @@ class Recorder:
         self.cupti = cupti
         self.records: list[tuple[str, int, int, str]] = []  # (kind, start, end, name)
         self.kinds = [cupti.ActivityKind.CONCURRENT_KERNEL, cupti.ActivityKind.MEMCPY, cupti.ActivityKind.MEMSET]
-        self.uvm = False
         cupti.activity_register_callbacks(self.requested, self.completed)
 
     def with_uvm(self) -> bool:
@@ -114,7 +113,6 @@ class Recorder:
             print(f"(no unified memory counters: {e})")
             return False
         c.activity_enable(c.ActivityKind.UNIFIED_MEMORY_COUNTER)
-        self.uvm = True
         return True
 
     def requested(self) -> tuple[int, int]:

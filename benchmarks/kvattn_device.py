@@ -38,7 +38,6 @@ the wall clock.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 from collections.abc import Callable
@@ -69,22 +68,14 @@ def _state(layers: int) -> list[list[Any]]:
     return out
 
 
-def _eager(st: list[list[Any]]) -> Body:
-    def body(q: mx.array) -> list[mx.array]:
-        outs = []
-        for s in st:
-            kb, vb = s[0], s[1]
-            s[0] = s[1] = None  # the buffers donated, as a cache's are
-            qr = mx.fast.rope(q, DIMS, traditional=False, base=BASE, scale=1.0, offset=POS)
-            kr = mx.fast.rope(s[2], DIMS, traditional=False, base=BASE, scale=1.0, offset=POS)
-            kb = mx.slice_update(kb, kr, mx.array([POS]), (2,))
-            vb = mx.slice_update(vb, s[3], mx.array([POS]), (2,))
-            o = mx.fast.scaled_dot_product_attention(qr, kb[:, :, : POS + 1], vb[:, :, : POS + 1], scale=SCALE)
-            s[0], s[1] = kb, vb
-            outs += [o, kb, vb]
-        return outs
-
-    return body
+def _eager(q: mx.array, kb: mx.array, k: mx.array, vb: mx.array, v: mx.array) -> list[mx.array]:
+    """A layer as eager mlx-lm runs it (not compiled; the buffers donated, as a cache's are)."""
+    qr = mx.fast.rope(q, DIMS, traditional=False, base=BASE, scale=1.0, offset=POS)
+    kr = mx.fast.rope(k, DIMS, traditional=False, base=BASE, scale=1.0, offset=POS)
+    kb = mx.slice_update(kb, kr, mx.array([POS]), (2,))
+    vb = mx.slice_update(vb, v, mx.array([POS]), (2,))
+    o = mx.fast.scaled_dot_product_attention(qr, kb[:, :, : POS + 1], vb[:, :, : POS + 1], scale=SCALE)
+    return [o, kb, vb]
 
 
 def _segc_forms(st: list[list[Any]]) -> dict[str, Body]:
@@ -133,19 +124,9 @@ def _segc_forms(st: list[list[Any]]) -> dict[str, Body]:
 def _staged(f: Callable[..., list[mx.array]]) -> Callable[..., list[mx.array]]:
     """``f`` with ``SEGC_ATTENTION_STAGE=1`` while it runs: its kernels are made when the
     compiled function first traces it."""
+    from bench_llama import first_call_with
 
-    def g(*args: mx.array) -> list[mx.array]:
-        old = os.environ.get("SEGC_ATTENTION_STAGE")
-        os.environ["SEGC_ATTENTION_STAGE"] = "1"
-        try:
-            return f(*args)
-        finally:
-            if old is None:
-                del os.environ["SEGC_ATTENTION_STAGE"]
-            else:
-                os.environ["SEGC_ATTENTION_STAGE"] = old
-
-    return g
+    return lambda *args: first_call_with(lambda: f(*args), env={"SEGC_ATTENTION_STAGE": "1"})
 
 
 def _threaded(f: Callable[..., list[mx.array]], st: list[list[Any]]) -> Body:
@@ -201,7 +182,7 @@ def main() -> None:
     what = "device time (the GPU's clock)" if CUDA else "wall-clock time (no CUDA: host and device together)"
     print(f"{what} on {mx.default_device()}, mlx {mx.__version__}; {HQ}/{HKV} heads of {D}, buffer {CAP} at {POS}")
     q = mx.random.normal((1, HQ, 1, D)).astype(mx.bfloat16)
-    forms: dict[str, Body] = {"eager": _eager(_state(args.layers))}
+    forms: dict[str, Body] = {"eager": _threaded(_eager, _state(args.layers))}
     if CUDA:
         forms.update(_segc_forms(_state(args.layers)))
     firsts: dict[str, bytes] = {}
