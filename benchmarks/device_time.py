@@ -278,6 +278,10 @@ ENV_STEPS: dict[str, tuple[str, dict[str, str]]] = {
     # the attention's chunks read into shared memory first (SEGC_ATTENTION_STAGE), copying and in place
     "segcstage": ("segc", {"SEGC_ATTENTION_STAGE": "1"}),
     "segcinplacestage": ("segc", {"SEGC_KV_IN_PLACE": "1", "SEGC_ATTENTION_STAGE": "1"}),
+    # segcnokv's attention as its two kernels (the chunks, then their merge: each one's time
+    # in the step), and staged
+    "segcnokv2k": ("segcnokv", {"SEGC_ATTENTION_KERNELS": "2"}),
+    "segcnokvstage": ("segcnokv", {"SEGC_ATTENTION_STAGE": "1"}),
 }
 # short names for segc's step with bench_llama.py's suffixes (its SETTINGS): chains
 # (segc.lower.cuda_chain, cuda_layer; off by default), a layer as one kernel or the MLP

@@ -23,13 +23,17 @@ per layer:
   with ``SEGC_ATTENTION_STAGE=1`` (each block's chunk read into shared memory first).
 
 Every form hands its new buffers to the next run, as a cache does, so the allocator sees
-what a decode sees. The attention outputs of the segc forms are compared byte for byte
+what a decode sees. Alone, a form finds its buffers in L2 (16 layers' are 42 MB); inside a
+step the weights read since the last layer have pushed them out to HBM. ``--flush MB``
+times every form again with a sum over MB megabytes read before each layer (the layer's
+queries wait on it), so that its buffers come from HBM as in a step, and the sum alone
+(``flush``): a form's own time is its row less the sum's. The attention outputs of the segc forms are compared byte for byte
 (the fused kernel must give the two kernels' bytes). With ``--step-layers N`` it also
 lowers a reference llama of N layers with ``kv_in_place=True`` and prints, per segment,
 the writes paired with their attention and how many are written in place (a layer whose
 old buffers have another reader copies).
 
-    python benchmarks/kvattn_device.py [--layers 16] [--repeats 30] [--step-layers 16]
+    python benchmarks/kvattn_device.py [--layers 16] [--repeats 30] [--step-layers 16] [--flush 96]
 
 Needs MLX's CUDA build and a GPU for segc's kernels; on the CPU only ``eager`` runs, on
 the wall clock.
@@ -78,7 +82,7 @@ def _eager(q: mx.array, kb: mx.array, k: mx.array, vb: mx.array, v: mx.array) ->
     return [o, kb, vb]
 
 
-def _segc_forms(st: list[list[Any]]) -> dict[str, Body]:
+def _segc_forms() -> dict[str, Callable[..., list[mx.array]]]:
     from segc.lower.cuda_attention import cuda_attention
     from segc.lower.cuda_kvattention import kv_attention
     from segc.lower.cuda_kvwrite import kv_write
@@ -118,7 +122,7 @@ def _segc_forms(st: list[list[Any]]) -> dict[str, Body]:
         "fused, in place, st": _staged(fused(True)),
         "attention, staged": _staged(attention),
     }
-    return {name: _threaded(mx.compile(f), st) for name, f in forms.items()}
+    return forms
 
 
 def _staged(f: Callable[..., list[mx.array]]) -> Callable[..., list[mx.array]]:
@@ -129,15 +133,18 @@ def _staged(f: Callable[..., list[mx.array]]) -> Callable[..., list[mx.array]]:
     return lambda *args: first_call_with(lambda: f(*args), env={"SEGC_ATTENTION_STAGE": "1"})
 
 
-def _threaded(f: Callable[..., list[mx.array]], st: list[list[Any]]) -> Body:
-    """``f`` over every layer, its new buffers the next run's (the old ones let go)."""
+def _threaded(f: Callable[..., list[mx.array]], st: list[list[Any]], flush: mx.array | None = None) -> Body:
+    """``f`` over every layer, its new buffers the next run's (the old ones let go);
+    ``flush``: an array summed before each layer, the layer's queries waiting on the sum
+    (plus zero times it: the same values), so that the layer's buffers leave L2."""
 
     def body(q: mx.array) -> list[mx.array]:
         outs = []
         for s in st:
             kb, vb = s[0], s[1]
             s[0] = s[1] = None
-            o, kb, vb = f(q, kb, s[2], vb, s[3])
+            qq = q if flush is None else q + (mx.sum(flush) * 0).astype(q.dtype)
+            o, kb, vb = f(qq, kb, s[2], vb, s[3])
             s[0], s[1] = kb, vb
             outs += [o, kb, vb]
         return outs
@@ -178,13 +185,19 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=16, help="buffer sets between the stamps")
     ap.add_argument("--repeats", type=int, default=30, help="stamped runs per form (the median)")
     ap.add_argument("--step-layers", type=int, default=0, help="also count in-place writes in a lowered step")
+    ap.add_argument("--flush", type=int, default=0, help="also every form after a sum over this many MB a layer")
     args = ap.parse_args()
     what = "device time (the GPU's clock)" if CUDA else "wall-clock time (no CUDA: host and device together)"
     print(f"{what} on {mx.default_device()}, mlx {mx.__version__}; {HQ}/{HKV} heads of {D}, buffer {CAP} at {POS}")
     q = mx.random.normal((1, HQ, 1, D)).astype(mx.bfloat16)
-    forms: dict[str, Body] = {"eager": _threaded(_eager, _state(args.layers))}
+    fs: dict[str, Callable[..., list[mx.array]]] = {"eager": _eager}
     if CUDA:
-        forms.update(_segc_forms(_state(args.layers)))
+        fs.update({name: mx.compile(f) for name, f in _segc_forms().items()})
+    forms = {name: _threaded(f, _state(args.layers)) for name, f in fs.items()}
+    if args.flush:
+        big = mx.ones((args.flush * 2**18,), dtype=mx.float32)
+        forms["flush"] = _threaded(lambda q, kb, k, vb, v: [q, kb, vb], _state(args.layers), big)
+        forms.update({f"{name} +fl": _threaded(f, _state(args.layers), big) for name, f in fs.items()})
     firsts: dict[str, bytes] = {}
     print(
         f"{'form':<22}{'median us':>10}{'min us':>9}  per layer; bytes as 'write, attention' (the staged attention's as 'attention')"
@@ -194,10 +207,11 @@ def main() -> None:
         for _ in range(2):
             stamped(q, body)
         spans = [1e6 * stamped(q, body) / args.layers for _ in range(args.repeats)]
-        ref = firsts.get("attention" if name.startswith("attention") else "write, attention")
+        base = name.removesuffix(" +fl")
+        ref = firsts.get("attention" if base.startswith("attention") else "write, attention")
         same = (
             ""
-            if name in ("eager", "select", "attention", "write, attention") or ref is None
+            if base in ("eager", "select", "attention", "write, attention", "flush") or ref is None
             else str(firsts[name] == ref)
         )
         print(f"{name:<22}{statistics.median(spans):>10.2f}{min(spans):>9.2f}  {same}", flush=True)

@@ -284,7 +284,7 @@ def test_the_number_of_attention_kernels_is_read_and_checked(monkeypatch: pytest
 
 @pytest.mark.parametrize(("value", "want"), [(None, False), ("0", False), ("1", True), ("", False), ("yes", None)])
 def test_the_attentions_staging_is_read_and_checked(monkeypatch: pytest.MonkeyPatch, value, want) -> None:
-    from segc.lower.cuda_attention import staged  # importable without CUDA
+    from segc.lower.cuda_stage import staged  # importable without CUDA
 
     assert_env_setting(monkeypatch, "SEGC_ATTENTION_STAGE", value, staged, want)
 

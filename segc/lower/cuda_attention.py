@@ -24,7 +24,8 @@ In a decode step the buffers come from HBM, and a block that waits on memory onc
 spends about a microsecond a wait (35 µs a layer inside a step on an H100, 6 alone:
 docs/lowering.md). The loops are unrolled so that their loads go out together, and with
 ``SEGC_ATTENTION_STAGE=1`` (:func:`staged`) each block reads its chunk's keys and values
-into shared memory first; the arithmetic is the same in the same order either way.
+into shared memory first, 16 bytes a thread where aligned; the arithmetic is the same in
+the same order either way.
 
 Everything is float32 until the one rounding to the output dtype. A row whose mask hides
 every key gets the mean of the values (what the fallback's softmax over equal scores
@@ -43,6 +44,7 @@ import numpy as np
 
 from ..errors import UsageError
 from .cuda_kernel import cuda_kernel
+from .cuda_stage import STAGE_DECLARE, STAGE_LOAD, stage_header, staged
 from .env import env_choice
 
 CHUNK = 32  # keys per block of the first kernel: a warp's width (a lane per key in the softmax)
@@ -57,9 +59,11 @@ PLAIN = (
     "#define SEGC_VAL(e, pos, d) v[e]\n"
     "#define SEGC_VALUES\n"
     "#define SEGC_VBUF v\n"
+    "#define SEGC_ROW (-1)\n"  # no row read otherwise than plainly
 )
 
-_PARTIAL = r"""
+_PARTIAL = (
+    r"""
     const int C = k_shape[2];            // the buffer's capacity: no kernel per capacity
     const int S = (C + CHUNK - 1) / CHUNK;
     const int blk = blockIdx.x;
@@ -76,33 +80,18 @@ _PARTIAL = r"""
     constexpr int R = REP * L;           // query rows of the group
     __shared__ float qs[R][D];
     __shared__ float sc[R][CHUNK];
-    // the chunk's keys, then its values, in shared memory where they fit beside the rest
-#ifdef SEGC_STAGE
-    constexpr bool STAGE = 2 * CHUNK * D * sizeof(T) + (R * D + R * CHUNK) * sizeof(float) <= 40960;
-    __shared__ T kvs[STAGE ? 2 * CHUNK * D : 1];
-#else
-    constexpr bool STAGE = false;        // every load straight from memory where it is used
-    T* kvs = nullptr;
-#endif
-    for (int i = t; i < R * D; i += NT) {
+"""
+    + STAGE_DECLARE
+    + r"""    for (int i = t; i < R * D; i += NT) {
         int r = i / D, d = i % D;
         int h = r / L, l = r % L;
         int hq = hk * REP + h;
         qs[r][d] = static_cast<float>(SEGC_Q((b * HQ + hq) * L + l, d)) * SCALE;
     }
     SEGC_VALUES
-    if (STAGE) {
-        // every load of the chunk issued at once: one wait for memory, not one a key (the
-        // buffers come from HBM in a decode step, where each wait is about a microsecond)
-        #pragma unroll 4
-        for (int i = t; i < n * D; i += NT) {
-            const int j = i / D, d = i % D;
-            const size_t krow = (size_t)bh * C + start + j;
-            kvs[i] = SEGC_KEY(k + krow * D, krow, d);
-            kvs[CHUNK * D + i] = SEGC_VAL(krow * D + d, start + j, d);
-        }
-    }
-    __syncthreads();
+"""
+    + STAGE_LOAD
+    + r"""    __syncthreads();
     // a warp per key: its lanes read the key's row together (coalesced), one product per
     // query row of the group, summed across the warp; unrolled (the same arithmetic in
     // the same order)
@@ -162,6 +151,7 @@ _PARTIAL = r"""
         po[(row * S + s) * D + d] = acc;
     }
 """
+)
 
 # a query row's chunks merged, for column ``d`` of row ``row`` of KV head group ``grp``:
 # the second kernel's body and the one kernel's tail (the same text, so the same bits);
@@ -223,18 +213,6 @@ _COMBINE = (
 """
     + _MERGE
 )
-
-
-def staged() -> bool:
-    """Whether the kernels read each chunk's keys and values into shared memory first
-    (``SEGC_STAGE``): the environment's ``SEGC_ATTENTION_STAGE``, ``0`` (the default,
-    until measured on a GPU) or ``1`` (docs/lowering.md). The same bytes either way."""
-    return env_choice("SEGC_ATTENTION_STAGE", ("0", "1"), "0") == "1"
-
-
-def stage_header(stage: bool) -> str:
-    """The define that turns the staging on, or nothing."""
-    return "#define SEGC_STAGE\n" if stage else ""
 
 
 @functools.cache

@@ -32,12 +32,11 @@ from .cuda_attention import (
     THREADS,
     counter,
     packed_shape,
-    stage_header,
-    staged,
 )
 from .cuda_kernel import cuda_kernel
 from .cuda_kvwrite import _HEADER as _ROTATE
 from .cuda_kvwrite import _bits, rope_bits
+from .cuda_stage import stage_header, staged
 
 _READS = r"""
 template <typename T, bool TRAD, int DIMS, int DK, bool FREQS>
@@ -48,9 +47,10 @@ __device__ T segc_key(const T* kr, const T* knew, size_t krow, int d, int bh, in
 }
 template <typename T, bool TRAD, int DIMS, int DK, bool FREQS, int NT>
 __device__ void segc_copy_chunk(const T* k, T* ko, const T* v, T* vo, const T* knew, const T* vnew, int bh, int C,
-                                int start, int n, int t, int32_t pos, const float* freqs) {
+                                int start, int n, int t, int32_t pos, const float* freqs, T* ks, T* vs) {
   // the chunk's rows of both buffers copied to the new ones, 16 bytes a thread where
-  // aligned; the row at the offset is the new key rotated and the new value
+  // aligned; the row at the offset is the new key rotated and the new value; where ``ks``
+  // and ``vs`` are given (SEGC_STAGE), the chunk's keys and values into them as well
   constexpr int VEC = 16 / sizeof(T);
   const size_t base = (static_cast<size_t>(bh) * C + start) * DK;
   const int total = n * DK;
@@ -59,28 +59,57 @@ __device__ void segc_copy_chunk(const T* k, T* ko, const T* v, T* vo, const T* k
       reinterpret_cast<uintptr_t>(v + base) | reinterpret_cast<uintptr_t>(vo + base)) % 16) == 0;
   const int w = vec ? VEC : 1;
   const int per = total / w;
-  for (int i = t; i < 2 * per; i += NT) {
-    const bool key = i < per;
-    const int e = (key ? i : i - per) * w;
-    const T* src = (key ? k : v) + base;
-    T* dst = (key ? ko : vo) + base;
-    if (e / DK == prow) {
-      for (int u = 0; u < w; ++u) {
-        const int d = e % DK + u;
-        dst[e + u] = key ? segc_rotated<T, TRAD, DIMS, DK, FREQS>(knew, bh, d, pos, freqs) : vnew[static_cast<size_t>(bh) * DK + d];
+  constexpr int U = 4;  // a thread's loads of a round issued together, then its stores
+  for (int i0 = t; i0 < 2 * per; i0 += U * NT) {
+    uint4 x[U];
+    T y[U];
+    #pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int i = i0 + u * NT;
+      const bool key = i < per;
+      const int e = (key ? i : i - per) * w;
+      const T* src = (key ? k : v) + base;
+      if (i < 2 * per && e / DK != prow) {
+        if (vec) {
+          x[u] = *reinterpret_cast<const uint4*>(src + e);
+        } else {
+          y[u] = src[e];
+        }
       }
-    } else if (vec) {
-      *reinterpret_cast<uint4*>(dst + e) = *reinterpret_cast<const uint4*>(src + e);
-    } else {
-      dst[e] = src[e];
+    }
+    #pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int i = i0 + u * NT;
+      if (i >= 2 * per) continue;
+      const bool key = i < per;
+      const int e = (key ? i : i - per) * w;
+      T* dst = (key ? ko : vo) + base;
+      T* st = key ? ks : vs;
+      if (e / DK == prow) {
+        for (int j = 0; j < w; ++j) {
+          const int d = e % DK + j;
+          const T z = key ? segc_rotated<T, TRAD, DIMS, DK, FREQS>(knew, bh, d, pos, freqs) : vnew[static_cast<size_t>(bh) * DK + d];
+          dst[e + j] = z;
+          if (st != nullptr) st[e + j] = z;
+        }
+      } else if (vec) {
+        *reinterpret_cast<uint4*>(dst + e) = x[u];
+        if (st != nullptr) *reinterpret_cast<uint4*>(st + e) = x[u];
+      } else {
+        dst[e] = y[u];
+        if (st != nullptr) st[e] = y[u];
+      }
     }
   }
 }
 #define SEGC_Q(row, d) segc_rotated<T, TRAD, DIMS, D, FREQS>(q, (row), (d), off[0], FREQ_PTR)
 #define SEGC_KEY(kr, krow, d) segc_key<T, TRAD, DIMS, D, FREQS>((kr), knew, (krow), (d), bh, C, off[0], FREQ_PTR)
 #define SEGC_VALUES \
-    segc_copy_chunk<T, TRAD, DIMS, D, FREQS, NT>(k, ko, v, vo, knew, vnew, bh, C, start, n, t, off[0], FREQ_PTR);
+    segc_copy_chunk<T, TRAD, DIMS, D, FREQS, NT>(k, ko, v, vo, knew, vnew, bh, C, start, n, t, off[0], FREQ_PTR, \
+                                                 STAGE ? kvs : nullptr, STAGE ? kvs + CHUNK * D : nullptr);
+#define SEGC_COPY_STAGES  // the copy stages the chunk: no second read
 #define SEGC_VAL(e, p, d) ((p) == off[0] ? vnew[(size_t)bh * D + (d)] : v[e])
+#define SEGC_ROW off[0]
 #define SEGC_VBUF vo
 #define SEGC_LD(p) __ldcg(p)
 """
@@ -107,6 +136,7 @@ __device__ T segc_key(const T* kr, const T* knew, size_t krow, int d, int bh, in
         } \
     }
 #define SEGC_VAL(e, p, d) ((p) == off[0] ? vnew[(size_t)bh * D + (d)] : v[e])
+#define SEGC_ROW off[0]
 #define SEGC_VBUF v
 #define SEGC_LD(p) __ldcg(p)
 """
