@@ -135,15 +135,21 @@ def _staged(f: Callable[..., list[mx.array]]) -> Callable[..., list[mx.array]]:
 
 def _threaded(f: Callable[..., list[mx.array]], st: list[list[Any]], flush: mx.array | None = None) -> Body:
     """``f`` over every layer, its new buffers the next run's (the old ones let go);
-    ``flush``: an array summed before each layer, the layer's queries waiting on the sum
-    (plus zero times it: the same values), so that the layer's buffers leave L2."""
+    ``flush``: an array summed before each layer, after the last layer's output (MLX's
+    CUDA graph runs what does not depend on something beside it or before it), the
+    layer's queries waiting on the sum (plus zero times it: the same values), so that the
+    layer's buffers leave L2."""
 
     def body(q: mx.array) -> list[mx.array]:
-        outs = []
+        outs: list[mx.array] = []
         for s in st:
             kb, vb = s[0], s[1]
             s[0] = s[1] = None
-            qq = q if flush is None else q + (mx.sum(flush) * 0).astype(q.dtype)
+            if flush is None:
+                qq = q
+            else:
+                (fl,) = mx.depends([flush], [outs[-3] if outs else q])
+                qq = q + (mx.sum(fl) * 0).astype(q.dtype)
             o, kb, vb = f(qq, kb, s[2], vb, s[3])
             s[0], s[1] = kb, vb
             outs += [o, kb, vb]

@@ -52,6 +52,7 @@ def _bits(x: mx.array) -> bytes:
         (4, 4, 3, 3, 33, 0, mx.float32),  # a row hiding every key (live 0 for the first)
         (6, 3, 2, 1, 64, 64, mx.bfloat16),
         (4, 1, 1, 1, 1, 1, mx.float16),
+        (32, 1, 1, 1, 600, 550, mx.float32),  # 32 rows a group: the merge's chunks in two tiles (cuda_merge.py)
     ],
 )
 def test_one_kernel_matches_two_and_mlx_call_after_call(recorded, hq, hkv, lq, rows, cap, live, dt) -> None:

@@ -44,6 +44,7 @@ import numpy as np
 
 from ..errors import UsageError
 from .cuda_kernel import cuda_kernel
+from .cuda_merge import FAST_TAIL
 from .cuda_stage import STAGE_DECLARE, STAGE_LOAD, stage_header, staged
 from .env import env_choice
 
@@ -259,7 +260,7 @@ def _one_kernel(scale_bits: int, stage: bool = False) -> Any:
         name=f"segc_attention_one_{scale_bits:08x}",
         input_names=["q", "k", "v", "mask", "count"],
         output_names=["out", "ps"],
-        source=PACKED + _PARTIAL + _ONE_TAIL,
+        source=PACKED + _PARTIAL + FAST_TAIL,
         header=_HEADER
         + PLAIN
         + stage_header(stage)

@@ -25,7 +25,6 @@ import mlx.core as mx
 
 from .cuda_attention import (
     _HEADER,
-    _ONE_TAIL,
     _PARTIAL,
     CHUNK,
     PACKED,
@@ -36,6 +35,7 @@ from .cuda_attention import (
 from .cuda_kernel import cuda_kernel
 from .cuda_kvwrite import _HEADER as _ROTATE
 from .cuda_kvwrite import _bits, rope_bits
+from .cuda_merge import FAST_TAIL
 from .cuda_stage import stage_header, staged
 
 _READS = r"""
@@ -160,7 +160,7 @@ def _kernel(
     name = f"segc_kv_attention{'_f' if freqs else ''}{'_i' if in_place else ''}"
     name += f"_{log2_base_bits:08x}_{rope_scale_bits:08x}_{scale_bits:08x}"
     outs = ["out", *([] if in_place else ["ko", "vo"]), "ps"]
-    return cuda_kernel(name, ins, outs, PACKED + _PARTIAL + _ONE_TAIL, header)
+    return cuda_kernel(name, ins, outs, PACKED + _PARTIAL + FAST_TAIL, header)
 
 
 def kv_attention(
