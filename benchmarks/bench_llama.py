@@ -181,6 +181,7 @@ SETTINGS = {  # a variant's "+suffix" (--isolate only)
     "inplace": {"SEGC_KV_IN_PLACE": "1"},
     # the decode attention's chunks read into shared memory first (SEGC_ATTENTION_STAGE)
     "stage": {"SEGC_ATTENTION_STAGE": "1"},
+    "nostage": {"SEGC_ATTENTION_STAGE": "0"},  # not even in place (staged there by default)
 }
 
 

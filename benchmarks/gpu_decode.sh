@@ -26,7 +26,7 @@
 # one level of device time?); commits: the commit policies on a
 # segment per layer, each variant a process of its own, 2 rounds; census: kernel_census.py
 # (the kernels of one decode step, by name, from MLX's CUDA graphs); kv: the rotation-and-write
-# kernel on and off, two rounds; attn: the decode attention as one kernel or two, two rounds; kvattn: the rotated write with its attention as one kernel (the default) or apart, two rounds; stage: the attention's chunks read into shared memory first (SEGC_ATTENTION_STAGE=1) against not: the CUDA attention and write tests, timeline's steps with and without (and segcnokv's attention as its two kernels), kvattn_device.py's forms with and without, alone and after a 96-MB sum a layer (--flush: their buffers in HBM, as in a step; about 5 minutes); tail: the one kernel's merge with its loads issued together (segc.lower.cuda_merge): the CUDA attention and write tests, the steps' kernels, the decode eager,frozen,frozen+stage,frozen+inplace in one round (about 6 minutes); stagedecode: the decode with and without (+stage), each variant a process, two rounds (about 5 minutes); timeline: kernel_timeline.py (every kernel of STEPS' decode steps, default eager,segc,segcinplace,segcnokv; MOVING=1: each call the next position, from CUPTI's records: span, kernels running, gaps, per kernel name; carry .gpu/cupti, benchmarks/stage_cupti.sh installs it); kvattndev: kvattn_device.py (the write and attention's forms per layer on the device's clock: eager's, segcnokv's select, apart, fused copying and in place, the attention alone; and how many of a lowered 16-layer step's writes are in place); inplace: that kernel writing the row into the old buffers (frozen+inplace, frozenhead+inplace: SEGC_KV_IN_PLACE=1) or copying them, beside eager, every variant a process, two rounds; prefill: 512 tokens, segc's defaults against concatenated (MODEL_ARGS="--bits 4" or "--arch mixtral" for another model); prefillproducts: prefill_products.py (a prefill's products alone against eager's prefill, three models). Logs go
+# kernel on and off, two rounds; attn: the decode attention as one kernel or two, two rounds; kvattn: the rotated write with its attention as one kernel (the default) or apart, two rounds; stage: the attention's chunks read into shared memory first (SEGC_ATTENTION_STAGE=1; auto, the default, stages the write in place alone) against not: the CUDA attention and write tests, timeline's steps with and without (and segcnokv's attention as its two kernels), kvattn_device.py's forms with and without, alone and after a 96-MB sum a layer (--flush: their buffers in HBM, as in a step; about 5 minutes); tail: the one kernel's merge with its loads issued together (segc.lower.cuda_merge): the CUDA attention and write tests, the steps' kernels, the decode eager,frozen,frozen+inplace+nostage,frozen+inplace in one round (about 6 minutes; the write in place is staged by default, SEGC_ATTENTION_STAGE=auto); stagedecode: the decode with and without (+stage), each variant a process, two rounds (about 5 minutes); timeline: kernel_timeline.py (every kernel of STEPS' decode steps, default eager,segc,segcinplace,segcnokv; MOVING=1: each call the next position, from CUPTI's records: span, kernels running, gaps, per kernel name; carry .gpu/cupti, benchmarks/stage_cupti.sh installs it); kvattndev: kvattn_device.py (the write and attention's forms per layer on the device's clock: eager's, segcnokv's select, apart, fused copying and in place, the attention alone; and how many of a lowered 16-layer step's writes are in place); inplace: that kernel writing the row into the old buffers (frozen+inplace, frozenhead+inplace: SEGC_KV_IN_PLACE=1) or copying them, beside eager, every variant a process, two rounds; prefill: 512 tokens, segc's defaults against concatenated (MODEL_ARGS="--bits 4" or "--arch mixtral" for another model); prefillproducts: prefill_products.py (a prefill's products alone against eager's prefill, three models). Logs go
 # to $OUT. dequantized: the 4-bit prefill with its quantized products as the dequantized
 # weights' products (segc.lower.dequantized): its tests, prefill_qmm.py (each product's device
 # time, its bytes, the prefill's peak memory), 512 tokens with the form on and off
@@ -209,7 +209,7 @@ for p in $parts; do
     timeout 200 $PY -m pytest -q -p no:benchmark -p no:cacheprovider -n 8 --timeout 180 --timeout-method thread \
       tests/test_attention_cuda.py tests/test_kvwrite_cuda.py >"$OUT/stage_tests.txt" 2>&1
     echo "stage tests: rc=$?"
-    STEPS=eager,segc,segcstage,segcinplace,segcinplacestage,segcnokv,segcnokv2k,segcnokvstage bash "$0" timeline
+    STEPS=eager,segc,segcstage,segcinplacenostage,segcinplace,segcnokv,segcnokv2k,segcnokvstage bash "$0" timeline
     timeout 150 $PY benchmarks/kvattn_device.py --repeats 30 --flush 96 >"$OUT/kvattn_stage.txt" 2>&1
     echo "stage forms: rc=$?"
     ;;
@@ -218,12 +218,12 @@ for p in $parts; do
     timeout 200 $PY -m pytest -q -p no:benchmark -p no:cacheprovider -n 8 --timeout 180 --timeout-method thread \
       tests/test_attention_cuda.py tests/test_kvwrite_cuda.py >"$OUT/tail_tests.txt" 2>&1
     echo "tail tests: rc=$?"
-    STEPS=eager,segc,segcstage,segcinplace,segcinplacestage,segcnokv,segcnokv2k bash "$0" timeline
-    VARIANTS=eager,frozen,frozen+stage,frozen+inplace ROUNDS=1 REPEATS=30 BENCH_LIMIT=${BENCH_LIMIT:-240} \
+    STEPS=eager,segc,segcinplacenostage,segcinplace,segcnokv,segcnokv2k bash "$0" timeline
+    VARIANTS=eager,frozen,frozen+inplace+nostage,frozen+inplace ROUNDS=1 REPEATS=30 BENCH_LIMIT=${BENCH_LIMIT:-240} \
       bench tail --prefill 0 --first-call-layers 0 --no-dispatch
     ;;
   stagedecode)  # the decode with and without it, each variant a process, two rounds (about 5 minutes)
-    VARIANTS=eager,frozen,frozen+stage,frozen+inplace+stage ROUNDS=2 REPEATS=30 BENCH_LIMIT=${BENCH_LIMIT:-400} \
+    VARIANTS=eager,frozen,frozen+stage,frozen+inplace+nostage,frozen+inplace ROUNDS=2 REPEATS=30 BENCH_LIMIT=${BENCH_LIMIT:-400} \
       bench stage --prefill 0 --first-call-layers 0 --no-dispatch
     ;;
   kvattndev)  # the write and attention's forms on the device's clock, and the in-place writes of a lowered step

@@ -113,6 +113,7 @@ def test_the_chunk_staged_in_shared_memory_changes_no_byte(recorded, monkeypatch
     and values into shared memory first where they fit: the attention's kernels, alone
     and with the write, copying or in place, give the bytes they give reading every key
     and value from memory where it is used (the default), outputs and buffers alike."""
+    monkeypatch.delenv("SEGC_ATTENTION_STAGE", raising=False)
     cap, pos = 70, 45
     q, k, v, mask = _attention_inputs(8, 2, 1, cap, 64, dt, 1, pos + 1, seed=3)
     kn, vn = (mx.random.normal((1, 2, 1, 64)).astype(dt) for _ in range(2))
@@ -122,7 +123,16 @@ def test_the_chunk_staged_in_shared_memory_changes_no_byte(recorded, monkeypatch
     else:
         cuda_kvattention.kv_attention(ins, mask, 64, False, 10000.0, 1.0, False, 0.125, form == "in place")
     made, call = recorded[0]
-    assert "SEGC_STAGE" not in expand(made["header"]), "staged by default"
+    # staged by default (SEGC_ATTENTION_STAGE=auto) for the write in place alone
+    assert ("#define SEGC_STAGE\n" in expand(made["header"])) == (form == "in place")
+    monkeypatch.setenv("SEGC_ATTENTION_STAGE", "0")
+    recorded.clear()
+    if form in ("one", "two"):
+        cuda_attention.cuda_attention(q, k, v, mask, 0.125, kernels=1 if form == "one" else 2)
+    else:
+        cuda_kvattention.kv_attention(ins, mask, 64, False, 10000.0, 1.0, False, 0.125, form == "in place")
+    made, call = recorded[0]
+    assert "SEGC_STAGE" not in expand(made["header"])
     monkeypatch.setenv("SEGC_ATTENTION_STAGE", "1")  # the setting makes the same kernel with the define
     recorded.clear()
     if form in ("one", "two"):

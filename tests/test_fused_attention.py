@@ -282,11 +282,16 @@ def test_the_number_of_attention_kernels_is_read_and_checked(monkeypatch: pytest
     assert_env_setting(monkeypatch, "SEGC_ATTENTION_KERNELS", value, attention_kernels, want)
 
 
-@pytest.mark.parametrize(("value", "want"), [(None, False), ("0", False), ("1", True), ("", False), ("yes", None)])
-def test_the_attentions_staging_is_read_and_checked(monkeypatch: pytest.MonkeyPatch, value, want) -> None:
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize(
+    ("value", "want"), [(None, "auto"), ("auto", "auto"), ("0", False), ("1", True), ("", "auto"), ("yes", None)]
+)
+def test_the_attentions_staging_is_read_and_checked(monkeypatch: pytest.MonkeyPatch, value, want, in_place) -> None:
+    """``auto`` (the default) stages the write in place with its attention alone."""
     from segc.lower.cuda_stage import staged  # importable without CUDA
 
-    assert_env_setting(monkeypatch, "SEGC_ATTENTION_STAGE", value, staged, want)
+    expected = in_place if want == "auto" else want
+    assert_env_setting(monkeypatch, "SEGC_ATTENTION_STAGE", value, lambda: staged(in_place), expected)
 
 
 def test_attention_settings_are_checked():

@@ -14,18 +14,17 @@ kernels, split-K over the buffer as flash-decoding does:
 By default the two are one kernel (``one``): the first kernel's blocks count themselves
 done on a counter per (batch, KV head), and the last block of a group merges its chunks,
 the same arithmetic as ``combine`` in the same order (the same bits), reading the partial
-results from L2. A decode step is host-bound on the GPU by the kernels it launches
+results from L2 with its loads issued together (``cuda_merge.py``). A decode step is host-bound on the GPU by the kernels it launches
 (docs/performance.md), and this takes one a layer away. The counter is a small uint32
 array made once per traced call (so each compiled segment holds its own: two kernels
 that MLX may run concurrently never share one); the last block sets it back to zero for
 the next call. ``SEGC_ATTENTION_KERNELS=2`` (or ``kernels=2``) keeps the two kernels.
 
-In a decode step the buffers come from HBM, and a block that waits on memory once a key
-spends about a microsecond a wait (35 µs a layer inside a step on an H100, 6 alone:
-docs/lowering.md). The loops are unrolled so that their loads go out together, and with
-``SEGC_ATTENTION_STAGE=1`` (:func:`staged`) each block reads its chunk's keys and values
-into shared memory first, 16 bytes a thread where aligned; the arithmetic is the same in
-the same order either way.
+In a decode step the buffers come from HBM. The loops are unrolled so that their loads go
+out together, and where ``cuda_stage.staged`` says so (``SEGC_ATTENTION_STAGE``) each
+block reads its chunk's keys and values into shared memory first, 16 bytes a thread
+where aligned; the arithmetic is the same in the same order either way
+(docs/lowering.md).
 
 Everything is float32 until the one rounding to the output dtype. A row whose mask hides
 every key gets the mean of the values (what the fallback's softmax over equal scores

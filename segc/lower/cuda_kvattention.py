@@ -207,7 +207,7 @@ def kv_attention(
         ("FREQS", freqs),
     ]
     rows = hq * lq
-    kernel = _kernel(freqs, *rope_bits(base, rope_scale), _bits(scale), in_place, staged())
+    kernel = _kernel(freqs, *rope_bits(base, rope_scale), _bits(scale), in_place, staged(in_place))
     if in_place:
         kb, vb = mx.contiguous(kb), mx.contiguous(vb)
     bufs = [] if in_place else [kb.shape, vb.shape]
