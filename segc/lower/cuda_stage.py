@@ -81,7 +81,7 @@ def staged(in_place: bool = False) -> bool:
     for the write in place with its attention, ``in_place``, and nothing else), ``0`` or
     ``1``. Measured on an H100 (docs/performance-log.md, forty-third session): the
     write in place with its attention 34 µs a layer staged against 37, the decode about
-    0.1 ms faster; the copying write's and the plain attention's no faster or slower.
+    0.1 ms faster; the copying write's and the plain attention's not faster (mixed, and slower).
     The same bytes either way."""
     choice = env_choice("SEGC_ATTENTION_STAGE", ("auto", "0", "1"), "auto")
     return in_place if choice == "auto" else choice == "1"
