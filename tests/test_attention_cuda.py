@@ -96,7 +96,7 @@ def test_one_kernel_is_softmax_attention(live: int) -> None:
 @pytest.mark.parametrize("dt", [mx.bfloat16, mx.float32])
 def test_the_staged_chunk_gives_the_same_bytes(monkeypatch: pytest.MonkeyPatch, d: int, dt: mx.Dtype) -> None:
     """``SEGC_ATTENTION_STAGE=1`` (each block's keys and values read into shared memory
-    first) against the default, one kernel and two, over a buffer of 1,280 positions."""
+    first) against ``0``, one kernel and two, over a buffer of 1,280 positions."""
     from segc.lower.cuda_attention import cuda_attention
 
     xs = _inputs(32, 8, 1, 1280, d, dt, 1, 1025, seed=d)

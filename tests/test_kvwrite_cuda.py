@@ -125,8 +125,8 @@ def test_a_decode_keeps_its_bits_with_the_write_in_place(arch, monkeypatch) -> N
 @pytest.mark.parametrize("in_place", ["0", "1"])
 def test_a_decode_keeps_its_bits_with_the_chunk_staged(in_place, monkeypatch) -> None:
     """``SEGC_ATTENTION_STAGE=1`` (each block of the write with its attention reads its
-    chunk into shared memory first) against the default: logits and caches byte for
-    byte, copying and in place."""
+    chunk into shared memory first) against ``0`` (never staged; ``auto``, the default,
+    stages in place): logits and caches byte for byte, copying and in place."""
     monkeypatch.setenv("SEGC_KV_IN_PLACE", in_place)
     model = build("llama", num_hidden_layers=2, hidden_size=256, intermediate_size=512, head_dim=64, dtype=mx.bfloat16)
 

@@ -43,7 +43,7 @@ import numpy as np
 
 from ..errors import UsageError
 from .cuda_kernel import cuda_kernel
-from .cuda_merge import FAST_TAIL
+from .cuda_merge import FAST_TAIL, LAST_BLOCK
 from .cuda_stage import STAGE_DECLARE, STAGE_LOAD, stage_header, staged
 from .env import env_choice
 
@@ -182,16 +182,8 @@ _MERGE = r"""
 # the last block of a (batch, KV head) group merges the group's chunks, a thread per
 # (row, d) of the group
 _ONE_TAIL = (
-    r"""
-    __threadfence();                     // this block's partial results, seen device-wide
-    __shared__ bool last;
-    __syncthreads();
-    uint32_t* cnt = const_cast<uint32_t*>(count);
-    if (t == 0) last = atomicAdd(cnt + bh, 1u) == (uint32_t)(S - 1);
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    if (t == 0) cnt[bh] = 0u;            // ready for the next call
+    LAST_BLOCK
+    + r"""
     const int grp = bh;
     for (int i = t; i < R * D; i += NT) {
         const int r = i / D, d = i % D;

@@ -22,9 +22,9 @@ values, as there.
 
 from __future__ import annotations
 
-# after the first kernel's body (``cuda_attention._PARTIAL``): ``pm``, ``pl``, ``po`` the
-# group's partial results, ``SEGC_LD`` a read of them from L2, ``SEGC_VBUF`` the values
-FAST_TAIL = r"""
+# the group's blocks count themselves done on its counter; all but the last return, and
+# the last sets the counter back to zero for the next call (both tails begin so)
+LAST_BLOCK = r"""
     __threadfence();                     // this block's partial results, seen device-wide
     __shared__ bool last;
     __syncthreads();
@@ -34,6 +34,15 @@ FAST_TAIL = r"""
     if (!last) return;
     __threadfence();
     if (t == 0) cnt[bh] = 0u;            // ready for the next call
+"""
+
+# after the first kernel's body (``cuda_attention._PARTIAL``): ``pm``, ``pl``, ``po`` the
+# group's partial results, ``SEGC_LD`` a read of them from L2, ``SEGC_VBUF`` the values
+FAST_TAIL = (
+    LAST_BLOCK
+    + r"""
+    // a query row of the group: its row of the partial results and of the output
+    auto row_of = [&](int r) { return ((size_t)(b * HQ + hk * REP + r / L) * L + r % L); };
     constexpr int TS = (512 / R) < 1 ? 1 : ((512 / R) > 64 ? 64 : 512 / R);  // chunks a tile
     constexpr int ITEMS = (R * D + NT - 1) / NT;                             // a thread's (row, d)
     constexpr int BATCH = ITEMS >= 32 ? 1 : 32 / ITEMS;                      // chunks a batch of loads
@@ -47,7 +56,7 @@ FAST_TAIL = r"""
         __syncthreads();
         for (int i = t; i < R * tn; i += NT) {
             const int r = i / tn, c = i % tn;
-            const size_t row = ((size_t)(b * HQ + hk * REP + r / L) * L + r % L);
+            const size_t row = row_of(r);
             tw[r][c] = SEGC_LD(pm + row * S + c0 + c);
         }
         __syncthreads();
@@ -66,7 +75,7 @@ FAST_TAIL = r"""
         __syncthreads();
         for (int i = t; i < R * tn; i += NT) {
             const int r = i / tn, c = i % tn;
-            const size_t row = ((size_t)(b * HQ + hk * REP + r / L) * L + r % L);
+            const size_t row = row_of(r);
             const float mr = rmax[r];
             tw[r][c] = mr == NEG_INF ? 0.f : expf(SEGC_LD(pm + row * S + c0 + c) - mr);
             tl[r][c] = SEGC_LD(pl + row * S + c0 + c);
@@ -86,7 +95,7 @@ FAST_TAIL = r"""
                     const int i = t + k * NT;
                     if (cb + u < tn && i < R * D) {
                         const int r = i / D, d = i % D;
-                        const size_t row = ((size_t)(b * HQ + hk * REP + r / L) * L + r % L);
+                        const size_t row = row_of(r);
                         o[u][k] = SEGC_LD(po + (row * S + c0 + cb + u) * D + d);
                     }
                 }
@@ -108,7 +117,7 @@ FAST_TAIL = r"""
         const int i = t + k * NT;
         if (i >= R * D) continue;
         const int r = i / D, d = i % D;
-        const size_t row = ((size_t)(b * HQ + hk * REP + r / L) * L + r % L);
+        const size_t row = row_of(r);
         float res;
         if (rmax[r] == NEG_INF) {
             const T* vc = SEGC_VBUF + ((size_t)grp * C) * D + d;
@@ -121,3 +130,4 @@ FAST_TAIL = r"""
         out[row * D + d] = static_cast<T>(res);
     }
 """
+)
