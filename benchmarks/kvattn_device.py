@@ -23,7 +23,9 @@ per layer:
   with ``SEGC_ATTENTION_STAGE=1`` (each block's chunk read into shared memory first).
 
 Every form hands its new buffers to the next run, as a cache does, so the allocator sees
-what a decode sees. Alone, a form finds its buffers in L2 (16 layers' are 42 MB); inside a
+what a decode sees. Each call of a segc form makes its kernel's counter (a copy of a zero,
+``segc.lower.scratch``; before the forty-fourth session the sixteen calls shared one, and
+MLX could run them at once), and its time is counted with the form's. Alone, a form finds its buffers in L2 (16 layers' are 42 MB); inside a
 step the weights read since the last layer have pushed them out to HBM. ``--flush MB``
 times every form again with a sum over MB megabytes read before each layer (the layer's
 queries wait on it), so that its buffers come from HBM as in a step, and the sum alone

@@ -82,6 +82,24 @@ def test_two_attentions_in_one_compiled_function_each_have_their_counter() -> No
             assert same_bits(x, y), f"call {call}"
 
 
+def test_one_compiled_function_called_again_before_an_eval() -> None:
+    """Calls of one compiled function with no data between them, evaluated together (an
+    engine stepping several sequences, or one model's layers through one segment): MLX
+    may run their kernels at once, and each call must still give its bytes alone."""
+    from segc.lower.cuda_attention import cuda_attention
+
+    one = mx.compile(lambda q, k, v, m: cuda_attention(q, k, v, m, 0.125, kernels=1))
+    two = mx.compile(lambda q, k, v, m: cuda_attention(q, k, v, m, 0.125, kernels=2))
+    for rnd in range(6):
+        xs = [_inputs(32, 8, 1, 1280, 64, mx.bfloat16, 1, 1025 - 7 * i, seed=10 * rnd + i) for i in range(8)]
+        got = [one(*x) for x in xs]
+        mx.eval(got)
+        for i, (x, g) in enumerate(zip(xs, got, strict=True)):
+            want = two(*x)
+            mx.eval(want)
+            assert same_bits(g, want), f"round {rnd}, call {i} of 8 evaluated together"
+
+
 @pytest.mark.parametrize("live", [0, 1, 200, 300])
 def test_one_kernel_is_softmax_attention(live: int) -> None:
     from segc.lower.cuda_attention import cuda_attention

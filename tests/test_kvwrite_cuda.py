@@ -135,6 +135,59 @@ def test_a_decode_keeps_its_bits_with_the_chunk_staged(in_place, monkeypatch) ->
     assert_decodes_agree(model, staged, direct)
 
 
+@pytest.mark.parametrize(
+    "env",
+    [
+        {},
+        {"SEGC_KV_IN_PLACE": "1"},
+        {"SEGC_CHAIN_PRODUCTS": "1"},
+        {"SEGC_CHAIN_PRODUCTS": "1", "SEGC_CHAIN_ATTENTION": "1"},
+    ],
+    ids=["defaults", "in place", "chains", "layer"],
+)
+def test_sequences_stepped_together_keep_their_bits(env) -> None:
+    """Four sequences, a cache each, stepped through one jitted model and evaluated
+    together (an engine's batch of requests: MLX may run their kernels at once, and
+    kernels that count their blocks must each count on memory of their own), against
+    kernels that count nothing (the write apart from the attention, the attention as two
+    kernels, no chains) one sequence at a time: logits and caches byte for byte."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    model = build("llama", num_hidden_layers=2, hidden_size=256, intermediate_size=512, head_dim=64, dtype=mx.bfloat16)
+    plain = {"SEGC_FUSED_KV_ATTENTION": "0", "SEGC_ATTENTION_KERNELS": "2", "SEGC_CHAIN_PRODUCTS": "0"}
+    # commits only at fences: the four calls' kernels in one graph when evaluated together
+    together = _with_env(env, segc.jit(model, validate=False, concat_projections=True, commit="fences"))
+    alone = _with_env(plain, segc.jit(model, validate=False, concat_projections=True))
+    n = 4
+    ct, ca = [make_prompt_cache(model) for _ in range(n)], [make_prompt_cache(model) for _ in range(n)]
+    toks = [mx.array([[(7 * i + 3 * s + 1) % 100 for i in range(12)]]) for s in range(n)]
+    for step in range(6):
+        got = [together(t, cache=c) for t, c in zip(toks, ct, strict=True)]
+        mx.eval(got, [[x.keys, x.values] for c in ct for x in c])
+        want = []
+        for t, c in zip(toks, ca, strict=True):
+            want.append(alone(t, cache=c))
+            mx.eval(want[-1], [[x.keys, x.values] for x in c])
+        for s in range(n):
+            assert same_bits(got[s], want[s]), f"step {step}, sequence {s}: logits"
+            for a, b in zip(ct[s], ca[s], strict=True):
+                assert same_bits(a.keys, b.keys) and same_bits(a.values, b.values), f"step {step}, sequence {s}"
+        toks = [mx.argmax(w[:, -1:], -1) for w in want]
+
+
+def _with_env(env: dict[str, str], f):
+    """``f`` called with the environment's variables ``env`` set (read when its segments
+    are built, at its first call of each shape), and set back after."""
+
+    def call(*a, **kw):
+        with pytest.MonkeyPatch.context() as m:
+            for k, v in env.items():
+                m.setenv(k, v)
+            return f(*a, **kw)
+
+    return call
+
+
 def _under(monkeypatch: pytest.MonkeyPatch, variable: str, value: str, f):
     """``f`` called with the environment's ``variable`` set to ``value`` (read when its
     segments are built, at its first call)."""

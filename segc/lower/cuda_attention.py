@@ -16,9 +16,9 @@ done on a counter per (batch, KV head), and the last block of a group merges its
 the same arithmetic as ``combine`` in the same order (the same bits), reading the partial
 results from L2 with its loads issued together (``cuda_merge.py``). A decode step is host-bound on the GPU by the kernels it launches
 (docs/performance.md), and this takes one a layer away. The counter is a small uint32
-array made once per traced call (so each compiled segment holds its own: two kernels
-that MLX may run concurrently never share one); the last block sets it back to zero for
-the next call. ``SEGC_ATTENTION_KERNELS=2`` (or ``kernels=2``) keeps the two kernels.
+array of the launch's own, zeroed at each call (``scratch.py``: two kernels that MLX may
+run at once never share one, not even two calls of one compiled function); the last
+block sets it back to zero all the same. ``SEGC_ATTENTION_KERNELS=2`` (or ``kernels=2``) keeps the two kernels.
 
 In a decode step the buffers come from HBM. The loops are unrolled so that their loads go
 out together, and where ``cuda_stage.staged`` says so (``SEGC_ATTENTION_STAGE``) each
@@ -39,9 +39,9 @@ import struct
 from typing import Any
 
 import mlx.core as mx
-import numpy as np
 
 from ..errors import UsageError
+from . import scratch
 from .cuda_kernel import cuda_kernel
 from .cuda_merge import FAST_TAIL, LAST_BLOCK
 from .cuda_stage import STAGE_DECLARE, STAGE_LOAD, stage_header, staged
@@ -261,10 +261,10 @@ def _one_kernel(scale_bits: int, stage: bool = False) -> Any:
 
 
 def counter(groups: int) -> mx.array:
-    """A fresh counter for the one kernel, an entry a group, made at each traced call: one
-    per compiled kernel (module docstring); 1-d, so never one of the scalars MLX's compile
-    merges when equal."""
-    return mx.array(np.zeros(groups, dtype=np.uint32))
+    """A zeroed counter for the one kernel, an entry a group, of this launch's own and
+    fresh at each call (``scratch.py``: calls of one compiled function evaluated together
+    may run at once)."""
+    return scratch.zeros(groups)
 
 
 def attention_kernels() -> int:

@@ -17,9 +17,9 @@ one before wrote, so the blocks take **tickets** in order (``cuda_tickets.py``: 
 deadlock, whatever the grid). The grid is a block per ticket of the largest stage, as
 many as the separate kernels' largest grid (``SEGC_CHAIN_BLOCKS`` sets another). The
 counters, and after them the stages' rows ``h`` and ``a``, are a uint32
-array made at each traced call (:func:`state`), as the attention kernel's counter is
-(``cuda_attention.counter``): two compiled segments never share one, and the rows are
-no outputs for MLX to allocate at every call. Only imported on a machine whose MLX has
+array of the launch's own, zeroed at each call (:func:`state`, ``scratch.py``), as the
+attention kernel's counter is: two launches never share one, and the rows are no
+outputs for MLX to allocate. Only imported on a machine whose MLX has
 CUDA (importing needs no GPU).
 """
 
@@ -32,10 +32,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import mlx.core as mx
-import numpy as np
 
 from .. import dtypes
 from ..errors import UsageError
+from . import scratch
 from .cuda_kernel import cuda_kernel, launch_bounds
 from .cuda_products import _HEADER, ROWS_PER_BLOCK
 from .cuda_tickets import CHAIN_HEADER, COUNTERS, tickets
@@ -144,13 +144,12 @@ def _kernel(eps_bits: int, next_bits: int | None = None, blocks: int = 0) -> Any
 
 
 def state(hidden: int, inner: int, itemsize: int) -> mx.array:
-    """A fresh state for the kernel, made at each traced call (so each compiled segment
-    keeps its own; 1-d, so never one of the scalars MLX's compile merges when equal):
-    its counters, then room for the stages' rows ``h`` and ``a`` (``a`` 16-byte
-    aligned), kept by the segment instead of two outputs MLX would allocate at every
-    call."""
+    """A zeroed state for the kernel, of the launch's own at each call
+    (``scratch.py``): its counters, then room for the stages' rows ``h`` and ``a``
+    (``a`` 16-byte aligned), kept for the call instead of two outputs MLX would
+    allocate."""
     words = -(-((aligned(hidden, itemsize) + inner) * itemsize) // 4)
-    return mx.array(np.zeros(COUNTERS + words, dtype=np.uint32))
+    return scratch.zeros(COUNTERS + words)
 
 
 def launch(m: ProductMatch, ins: Sequence[mx.array]) -> tuple[list[tuple[str, Any]], list[mx.array], int]:

@@ -25,9 +25,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import mlx.core as mx
-import numpy as np
 
 from .. import dtypes
+from . import scratch
 from .cuda_attention import _HEADER as _NEG_INF
 from .cuda_attention import _MERGE, _ONE_TAIL, _PARTIAL, CHUNK, counter
 from .cuda_chain import _MLP, _NEXT, _ROWS, _bits, grid, launch, occupancy
@@ -112,7 +112,7 @@ def state(hidden: int, inner: int, row: int, itemsize: int) -> mx.array:
     """The chain's state (``cuda_chain.state``) with room for the attention's row of
     ``row`` values after ``a``."""
     words = -(-((aligned(hidden, itemsize) + aligned(inner, itemsize) + row) * itemsize) // 4)
-    return mx.array(np.zeros(COUNTERS + words, dtype=np.uint32))
+    return scratch.zeros(COUNTERS + words)
 
 
 def layer(m: ProductMatch, ins: Sequence[mx.array], blocks: int | None = None) -> list[mx.array]:

@@ -23,7 +23,8 @@ values, as there.
 from __future__ import annotations
 
 # the group's blocks count themselves done on its counter; all but the last return, and
-# the last sets the counter back to zero for the next call (both tails begin so)
+# the last sets the counter back to zero (a counter handed to launch after launch stays
+# ready; segc's own are fresh at each call, scratch.py); both tails begin so
 LAST_BLOCK = r"""
     __threadfence();                     // this block's partial results, seen device-wide
     __shared__ bool last;

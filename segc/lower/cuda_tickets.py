@@ -11,7 +11,8 @@ running (a block works on its lower ticket first), so no wait depends on a block
 has not started: no deadlock, whatever the grid and however many blocks are resident
 (the decoupled look-back's argument). A wait longer than about 2^32 cycles traps (a CUDA
 error, not a hang). Values another block wrote are read through L2 (``__ldcg``). The
-last block to leave sets the counters back to zero for the next call. Importing needs
+last block to leave sets the counters back to zero (segc's are fresh at each call all
+the same: ``scratch.py``). Importing needs
 no GPU.
 """
 

@@ -15,7 +15,7 @@ import mlx.core as mx
 
 from ..errors import UnsupportedPrimitive
 from ..ir import Const, Eqn, Graph, Segment
-from . import dequantized, experts
+from . import dequantized, experts, scratch
 from .attention import AttentionMatch, rows_mask
 from .attention import Kernel as Attention
 from .fused import find_all
@@ -237,12 +237,13 @@ def replay_fn(
     def run(*xs: mx.array) -> list[mx.array]:
         env: dict[str, Any] = dict(consts)
         env.update(zip(in_names, xs))
-        for r, e, ins, outs in plan:
-            res = r([env[v] for v in ins], e.args, e)
-            if isinstance(res, mx.array):
-                env[outs[0]] = res
-            else:
-                env.update(zip(outs, res))
+        with scratch.per_call():  # the kernels' counters: one zeroed bank a call
+            for r, e, ins, outs in plan:
+                res = r([env[v] for v in ins], e.args, e)
+                if isinstance(res, mx.array):
+                    env[outs[0]] = res
+                else:
+                    env.update(zip(outs, res))
         return [env[v] for v in out_names]
 
     return run
