@@ -116,8 +116,8 @@ def test_a_decode_keeps_its_bits_with_the_write_in_place(arch, monkeypatch) -> N
 
     monkeypatch.setattr(kvwrite.cuda_kv_write_with_attention, "with_attention", with_attention)
 
-    in_place = _under(monkeypatch, "SEGC_KV_IN_PLACE", "1", segc.jit(model, validate=False, concat_projections=True))
-    copied = _under(monkeypatch, "SEGC_KV_IN_PLACE", "0", segc.jit(model, validate=False, concat_projections=True))
+    in_place = _with_env({"SEGC_KV_IN_PLACE": "1"}, segc.jit(model, validate=False, concat_projections=True))
+    copied = _with_env({"SEGC_KV_IN_PLACE": "0"}, segc.jit(model, validate=False, concat_projections=True))
     assert_decodes_agree(model, in_place, copied)
     assert sorted({w for _, w in pairs}) == [False, True] and all(m.alone for m, _ in pairs), pairs
 
@@ -130,8 +130,8 @@ def test_a_decode_keeps_its_bits_with_the_chunk_staged(in_place, monkeypatch) ->
     monkeypatch.setenv("SEGC_KV_IN_PLACE", in_place)
     model = build("llama", num_hidden_layers=2, hidden_size=256, intermediate_size=512, head_dim=64, dtype=mx.bfloat16)
 
-    staged = _under(monkeypatch, "SEGC_ATTENTION_STAGE", "1", segc.jit(model, validate=False, concat_projections=True))
-    direct = _under(monkeypatch, "SEGC_ATTENTION_STAGE", "0", segc.jit(model, validate=False, concat_projections=True))
+    staged = _with_env({"SEGC_ATTENTION_STAGE": "1"}, segc.jit(model, validate=False, concat_projections=True))
+    direct = _with_env({"SEGC_ATTENTION_STAGE": "0"}, segc.jit(model, validate=False, concat_projections=True))
     assert_decodes_agree(model, staged, direct)
 
 
@@ -184,16 +184,5 @@ def _with_env(env: dict[str, str], f):
             for k, v in env.items():
                 m.setenv(k, v)
             return f(*a, **kw)
-
-    return call
-
-
-def _under(monkeypatch: pytest.MonkeyPatch, variable: str, value: str, f):
-    """``f`` called with the environment's ``variable`` set to ``value`` (read when its
-    segments are built, at its first call)."""
-
-    def call(*a, **kw):
-        monkeypatch.setenv(variable, value)
-        return f(*a, **kw)
 
     return call

@@ -11,6 +11,7 @@ import itertools
 import mlx.core as mx
 import numpy as np
 import pytest
+from conftest import examples
 from hypothesis import given, settings
 from hypothesis import strategies as hst
 
@@ -46,7 +47,7 @@ def test_outside_a_call_each_request_is_fresh_at_each_call() -> None:
     assert len(ptrs) == 4, "two requests of one call, or two calls, share memory"
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(sizes=hst.lists(hst.integers(1, 3000), min_size=1, max_size=8))
 def test_a_calls_requests_are_disjoint_and_fresh_at_each_call(sizes) -> None:
     def body(x: mx.array) -> list[mx.array]:
