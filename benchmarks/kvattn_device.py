@@ -35,7 +35,11 @@ lowers a reference llama of N layers with ``kv_in_place=True`` and prints, per s
 the writes paired with their attention and how many are written in place (a layer whose
 old buffers have another reader copies).
 
-    python benchmarks/kvattn_device.py [--layers 16] [--repeats 30] [--step-layers 16] [--flush 96]
+With ``--device-offset`` the segc forms read an offset made on the device (16 bytes, a
+kernel's: device memory), as segc's steps do on CUDA; without, one made on the host (a
+scalar in MLX's managed pool, read across the bus).
+
+    python benchmarks/kvattn_device.py [--layers 16] [--repeats 30] [--step-layers 16] [--flush 96] [--device-offset]
 
 Needs MLX's CUDA build and a GPU for segc's kernels; on the CPU only ``eager`` runs, on
 the wall clock.
@@ -84,13 +88,16 @@ def _eager(q: mx.array, kb: mx.array, k: mx.array, vb: mx.array, v: mx.array) ->
     return [o, kb, vb]
 
 
-def _segc_forms() -> dict[str, Callable[..., list[mx.array]]]:
+def _segc_forms(device_offset: bool = False) -> dict[str, Callable[..., list[mx.array]]]:
     from segc.lower.cuda_attention import cuda_attention
     from segc.lower.cuda_kvattention import kv_attention
     from segc.lower.cuda_kvwrite import kv_write
 
     mask = (mx.arange(CAP) <= POS)[None]
     off = mx.array(POS, dtype=mx.int32)
+    if device_offset:  # 16 bytes made by a kernel: device memory, not MLX's managed scalar pool
+        off = mx.full((4,), off)[0]
+        mx.eval(off)
     pos = mx.arange(CAP)[None, None, :, None] == off
 
     def select(q, kb, k, vb, v):
@@ -193,6 +200,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=16, help="buffer sets between the stamps")
     ap.add_argument("--repeats", type=int, default=30, help="stamped runs per form (the median)")
     ap.add_argument("--step-layers", type=int, default=0, help="also count in-place writes in a lowered step")
+    ap.add_argument("--device-offset", action="store_true", help="the offset made on the device (segc's default)")
     ap.add_argument("--flush", type=int, default=0, help="also every form after a sum over this many MB a layer")
     args = ap.parse_args()
     what = "device time (the GPU's clock)" if CUDA else "wall-clock time (no CUDA: host and device together)"
@@ -200,7 +208,7 @@ def main() -> None:
     q = mx.random.normal((1, HQ, 1, D)).astype(mx.bfloat16)
     fs: dict[str, Callable[..., list[mx.array]]] = {"eager": _eager}
     if CUDA:
-        fs.update({name: mx.compile(f) for name, f in _segc_forms().items()})
+        fs.update({name: mx.compile(f) for name, f in _segc_forms(args.device_offset).items()})
     forms = {name: _threaded(f, _state(args.layers)) for name, f in fs.items()}
     if args.flush:
         big = mx.ones((args.flush * 2**18,), dtype=mx.float32)
