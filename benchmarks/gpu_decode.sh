@@ -6,7 +6,7 @@
 #
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_decode.sh [PARTS]
 #
-# PARTS: any of  dense quant moe concat chain chaintests isolated runtime kernels select products check generate device ablate modes commits census kv attn kvattn kvattndev timeline stage tail bank offset stagedecode inplace prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
+# PARTS: any of  dense quant moe concat chain chaintests isolated runtime kernels select products check generate device ablate modes commits census kv attn kvattn kvattndev timeline stage tail bank layers stamps stagedecode inplace prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
 # (default: dense runtime). chain: a layer's MLP, and a decode layer, as one kernel
 # (segc.lower.cuda_chain, cuda_layer; off by default): chain_device.py (device time against
 # the separate kernels, several grids, the tickets alone) and chain_stages.py (each stage's
@@ -26,7 +26,7 @@
 # one level of device time?); commits: the commit policies on a
 # segment per layer, each variant a process of its own, 2 rounds; census: kernel_census.py
 # (the kernels of one decode step, by name, from MLX's CUDA graphs); kv: the rotation-and-write
-# kernel on and off, two rounds; attn: the decode attention as one kernel or two, two rounds; kvattn: the rotated write with its attention as one kernel (the default) or apart, two rounds; stage: the attention's chunks read into shared memory first (SEGC_ATTENTION_STAGE=1; auto, the default, stages the write in place alone) against not: the CUDA attention and write tests, timeline's steps with and without (and segcnokv's attention as its two kernels), kvattn_device.py's forms with and without, alone and after a 96-MB sum a layer (--flush: their buffers in HBM, as in a step; about 5 minutes); tail: the one kernel's merge with its loads issued together (segc.lower.cuda_merge): the CUDA attention and write tests, the steps' kernels, the decode eager,frozen,frozen+inplace+nostage,frozen+inplace in one round (about 6 minutes; the write in place is staged by default, SEGC_ATTENTION_STAGE=auto); offset: the offset made on the device (segc.trace.kvcache: 16 bytes a kernel makes, not MLX's managed scalar pool) against the host's scalar (SEGC_DEVICE_POSITION=0) and OLD's tree, STEPS' kernels twice each, kvattn_device.py with either offset, and the decode eager,frozen,frozen+inplace with each (about 7 minutes); bank: the counters' bank (segc.lower.scratch) against the tree before it, OLD (a folder holding that tree's segc/, carried: git archive 568ea14 segc | tar -x -C .gpu/old), STEPS' kernels (default segc,segcinplace,segcnokv) twice in each tree, and kvattn_device.py's forms after a 96-MB and a 2-GB sum a layer (a step reads 2 GB of weights between two attentions: whether its pages, not L2 alone, slow the attention there; about 4 minutes); stagedecode: the decode with and without (+stage), each variant a process, two rounds (about 5 minutes); timeline: kernel_timeline.py (every kernel of STEPS' decode steps, default eager,segc,segcinplace,segcnokv; MOVING=1: each call the next position, from CUPTI's records: span, kernels running, gaps, per kernel name; carry .gpu/cupti, benchmarks/stage_cupti.sh installs it); kvattndev: kvattn_device.py (the write and attention's forms per layer on the device's clock: eager's, segcnokv's select, apart, fused copying and in place, the attention alone; and how many of a lowered 16-layer step's writes are in place); inplace: that kernel writing the row into the old buffers (frozen+inplace, frozenhead+inplace: SEGC_KV_IN_PLACE=1) or copying them, beside eager, every variant a process, two rounds; prefill: 512 tokens, segc's defaults against concatenated (MODEL_ARGS="--bits 4" or "--arch mixtral" for another model); prefillproducts: prefill_products.py (a prefill's products alone against eager's prefill, three models). Logs go
+# kernel on and off, two rounds; attn: the decode attention as one kernel or two, two rounds; kvattn: the rotated write with its attention as one kernel (the default) or apart, two rounds; stage: the attention's chunks read into shared memory first (SEGC_ATTENTION_STAGE=1; auto, the default, stages the write in place alone) against not: the CUDA attention and write tests, timeline's steps with and without (and segcnokv's attention as its two kernels), kvattn_device.py's forms with and without, alone and after a 96-MB sum a layer (--flush: their buffers in HBM, as in a step; about 5 minutes); tail: the one kernel's merge with its loads issued together (segc.lower.cuda_merge): the CUDA attention and write tests, the steps' kernels, the decode eager,frozen,frozen+inplace+nostage,frozen+inplace in one round (about 6 minutes; the write in place is staged by default, SEGC_ATTENTION_STAGE=auto); layers: STEPS' attention kernels (default segc,segcinplace,segcnokv) layer by layer, each occurrence's duration and the gap before it (kernel_timeline.py --by-layer BYLAYER), three processes (is a slow step slow in some layers, always the same, or in some calls?; about 2 minutes); NOCACHE=1: each process again with mx.set_cache_limit(0) (no buffer of MLX's cache handed out again); stamps: kvattn_stamps.py (the write with its attention inside STEPS' steps, default segc,segcinplace, part by part from its blocks' stamps of the GPU's clock, SEGC_KERNEL_STAMPS=1: which part grows in a slow call), three processes (about 3 minutes); bank: the counters' bank (segc.lower.scratch) against the tree before it, OLD (a folder holding that tree's segc/, carried: git archive 568ea14 segc | tar -x -C .gpu/old), STEPS' kernels (default segc,segcinplace,segcnokv) twice in each tree, and kvattn_device.py's forms after a 96-MB and a 2-GB sum a layer (a step reads 2 GB of weights between two attentions: whether its pages, not L2 alone, slow the attention there; about 4 minutes); stagedecode: the decode with and without (+stage), each variant a process, two rounds (about 5 minutes); timeline: kernel_timeline.py (every kernel of STEPS' decode steps, default eager,segc,segcinplace,segcnokv; MOVING=1: each call the next position, from CUPTI's records: span, kernels running, gaps, per kernel name; carry .gpu/cupti, benchmarks/stage_cupti.sh installs it); kvattndev: kvattn_device.py (the write and attention's forms per layer on the device's clock: eager's, segcnokv's select, apart, fused copying and in place, the attention alone; and how many of a lowered 16-layer step's writes are in place); inplace: that kernel writing the row into the old buffers (frozen+inplace, frozenhead+inplace: SEGC_KV_IN_PLACE=1) or copying them, beside eager, every variant a process, two rounds; prefill: 512 tokens, segc's defaults against concatenated (MODEL_ARGS="--bits 4" or "--arch mixtral" for another model); prefillproducts: prefill_products.py (a prefill's products alone against eager's prefill, three models). Logs go
 # to $OUT. dequantized: the 4-bit prefill with its quantized products as the dequantized
 # weights' products (segc.lower.dequantized): its tests, prefill_qmm.py (each product's device
 # time, its bytes, the prefill's peak memory), 512 tokens with the form on and off
@@ -201,7 +201,7 @@ for p in $parts; do
     lib=$(bash benchmarks/stage_cupti.sh) || { echo "timeline: no CUPTI"; exit 1; }
     PYTHONPATH="/tmp/cupti:${PYTHONPATH:-}" LD_LIBRARY_PATH="$lib:${LD_LIBRARY_PATH:-}" MLX_MAX_OPS_PER_BUFFER=100000 \
       MLX_MAX_MB_PER_BUFFER=1000000 timeout 300 $PY benchmarks/kernel_timeline.py --steps "${STEPS:-eager,segc,segcinplace,segcnokv}" \
-      --calls 20 ${MOVING:+--moving} ${NOUVM:+--no-uvm} >"$OUT/timeline.txt" 2>&1
+      --calls 20 ${MOVING:+--moving} ${NOUVM:+--no-uvm} ${BYLAYER:+--by-layer "$BYLAYER"} ${CACHELIMIT:+--cache-limit "$CACHELIMIT"} >"$OUT/timeline.txt" 2>&1
     echo "timeline: rc=$?"
     ;;
   stage)  # the attention's chunks in shared memory first (SEGC_ATTENTION_STAGE=1) or not: its GPU tests, every kernel of the
@@ -236,22 +236,24 @@ for p in $parts; do
     timeout 300 $PY benchmarks/kvattn_device.py --repeats 10 --flush 2048 >"$OUT/kvattn_flush2048.txt" 2>&1
     echo "flush 2 GB: rc=$?"
     ;;
-  offset)  # the offset made on the device (segc.trace.kvcache) or the host's scalar, and the tree before (OLD)
-    S=${STEPS:-segc,segcinplace,segcnokv}
-    for r in 1 2; do
-      NOUVM=1 STEPS=$S bash "$0" timeline && mv "$OUT/timeline.txt" "$OUT/timeline_dev$r.txt"
-      SEGC_DEVICE_POSITION=0 NOUVM=1 STEPS=$S bash "$0" timeline && mv "$OUT/timeline.txt" "$OUT/timeline_host$r.txt"
-      if [ -n "${OLD:-}" ]; then
-        PYTHONPATH="$OLD:${PYTHONPATH:-}" NOUVM=1 STEPS=$S bash "$0" timeline && mv "$OUT/timeline.txt" "$OUT/timeline_old$r.txt"
+  layers)  # the attention kernels of STEPS' steps layer by layer (timeline --by-layer), three processes
+    for r in 1 2 3; do
+      NOUVM=1 BYLAYER=${BYLAYER:-78_|attention_one} STEPS=${STEPS:-segc,segcinplace,segcnokv} bash "$0" timeline &&
+        mv "$OUT/timeline.txt" "$OUT/timeline_layers$r.txt"
+      if [ -n "${NOCACHE:-}" ]; then
+        CACHELIMIT=0 NOUVM=1 BYLAYER=${BYLAYER:-78_|attention_one} STEPS=${STEPS:-segc,segcinplace,segcnokv} bash "$0" timeline &&
+          mv "$OUT/timeline.txt" "$OUT/timeline_nocache$r.txt"
       fi
     done
-    grep -H "calls; span" "$OUT"/timeline_*.txt | cut -c1-170
-    grep -H "16.0x .*\(78_\|attention\)" "$OUT"/timeline_*.txt | cut -c1-120
-    timeout 100 $PY benchmarks/kvattn_device.py --repeats 20 >"$OUT/kvattn_host.txt" 2>&1
-    timeout 100 $PY benchmarks/kvattn_device.py --repeats 20 --device-offset >"$OUT/kvattn_dev.txt" 2>&1
-    echo "kvattn: rc=$?"
-    VARIANTS=eager,frozen,frozen+inplace REPEATS=30 BENCH_LIMIT=150 bench offdev --prefill 0 --first-call-layers 0 --no-dispatch
-    SEGC_DEVICE_POSITION=0 VARIANTS=frozen,frozen+inplace REPEATS=30 BENCH_LIMIT=110 bench offhost --prefill 0 --first-call-layers 0 --no-dispatch
+    grep -H "calls; span\|by layer\|each call's sum" "$OUT"/timeline_layers*.txt "$OUT"/timeline_nocache*.txt 2>/dev/null | cut -c1-300
+    ;;
+  stamps)  # the write with its attention part by part inside the step, from its blocks' own stamps, three processes
+    for r in 1 2 3; do
+      MLX_MAX_OPS_PER_BUFFER=100000 MLX_MAX_MB_PER_BUFFER=1000000 timeout 200 $PY benchmarks/kvattn_stamps.py \
+        --steps "${STEPS:-segc,segcinplace}" --calls 30 >"$OUT/stamps$r.txt" 2>&1
+      echo "stamps $r: rc=$?"
+    done
+    grep -H "calls, \| fast \| slow \|  call \|Error" "$OUT"/stamps*.txt | cut -c1-200
     ;;
   stagedecode)  # the decode with and without it, each variant a process, two rounds (about 5 minutes)
     VARIANTS=eager,frozen,frozen+stage,frozen+inplace+nostage,frozen+inplace ROUNDS=2 REPEATS=30 BENCH_LIMIT=${BENCH_LIMIT:-400} \

@@ -13,13 +13,16 @@ first. Then, apart (the counters may slow what they watch), a few calls more wit
 unified memory's counters (MLX puts an array made on the host in managed memory): page faults and
 bytes moved a call (``--no-uvm`` skips them). ``--moving``: each call decodes the next
 position, as a generation does (segc's offset a new array made on the host each call),
-instead of position 1,024 again. With ``MLX_MAX_OPS_PER_BUFFER`` and ``MLX_MAX_MB_PER_BUFFER`` set past a step's
+instead of position 1,024 again. ``--by-layer REGEX``: the kernels whose names match, in launch order within a call, each
+occurrence's time and the gap before it, and each call's sum (are slow steps slow in
+some layers or in some calls?). ``--cache-limit 0``: MLX's buffer cache off
+(``mx.set_cache_limit``). With ``MLX_MAX_OPS_PER_BUFFER`` and ``MLX_MAX_MB_PER_BUFFER`` set past a step's
 size a step is one CUDA graph and its gaps are the device's own, no wait for the host.
 
 Needs ``cupti-python`` (with ``nvidia-cuda-cupti`` and ``cuda-bindings`` of MLX's CUDA
 major version; ``make gpu-prepare`` packs them into ``.gpu/cupti``, docs/gpu.md):
 
-    python benchmarks/kernel_timeline.py [--steps eager,segc,segcinplace,segcnokv] [--calls 20] [--top 25]
+    python benchmarks/kernel_timeline.py [--steps eager,segc,segcinplace,segcnokv] [--calls 20] [--top 25] [--by-layer REGEX] [--cache-limit N]
 """
 
 from __future__ import annotations
@@ -195,7 +198,30 @@ def summarize(per_call: list[list[tuple[str, int, int, str]]]) -> dict[str, Any]
     return out
 
 
-def report(name: str, per_call: list[list[tuple[str, int, int, str]]], top: int) -> None:
+def by_layer(per_call: list[list[tuple[str, int, int, str]]], pattern: str) -> None:
+    """The kernels whose names match ``pattern``, in launch order within a call: each
+    occurrence's duration and the gap before it (from the kernel before it to its start),
+    medians over the calls, µs; then each call's sum of them. Slow layers the same in
+    every call point at their buffers, slow calls at the call."""
+    rx = re.compile(pattern)
+    rows: list[list[tuple[int, int]]] = []
+    for call in per_call:
+        ks = sorted((r for r in call if r[0] == "kernel"), key=lambda r: r[1])
+        got = [(r[2] - r[1], r[1] - ks[i - 1][2] if i else 0) for i, r in enumerate(ks) if rx.search(demangled(r[3]))]
+        if got:
+            rows.append(got)
+    if not rows or len({len(r) for r in rows}) != 1:
+        print(f"  by layer ({pattern}): {sorted({len(r) for r in rows})} matches a call, not one count: not shown")
+        return
+    n = len(rows[0])
+    med = lambda xs: statistics.median(xs) / 1e3  # noqa: E731  (us)
+    durs = " ".join(f"{med([r[i][0] for r in rows]):.1f}" for i in range(n))
+    gaps = " ".join(f"{med([r[i][1] for r in rows]):.1f}" for i in range(n))
+    sums = " ".join(f"{sum(d for d, _ in r) / 1e3:.0f}" for r in rows)
+    print(f"  by layer ({pattern}), {n} a call: durations {durs}\n    gaps before {gaps}\n    each call's sum {sums}")
+
+
+def report(name: str, per_call: list[list[tuple[str, int, int, str]]], top: int, layered: str = "") -> None:
     s = summarize(per_call)
     n = len(s["spans"])
     if not n:
@@ -211,6 +237,8 @@ def report(name: str, per_call: list[list[tuple[str, int, int, str]]], top: int)
     named = {k: v for k, v in s["by_name"].items() if not k.startswith("uvm ")}
     for k, (c, t) in sorted(named.items(), key=lambda kv: -kv[1][1])[:top]:
         print(f"  {t / n / 1e3:9.1f} us {c / n:6.1f}x  {k}")
+    if layered:
+        by_layer(per_call, layered)
     for k, (c, v) in sorted(s["by_name"].items()):
         if k.startswith("uvm "):
             print(f"  {k}: {c / n:.1f} records, {v / n:.0f} a call (bytes or faults)")
@@ -225,14 +253,20 @@ def main() -> None:
     ap.add_argument(
         "--moving", action="store_true", help="each call decodes the next position (a new offset array a call)"
     )
+    ap.add_argument("--by-layer", default="", help="a regex of kernel names: each occurrence's time in a call")
+    ap.add_argument(
+        "--cache-limit", type=int, default=-1, help="mx.set_cache_limit (0: no buffer handed out again; default MLX's)"
+    )
     ap.add_argument("--no-uvm", dest="uvm", action="store_false", help="skip the unified memory counters' pass")
     args = ap.parse_args()
     print(f"mlx {mx.__version__} on {mx.default_device()}; decode steps at context 1024, CUPTI's records")
+    if args.cache_limit >= 0:
+        mx.set_cache_limit(args.cache_limit)
     rec = Recorder()
     rec.start()
     bodies = {name: step_body(name, args.layers, None, args.moving) for name in args.steps.split(",")}
     for name, body in bodies.items():
-        report(name, record(rec, body, args.calls), args.top)
+        report(name, record(rec, body, args.calls), args.top, args.by_layer)
     if args.uvm and rec.with_uvm():  # apart: the counters may slow what they watch
         print("\nagain, with unified memory's counters (their spans are not the figures above):")
         for name, body in bodies.items():

@@ -36,8 +36,9 @@ the writes paired with their attention and how many are written in place (a laye
 old buffers have another reader copies).
 
 With ``--device-offset`` the segc forms read an offset made on the device (16 bytes, a
-kernel's: device memory), as segc's steps do on CUDA; without, one made on the host (a
-scalar in MLX's managed pool, read across the bus).
+kernel's: device memory; the forty-fifth session's experiment, not kept); without, one
+made on the host, as segc's steps make it (a scalar in MLX's managed pool, which the
+device may read across the bus).
 
     python benchmarks/kvattn_device.py [--layers 16] [--repeats 30] [--step-layers 16] [--flush 96] [--device-offset]
 
@@ -200,7 +201,9 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=16, help="buffer sets between the stamps")
     ap.add_argument("--repeats", type=int, default=30, help="stamped runs per form (the median)")
     ap.add_argument("--step-layers", type=int, default=0, help="also count in-place writes in a lowered step")
-    ap.add_argument("--device-offset", action="store_true", help="the offset made on the device (segc's default)")
+    ap.add_argument(
+        "--device-offset", action="store_true", help="the offset made on the device, not the host (an experiment)"
+    )
     ap.add_argument("--flush", type=int, default=0, help="also every form after a sum over this many MB a layer")
     args = ap.parse_args()
     what = "device time (the GPU's clock)" if CUDA else "wall-clock time (no CUDA: host and device together)"

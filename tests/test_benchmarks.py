@@ -620,6 +620,57 @@ def test_kernel_timeline_sums_hand_made_records() -> None:
     assert s["by_name"] == {"k": [3, 250], "segc_x": [1, 110], "memset": [1, 5], "uvm GPU_PAGE_FAULT": [2, 7]}
 
 
+def test_kernel_timeline_times_each_layers_kernel(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--by-layer``: the matching kernels in launch order, each occurrence's duration and
+    the gap before it (medians over calls, µs), each call's sum; calls that match a
+    different number of times are not lined up."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from kernel_timeline import by_layer
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    # records out of launch order, as CUPTI may hand them back; 'attn' twice a call
+    call = [("kernel", 25_000, 30_000, "b"), ("kernel", 12_000, 20_000, "attn_x"), ("kernel", 0, 10_000, "a")]
+    calls = [[*call, ("kernel", 31_000, 31_000 + d, "attn_y")] for d in (14_000, 16_000, 30_000)]
+    by_layer(calls, "attn")
+    out = capsys.readouterr().out
+    assert "2 a call: durations 8.0 16.0" in out and "gaps before 2.0 1.0" in out
+    assert "each call's sum 22 24 38" in out
+    by_layer([*calls, call], "attn")
+    assert "[1, 2] matches a call, not one count: not shown" in capsys.readouterr().out
+
+
+def test_kvattn_stamps_reads_hand_made_stamps() -> None:
+    """``benchmarks/kvattn_stamps.py``'s parts from stamps written by hand (ns): a
+    kernel's span and start spread, each part's median over the blocks, the merge's over
+    the blocks that merged; calls split at the midpoint of their spans."""
+    import numpy as np
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from kvattn_stamps import call_row, phases, split
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    # three blocks: starts 1000, 1500, 3000 ns; parts of 0.5, 0.25, 1, 1.5, 2, 3, 4, 5 µs from
+    # each start (the third's keys 20 µs); the second block merges, 6 µs after its count,
+    # the first keeps an earlier call's merge stamp (older than its count); SMs 4, 9, 4
+    rows = []
+    for j, t0 in enumerate((1000, 1500, 3000)):
+        keys = 20_000 if j == 2 else 2000
+        pts = np.cumsum([t0, 500, 250, 1000, 1500, keys, 3000, 4000, 5000])
+        merged = pts[-1] + 6000 if j == 1 else (500 if j == 0 else 0)
+        rows.append([*pts, merged, (4, 9, 4)[j], 0])
+    k = np.array(rows, dtype=np.uint64)
+    p = phases(k)
+    assert p["starts"] == 2.0 and p["offset"] == 0.5 and p["query"] == 0.25 and p["queries"] == 1.0
+    assert p["staged"] == 1.5
+    assert p["keys"] == 2.0 and p["softmax"] == 3.0 and p["values"] == 4.0 and p["counted"] == 5.0
+    assert p["merge"] == 6.0
+    assert p["span"] == (3000 + 500 + 250 + 1000 + 1500 + 20_000 + 3000 + 4000 + 5000 - 1000) / 1e3  # the last count
+    assert call_row([k, k])["keys"] == 2.0
+    assert split([{"span": 10.0}, {"span": 30.0}, {"span": 19.0}, {"span": 21.0}]) == ([0, 2], [1, 3])
+
+
 def test_kvattn_device_runs_eagers_form_on_the_cpu() -> None:
     """``benchmarks/kvattn_device.py`` on the CPU: segc's forms need CUDA, eager's runs
     (on the wall clock) and prints a positive time a layer."""

@@ -23,6 +23,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from . import cuda_stamps
 from .cuda_attention import (
     _HEADER,
     _PARTIAL,
@@ -39,9 +40,6 @@ from .cuda_merge import FAST_TAIL
 from .cuda_stage import stage_header, staged
 
 _READS = r"""
-#ifndef SEGC_OFF
-#define SEGC_OFF off[0]  // (the layer kernel reads it where it is; cuda_layer.py)
-#endif
 template <typename T, bool TRAD, int DIMS, int DK, bool FREQS>
 __device__ T segc_key(const T* kr, const T* knew, size_t krow, int d, int bh, int C, int32_t pos, const float* freqs) {
   // a key's element: the old buffer's, or at the offset the new key rotated
@@ -105,14 +103,14 @@ __device__ void segc_copy_chunk(const T* k, T* ko, const T* v, T* vo, const T* k
     }
   }
 }
-#define SEGC_Q(row, d) segc_rotated<T, TRAD, DIMS, D, FREQS>(q, (row), (d), SEGC_OFF, FREQ_PTR)
-#define SEGC_KEY(kr, krow, d) segc_key<T, TRAD, DIMS, D, FREQS>((kr), knew, (krow), (d), bh, C, SEGC_OFF, FREQ_PTR)
+#define SEGC_Q(row, d) segc_rotated<T, TRAD, DIMS, D, FREQS>(q, (row), (d), off[0], FREQ_PTR)
+#define SEGC_KEY(kr, krow, d) segc_key<T, TRAD, DIMS, D, FREQS>((kr), knew, (krow), (d), bh, C, off[0], FREQ_PTR)
 #define SEGC_VALUES \
-    segc_copy_chunk<T, TRAD, DIMS, D, FREQS, NT>(k, ko, v, vo, knew, vnew, bh, C, start, n, t, SEGC_OFF, FREQ_PTR, \
+    segc_copy_chunk<T, TRAD, DIMS, D, FREQS, NT>(k, ko, v, vo, knew, vnew, bh, C, start, n, t, off[0], FREQ_PTR, \
                                                  STAGE ? kvs : nullptr, STAGE ? kvs + CHUNK * D : nullptr);
 #define SEGC_COPY_STAGES  // the copy stages the chunk: no second read
-#define SEGC_VAL(e, p, d) ((p) == SEGC_OFF ? vnew[(size_t)bh * D + (d)] : v[e])
-#define SEGC_ROW SEGC_OFF
+#define SEGC_VAL(e, p, d) ((p) == off[0] ? vnew[(size_t)bh * D + (d)] : v[e])
+#define SEGC_ROW off[0]
 #define SEGC_VBUF vo
 #define SEGC_LD(p) __ldcg(p)
 """
@@ -120,9 +118,6 @@ __device__ void segc_copy_chunk(const T* k, T* ko, const T* v, T* vo, const T* k
 # in place (``SEGC_KV_IN_PLACE=1``): the row at the offset written into the old buffers,
 # nothing copied; the block whose chunk holds the offset writes it before it reads it
 _IN_PLACE = r"""
-#ifndef SEGC_OFF
-#define SEGC_OFF off[0]  // (the layer kernel reads it where it is; cuda_layer.py)
-#endif
 template <typename T, bool TRAD, int DIMS, int DK, bool FREQS>
 __device__ T segc_key(const T* kr, const T* knew, size_t krow, int d, int bh, int C, int32_t pos, const float* freqs) {
   // a key's element: the buffer's, or at the offset the new key rotated, written into the buffer
@@ -133,32 +128,33 @@ __device__ T segc_key(const T* kr, const T* knew, size_t krow, int d, int bh, in
   const_cast<T*>(kr)[d] = x;
   return x;
 }
-#define SEGC_Q(row, d) segc_rotated<T, TRAD, DIMS, D, FREQS>(q, (row), (d), SEGC_OFF, FREQ_PTR)
-#define SEGC_KEY(kr, krow, d) segc_key<T, TRAD, DIMS, D, FREQS>((kr), knew, (krow), (d), bh, C, SEGC_OFF, FREQ_PTR)
+#define SEGC_Q(row, d) segc_rotated<T, TRAD, DIMS, D, FREQS>(q, (row), (d), off[0], FREQ_PTR)
+#define SEGC_KEY(kr, krow, d) segc_key<T, TRAD, DIMS, D, FREQS>((kr), knew, (krow), (d), bh, C, off[0], FREQ_PTR)
 #define SEGC_VALUES \
-    if (SEGC_OFF >= start && SEGC_OFF < start + n) { \
+    if (off[0] >= start && off[0] < start + n) { \
         for (int dd = t; dd < D; dd += NT) { \
-            const_cast<T*>(v)[((size_t)bh * C + SEGC_OFF) * D + dd] = vnew[(size_t)bh * D + dd]; \
+            const_cast<T*>(v)[((size_t)bh * C + off[0]) * D + dd] = vnew[(size_t)bh * D + dd]; \
         } \
     }
-#define SEGC_VAL(e, p, d) ((p) == SEGC_OFF ? vnew[(size_t)bh * D + (d)] : v[e])
-#define SEGC_ROW SEGC_OFF
+#define SEGC_VAL(e, p, d) ((p) == off[0] ? vnew[(size_t)bh * D + (d)] : v[e])
+#define SEGC_ROW off[0]
 #define SEGC_VBUF v
 #define SEGC_LD(p) __ldcg(p)
 """
 
 
-# the offset read once a thread: a scalar made on the host lives in MLX's managed scalar
-# pool, which the GPU may read across the bus, and in place a store between two reads
-# would make the compiler read it again
-_OFFSET_ONCE = "    const int32_t segc_off = off[0];\n"
-
-
 @functools.cache
 def _kernel(
-    freqs: bool, log2_base_bits: int, rope_scale_bits: int, scale_bits: int, in_place: bool = False, stage: bool = False
+    freqs: bool,
+    log2_base_bits: int,
+    rope_scale_bits: int,
+    scale_bits: int,
+    in_place: bool = False,
+    stage: bool = False,
+    stamps: bool = False,
 ) -> Any:
     ins = ["q", "knew", "k", "vnew", "v", "off", "mask", "count", *(["freqs"] if freqs else [])]
+    ins += ["stamp"] if stamps else []
     header = (
         _HEADER
         + stage_header(stage)
@@ -167,13 +163,14 @@ def _kernel(
         + f"#define SCALE (__int_as_float(0x{scale_bits:08x}))\n"
         + f"#define FREQ_PTR {'freqs' if freqs else 'nullptr'}\n"
         + _ROTATE
-        + "#define SEGC_OFF segc_off\n"
         + (_IN_PLACE if in_place else _READS)
+        + (cuda_stamps.HEADER if stamps else "")
     )
     name = f"segc_kv_attention{'_f' if freqs else ''}{'_i' if in_place else ''}"
-    name += f"_{log2_base_bits:08x}_{rope_scale_bits:08x}_{scale_bits:08x}"
+    name += f"_{log2_base_bits:08x}_{rope_scale_bits:08x}_{scale_bits:08x}{'_st' if stamps else ''}"
     outs = ["out", *([] if in_place else ["ko", "vo"]), "ps"]
-    return cuda_kernel(name, ins, outs, _OFFSET_ONCE + PACKED + _PARTIAL + FAST_TAIL, header)
+    source = PACKED + _PARTIAL + FAST_TAIL
+    return cuda_kernel(name, ins, outs, cuda_stamps.stamped(source) if stamps else source, header)
 
 
 def kv_attention(
@@ -220,12 +217,16 @@ def kv_attention(
         ("FREQS", freqs),
     ]
     rows = hq * lq
-    kernel = _kernel(freqs, *rope_bits(base, rope_scale), _bits(scale), in_place, staged(in_place))
+    stamps = cuda_stamps.wanted()
+    kernel = _kernel(freqs, *rope_bits(base, rope_scale), _bits(scale), in_place, staged(in_place), stamps)
     if in_place:
         kb, vb = mx.contiguous(kb), mx.contiguous(vb)
     bufs = [] if in_place else [kb.shape, vb.shape]
     outs = kernel(
-        inputs=[q, k, kb, v, vb, off.reshape(()) if off.ndim else off, m, counter(hkv), *ins[6:7]],
+        inputs=[
+            *[q, k, kb, v, vb, off.reshape(()) if off.ndim else off, m, counter(hkv), *ins[6:7]],
+            *([cuda_stamps.buffer(hkv * nchunks)] if stamps else []),
+        ],
         template=tmpl,
         grid=(hkv * nchunks * THREADS, 1, 1),
         threadgroup=(THREADS, 1, 1),

@@ -16,7 +16,6 @@ in exact mode.
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
 import mlx.core as mx
@@ -74,24 +73,8 @@ def position(n: int) -> mx.array:
     if a is None:
         if len(_POSITIONS) >= 8:
             _POSITIONS.clear()
-        a = _POSITIONS[n] = _on_device(mx.array(n, dtype=mx.int32))
+        a = _POSITIONS[n] = mx.array(n, dtype=mx.int32)
     return a
-
-
-def _on_device(a: mx.array) -> mx.array:
-    """On CUDA, ``a`` as the first of four copies made by a kernel (lazily: the first
-    segment's graph makes it). MLX keeps every array of 8 bytes or fewer, and every array
-    made on the host, in managed memory, where the device reads a page the host wrote
-    across the bus; 16 bytes made on the device live in device memory, which every
-    kernel that reads the offset (a layer's rotations, mask and write) then reads
-    instead. ``SEGC_DEVICE_POSITION=0`` keeps the host's scalar."""
-    if not _device_position():
-        return a
-    return mx.full((4,), a)[0]
-
-
-def _device_position() -> bool:
-    return mx.cuda.is_available() and os.environ.get("SEGC_DEVICE_POSITION", "1") != "0"
 
 
 def _kv_slot(index: int, obj: Any, grown: dict[str, Any] | None) -> Slot | None:

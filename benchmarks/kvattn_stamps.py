@@ -1,0 +1,124 @@
+"""The write with its attention inside a decode step, part by part, on the GPU's own clock
+(issue 13: the kernel takes 24 µs a layer in some calls and 45–55 in others, whole
+calls at a time; which part grows?).
+
+Each step (``device_time.py``'s variants: ``segc``, ``segcinplace``, ...; a reference
+llama at context 1024) is lowered with ``SEGC_KERNEL_STAMPS=1`` (``segc.lower.cuda_stamps``):
+every block of every layer's kernel writes the GPU's clock at ten points and its SM.
+After three calls to warm up, each of ``--calls`` calls is run alone (the host waits for
+it) and its stamps copied. Per call, averaged over the layers: the kernel's span (first
+block's start to the last stamp), the spread of the blocks' starts, and each part's
+median over the blocks (the offset read, a query element read, the queries rotated, the chunk's values written and staged, keys'
+products, softmax, weighted values, the count past the fence; the merge, the groups'
+last blocks); then the calls
+split into fast and slow by their span (the midpoint of the fastest and slowest), each
+part's mean in each, and whether the slow calls run on other SMs.
+
+    MLX_MAX_OPS_PER_BUFFER=100000 MLX_MAX_MB_PER_BUFFER=1000000 \\
+      python benchmarks/kvattn_stamps.py [--steps segc,segcinplace] [--calls 30]
+
+Needs MLX's CUDA build and a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+PARTS = ("offset", "query", "queries", "staged", "keys", "softmax", "values", "counted")
+
+
+def phases(stamps: np.ndarray) -> dict[str, float]:
+    """One kernel's stamps (``blocks x 12``: ten points in ns, the last only where a
+    block merged, then its SM) as µs: ``span`` (first start to last stamp), ``starts``
+    (the spread of the blocks' starts), each of :data:`PARTS` (the median over the blocks
+    of the time from the point before), ``merge`` (the median over the blocks that merged
+    in this call, from their count to the merge's end)."""
+    s = stamps[:, :10].astype(np.int64)
+    start = s[:, 0]
+    merged = s[:, 9] > s[:, 8]  # (a block last in an earlier call keeps that call's stamp)
+    last = np.where(merged, s[:, 9], s[:, 8])
+    out = {"span": (last.max() - start.min()) / 1e3, "starts": (start.max() - start.min()) / 1e3}
+    for i, part in enumerate(PARTS, start=1):
+        out[part] = float(np.median(s[:, i] - s[:, i - 1])) / 1e3
+    out["merge"] = float(np.median(s[merged, 9] - s[merged, 8])) / 1e3 if merged.any() else float("nan")
+    return out
+
+
+def call_row(kernels: list[np.ndarray]) -> dict[str, float]:
+    """A call's kernels' :func:`phases`, averaged over them (µs)."""
+    each = [phases(k) for k in kernels]
+    return {key: statistics.fmean(p[key] for p in each) for key in each[0]}
+
+
+def split(rows: list[dict[str, float]]) -> tuple[list[int], list[int]]:
+    """The calls' indices split at the midpoint of the fastest and slowest span."""
+    spans = [r["span"] for r in rows]
+    mid = (min(spans) + max(spans)) / 2
+    return [i for i, x in enumerate(spans) if x <= mid], [i for i, x in enumerate(spans) if x > mid]
+
+
+def report(name: str, rows: list[dict[str, float]], sms: list[set[int]]) -> None:
+    keys = ["span", "starts", *PARTS, "merge"]
+    print(f"\n{name}: {len(rows)} calls, µs a layer's kernel (means over the layers)")
+    print("  call " + "".join(f"{k:>9}" for k in keys))
+    for i, r in enumerate(rows):
+        print(f"  {i:4d} " + "".join(f"{r[k]:9.2f}" for k in keys))
+    fast, slow = split(rows)
+    for label, idx in (("fast", fast), ("slow", slow)):
+        if idx:
+            means = "".join(f"{statistics.fmean(rows[i][k] for i in idx):9.2f}" for k in keys)
+            used = set().union(*(sms[i] for i in idx))
+            print(f"  {label:>4} {means}   ({len(idx)} calls, {len(used)} SMs)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", default="segc,segcinplace")
+    ap.add_argument("--calls", type=int, default=30)
+    ap.add_argument("--layers", type=int, default=16)
+    args = ap.parse_args()
+    os.environ["SEGC_KERNEL_STAMPS"] = "1"
+    from device_time import CUDA, step_body
+
+    from segc.lower import cuda_stamps
+
+    if not CUDA:
+        raise SystemExit("needs MLX's CUDA build and a GPU")
+    print(f"mlx {mx.__version__} on {mx.default_device()}; decode steps at context 1024, the kernels' own stamps")
+    x = mx.array([[1]])
+    for name in args.steps.split(","):
+        cuda_stamps.BUFFERS.clear()
+        body = step_body(name, args.layers, None)
+        bufs = cuda_stamps.BUFFERS[-args.layers :]  # the last lowering's kernels
+        if len(bufs) != args.layers:
+            print(f"\n{name}: {len(cuda_stamps.BUFFERS)} stamped kernels, not {args.layers}: not shown")
+            continue
+        for _ in range(3):
+            mx.eval(body(x))
+        snaps: list[list[Any]] = []
+        for _ in range(args.calls):
+            mx.eval(body(x))
+            mx.synchronize()
+            copies = [b + 0 for b in bufs]  # the buffers as this call left them
+            mx.eval(copies)
+            snaps.append(copies)
+        rows, sms = [], []
+        for copies in snaps:
+            kernels = [np.array(c).reshape(-1, cuda_stamps.WORDS) for c in copies]
+            rows.append(call_row(kernels))
+            sms.append({int(v) for k in kernels for v in k[:, cuda_stamps.SM]})
+        report(name, rows, sms)
+
+
+if __name__ == "__main__":
+    main()

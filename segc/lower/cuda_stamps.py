@@ -1,0 +1,108 @@
+"""The GPU's clock inside the write with its attention (``cuda_kvattention.py``): with
+``SEGC_KERNEL_STAMPS=1`` when a segment is lowered, each block's first thread writes
+``%globaltimer`` at ten points of the kernel, and its SM, into a buffer of
+its own call (:data:`BUFFERS`, one a kernel, in the order the kernels were made), which
+``benchmarks/kvattn_stamps.py`` reads after each step.
+
+Why: inside a decode step the kernel takes 24 µs a layer in some calls and 45–55 in
+others, whole calls at a time, where the attention alone holds at 21 (CUPTI's records,
+docs/performance-log.md). The stamps (forty-fifth session, an H100) put all of it in
+the first part, from the block's start to its queries read and rotated: 5–10 µs a
+block in a fast call, 15–19 in a slow one; the chunk's loads, products, count and merge
+hold. The points (:data:`POINTS`): the block's start; the offset read and the group's
+first query element read (the first thread reads each once more, alone, for this); its
+queries read and rotated (the first thread's);
+its chunk's values written and, where staged, its keys and values read (after the
+block's barrier); its keys' products; its softmax; its weighted values; past its count
+(every block); the merge's end (the group's last block; a block that was last in an
+earlier call keeps that call's stamp there). The kernel writes the stamps through its
+input's pointer, as the in-place write does: a diagnostic, off by default, whose buffers
+MLX believes unchanged.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from .env import env_choice
+
+BUFFERS: list[mx.array] = []
+POINTS = ("start", "offset", "query", "queries", "staged", "keys", "softmax", "values", "counted", "merged")
+WORDS = 12  # a block's stamps: the ten points, its SM, one spare
+SM = 10  # the SM's word
+
+# a stamp: the clock read after every memory access before it in the text is issued (the
+# "memory" clobber: a store of a loaded value waits for the load); the offset, then the
+# group's first query element, read alone by the first thread, each value used (the
+# clock waits for it)
+HEADER = r"""
+#define SEGC_STAMP(i) \
+    if (t == 0) { \
+        unsigned long long segc_g; \
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(segc_g) :: "memory"); \
+        const_cast<uint64_t*>(stamp)[(size_t)blk * 12 + (i)] = segc_g; \
+        if ((i) == 0) { \
+            unsigned segc_sm; \
+            asm volatile("mov.u32 %0, %%smid;" : "=r"(segc_sm)); \
+            const_cast<uint64_t*>(stamp)[(size_t)blk * 12 + 10] = segc_sm; \
+        } \
+    }
+#define SEGC_READ_OFFSET \
+    if (t == 0) { \
+        const int32_t segc_o = *reinterpret_cast<const volatile int32_t*>(off); \
+        asm volatile("" :: "r"(segc_o) : "memory"); \
+    }
+#define SEGC_READ_QUERY \
+    if (t == 0) { \
+        const unsigned segc_q = *reinterpret_cast<const volatile unsigned char*>(q + (size_t)(b * HQ + hk * REP) * L * D); \
+        asm volatile("" :: "r"(segc_q) : "memory"); \
+    }
+"""
+
+# (a text, how many of its lines the stamps follow, what goes there)
+_AFTER = (
+    (
+        "    const int n = min(CHUNK, C - start);\n",
+        1,
+        "    SEGC_STAMP(0);\n    SEGC_READ_OFFSET\n    SEGC_STAMP(1);\n    SEGC_READ_QUERY\n    SEGC_STAMP(2);\n",
+    ),
+    (") * SCALE;\n    }\n", 2, "    SEGC_STAMP(3);\n"),
+    ("    __syncthreads();\n    // a warp per key", 1, "    SEGC_STAMP(4);\n"),
+    ("    __syncthreads();\n    // a warp per row, a lane per key", 1, "    SEGC_STAMP(5);\n"),
+    (
+        "    __syncthreads();\n    for (int i = t; i < R * D; i += NT) {\n        int r = i / D, d = i % D;\n        float acc",
+        1,
+        "    SEGC_STAMP(6);\n",
+    ),
+)
+
+
+def wanted() -> bool:
+    return env_choice("SEGC_KERNEL_STAMPS", ("0", "1"), "0") == "1"
+
+
+def stamped(source: str) -> str:
+    """``source`` (the one attention kernel's text) with the stamps at :data:`POINTS`; an
+    error where the text no longer has one of the places."""
+    for anchor, lines, text in _AFTER:
+        if source.count(anchor) != 1:
+            raise AssertionError(f"the kernel's text no longer has one {anchor!r}")
+        at = source.index(anchor) + len("".join(anchor.splitlines(keepends=True)[:lines]))
+        source = source[:at] + text + source[at:]
+    for anchor, text in (
+        ("    __threadfence();                     // this block's partial", "    SEGC_STAMP(7);\n"),
+        ("    if (!last) return;\n", "    SEGC_STAMP(8);\n"),
+    ):
+        if source.count(anchor) != 1:
+            raise AssertionError(f"the kernel's text no longer has one {anchor!r}")
+        source = source.replace(anchor, text + anchor)
+    return source + "    __syncthreads();\n    SEGC_STAMP(9);\n"
+
+
+def buffer(blocks: int) -> mx.array:
+    """A zeroed buffer for a kernel of ``blocks`` blocks, evaluated now (a constant of the
+    segment being traced) and kept in :data:`BUFFERS`."""
+    b = mx.zeros((blocks * WORDS,), dtype=mx.uint64)
+    mx.eval(b)
+    BUFFERS.append(b)
+    return b

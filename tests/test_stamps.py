@@ -1,0 +1,52 @@
+"""The write with its attention's stamped text (``segc.lower.cuda_stamps``): a diagnostic
+that must change nothing but add its stamps. The stamps themselves need the GPU's clock
+(``benchmarks/kvattn_stamps.py``); here, that the text is the kernel's with ten stamps and two reads
+at their places, each once, and nothing else, and that the setting is off by default."""
+
+from __future__ import annotations
+
+import pytest
+
+from segc.errors import UsageError
+from segc.lower import cuda_stamps
+from segc.lower.cuda_attention import _PARTIAL, PACKED
+from segc.lower.cuda_merge import FAST_TAIL
+
+SOURCE = PACKED + _PARTIAL + FAST_TAIL
+
+
+def test_the_stamps_are_the_only_change() -> None:
+    text = cuda_stamps.stamped(SOURCE)
+    lines = text.splitlines(keepends=True)
+    stamps = [line for line in lines if "SEGC_STAMP(" in line]
+    assert sorted(s.strip() for s in stamps) == [f"SEGC_STAMP({i});" for i in range(10)]
+    rest = "".join(line for line in lines if "SEGC_STAMP(" not in line and "SEGC_READ_" not in line)
+    assert rest == SOURCE + "    __syncthreads();\n"  # the merge's end waits for its block
+
+
+def test_each_point_follows_the_part_it_ends() -> None:
+    """In the text's order: start, offset, query, queries, staged, keys, softmax, values,
+    count, merge; the offset's and the query element's reads between their stamps."""
+    text = cuda_stamps.stamped(SOURCE)
+    at = [text.index(f"SEGC_STAMP({i});") for i in range(10)]
+    assert at == sorted(at)
+    assert at[0] < text.index("SEGC_READ_OFFSET") < at[1] < text.index("SEGC_READ_QUERY") < at[2]
+    assert at[2] < text.index("qs[r][d] =") < at[3] < text.index("SEGC_VALUES") < at[4]
+    assert at[4] < text.index("float acc[R];") < at[5]
+    assert text.index("pl[row * S + s] = sum;") < at[6] < text.index("po[(row * S + s) * D + d] = acc;") < at[7]
+    assert text.index("atomicAdd") < at[8] < text.index("if (!last) return;") < at[9]
+
+
+def test_a_changed_kernel_text_is_an_error() -> None:
+    with pytest.raises(AssertionError, match="no longer has one"):
+        cuda_stamps.stamped(SOURCE.replace("    const int n = min(CHUNK, C - start);\n", ""))
+
+
+def test_off_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SEGC_KERNEL_STAMPS", raising=False)
+    assert cuda_stamps.wanted() is False
+    monkeypatch.setenv("SEGC_KERNEL_STAMPS", "1")
+    assert cuda_stamps.wanted() is True
+    monkeypatch.setenv("SEGC_KERNEL_STAMPS", "yes")
+    with pytest.raises(UsageError, match="SEGC_KERNEL_STAMPS must be 0 or 1, not 'yes'"):
+        cuda_stamps.wanted()
