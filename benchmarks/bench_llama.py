@@ -50,7 +50,9 @@ products alone); ``+chainocc`` and ``+chain4occ`` as ``+chain`` and ``+chain4`` 
 ``+sm2`` set the chains' grid to one or two blocks an SM of an H100 or H200
 (``SEGC_CHAIN_BLOCKS=132``, ``264``; the default is the largest separate kernel's grid);
 ``+inplace`` with ``SEGC_KV_IN_PLACE=1`` (what ``segc.jit(..., kv_in_place=True)`` does:
-the KV write with its attention writes into the cache's buffers, docs/lowering.md).
+the KV write with its attention writes into the cache's buffers, docs/lowering.md);
+``+qrope`` with ``SEGC_FUSED_QUERY_ROPE=mlx`` (that kernel takes its queries rotated by
+MLX's ``rope``; ``+stage``, ``+nostage``: ``SEGC_ATTENTION_STAGE``).
 
 on two workloads: a decode step (one token; with a KV cache at ``--context`` when
 ``segc.jit`` accepts one, else a plain 1-token forward, and the output says which) and a
@@ -182,6 +184,8 @@ SETTINGS = {  # a variant's "+suffix" (--isolate only)
     # the decode attention's chunks read into shared memory first (SEGC_ATTENTION_STAGE)
     "stage": {"SEGC_ATTENTION_STAGE": "1"},
     "nostage": {"SEGC_ATTENTION_STAGE": "0"},  # not even in place (staged there by default)
+    # the write with its attention taking its queries rotated by MLX's rope (SEGC_FUSED_QUERY_ROPE)
+    "qrope": {"SEGC_FUSED_QUERY_ROPE": "mlx"},
 }
 
 

@@ -275,6 +275,9 @@ SEGC_STEPS: dict[str, tuple[dict[str, Any], str, str, str]] = {
 ENV_STEPS: dict[str, tuple[str, dict[str, str]]] = {
     "segckvapart": ("segc", {"SEGC_FUSED_KV_ATTENTION": "0"}),
     "segcinplace": ("segc", {"SEGC_KV_IN_PLACE": "1"}),  # the write with its attention in place
+    # its queries rotated first by MLX's rope (SEGC_FUSED_QUERY_ROPE=mlx), copying and in place
+    "segcqrope": ("segc", {"SEGC_FUSED_QUERY_ROPE": "mlx"}),
+    "segcinplaceqrope": ("segc", {"SEGC_KV_IN_PLACE": "1", "SEGC_FUSED_QUERY_ROPE": "mlx"}),
     # the attention's chunks read into shared memory first (SEGC_ATTENTION_STAGE), copying and in place
     "segcstage": ("segc", {"SEGC_ATTENTION_STAGE": "1"}),
     "segcinplacestage": ("segc", {"SEGC_KV_IN_PLACE": "1", "SEGC_ATTENTION_STAGE": "1"}),

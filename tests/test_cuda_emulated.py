@@ -216,6 +216,49 @@ def test_the_write_with_the_attention_is_the_write_then_the_attention(
     _write_with_attention_against_apart(recorded, dt, hq, hkv, cap, pos, dims, trad, freqs)
 
 
+@pytest.mark.parametrize(
+    ("dt", "pos", "dims", "trad", "freqs", "in_place"),
+    [
+        (mx.bfloat16, 37, 64, False, False, False),
+        (mx.float32, 0, 32, True, False, True),
+        (mx.float16, 39, 64, False, True, True),
+    ],
+)
+def test_queries_rotated_first_change_no_byte(recorded, monkeypatch, dt, pos, dims, trad, freqs, in_place) -> None:
+    """``SEGC_FUSED_QUERY_ROPE=mlx``: the kernel reads its queries as given, rotated first
+    by MLX's ``rope`` (on the GPU the kernel's rotation is ``rope_single``'s arithmetic);
+    handed the queries the rotated write's kernel rotates, it gives the bytes of the
+    kernel that rotates them itself: output and buffers."""
+    monkeypatch.delenv("SEGC_FUSED_QUERY_ROPE", raising=False)
+    mx.random.seed(pos)
+    kb, vb = (mx.random.normal((1, 2, 40, 64)).astype(dt) for _ in range(2))
+    k, v = (mx.random.normal((1, 2, 1, 64)).astype(dt) for _ in range(2))
+    q = mx.random.normal((1, 8, 1, 64)).astype(dt)
+    f = [mx.random.uniform(1.0, 9.0, (dims // 2,))] if freqs else []
+    ins = [kb, k, vb, v, mx.array(pos, dtype=mx.int32), q, *f]
+    mask = mx.array(np.arange(40)[None, :] <= pos)
+    base = None if freqs else 10000.0
+    cuda_kvattention.kv_attention(ins, mask, dims, trad, base, 1.0, freqs, 0.125, in_place)
+    ((made, call),) = recorded
+    want = run(made, call, inputs=True)
+    recorded.clear()
+    cuda_kvwrite.kv_write(ins, dims, trad, base, 1.0, True, freqs)
+    ((mw, cw),) = recorded
+    ((*_, qw),) = run(mw, cw)
+    recorded.clear()
+    monkeypatch.setenv("SEGC_FUSED_QUERY_ROPE", "mlx")
+    cuda_kvattention.kv_attention(ins, mask, dims, trad, base, 1.0, freqs, 0.125, in_place)
+    ((mq, cq),) = recorded
+    assert mq["name"] != made["name"] and "#define SEGC_Q(row, d) q[(size_t)(row) * D + (d)]" in expand(mq["header"])
+    got = run(mq, dict(cq, inputs=[_as_mx(qw, dt), *cq["inputs"][1:]]), inputs=True)
+    n = len(cq["output_shapes"])  # the outputs, then the inputs as the launch left them (the queries differ)
+    assert n == (2 if in_place else 4)
+    assert [a.tobytes() for a in got[0][:n] + got[0][n + 1 :]] == [a.tobytes() for a in want[0][:n] + want[0][n + 1 :]]
+    monkeypatch.setenv("SEGC_FUSED_QUERY_ROPE", "yes")
+    with pytest.raises(UsageError, match="SEGC_FUSED_QUERY_ROPE must be kernel or mlx"):
+        cuda_kvattention.kv_attention(ins, mask, dims, trad, base, 1.0, freqs, 0.125, in_place)
+
+
 @pytest.mark.parametrize(("dt", "d", "dims"), [(mx.float16, 36, 32), (mx.float32, 18, 16)])
 def test_the_write_with_the_attention_copies_rows_of_any_size(recorded, dt, d, dims) -> None:
     """Rows whose bytes are no multiple of 16 (the copy's vectors): element by element,

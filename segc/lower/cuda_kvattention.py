@@ -13,6 +13,9 @@ place of its plain ones (its ``SEGC_*`` macros), and the rotations are
 ``cuda_kvwrite``'s function: the same bytes as the rotated write's kernel followed by
 the attention's, in one kernel instead of two (``tests/test_cuda_emulated.py`` checks
 the logic on the CPU). Only for one batch row, and head sizes equal for keys and values.
+With ``SEGC_FUSED_QUERY_ROPE=mlx`` the queries come rotated by MLX's ``rope`` instead
+(an experiment, :func:`queries_apart`), and with ``SEGC_KERNEL_STAMPS=1`` the kernel
+stamps the GPU's clock (``cuda_stamps.py``).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from .cuda_kvwrite import _HEADER as _ROTATE
 from .cuda_kvwrite import _bits, rope_bits
 from .cuda_merge import FAST_TAIL
 from .cuda_stage import stage_header, staged
+from .env import env_choice
 
 _READS = r"""
 template <typename T, bool TRAD, int DIMS, int DK, bool FREQS>
@@ -143,6 +147,18 @@ __device__ T segc_key(const T* kr, const T* knew, size_t krow, int d, int bh, in
 """
 
 
+# SEGC_FUSED_QUERY_ROPE=mlx: the queries come rotated (by MLX's kernel), read plainly
+_ROTATED_QUERIES = "#undef SEGC_Q\n#define SEGC_Q(row, d) q[(size_t)(row) * D + (d)]\n"
+
+
+def queries_apart() -> bool:
+    """``SEGC_FUSED_QUERY_ROPE``: ``kernel`` (the default) rotates the queries as the
+    kernel loads them; ``mlx`` rotates them first with MLX's kernel, one more a layer (an
+    experiment: the slow calls' time is in the kernel's first part, which the queries'
+    rotation is; docs/performance-log.md). The same bytes either way."""
+    return env_choice("SEGC_FUSED_QUERY_ROPE", ("kernel", "mlx"), "kernel") == "mlx"
+
+
 @functools.cache
 def _kernel(
     freqs: bool,
@@ -152,6 +168,7 @@ def _kernel(
     in_place: bool = False,
     stage: bool = False,
     stamps: bool = False,
+    rotated: bool = False,
 ) -> Any:
     ins = ["q", "knew", "k", "vnew", "v", "off", "mask", "count", *(["freqs"] if freqs else [])]
     ins += ["stamp"] if stamps else []
@@ -164,10 +181,12 @@ def _kernel(
         + f"#define FREQ_PTR {'freqs' if freqs else 'nullptr'}\n"
         + _ROTATE
         + (_IN_PLACE if in_place else _READS)
+        + (_ROTATED_QUERIES if rotated else "")
         + (cuda_stamps.HEADER if stamps else "")
     )
     name = f"segc_kv_attention{'_f' if freqs else ''}{'_i' if in_place else ''}"
-    name += f"_{log2_base_bits:08x}_{rope_scale_bits:08x}_{scale_bits:08x}{'_st' if stamps else ''}"
+    name += f"_{log2_base_bits:08x}_{rope_scale_bits:08x}_{scale_bits:08x}{'_q' if rotated else ''}"
+    name += "_st" if stamps else ""
     outs = ["out", *([] if in_place else ["ko", "vo"]), "ps"]
     source = PACKED + _PARTIAL + FAST_TAIL
     return cuda_kernel(name, ins, outs, cuda_stamps.stamped(source) if stamps else source, header)
@@ -194,6 +213,7 @@ def kv_attention(
     after the kernel by ``mx.depends``: only for buffers nothing else reads
     (``KVWriteMatch.alone``; docs/lowering.md)."""
     kb, k, vb, v, off, q = ins[:6]
+    off = off.reshape(()) if off.ndim else off
     b, hkv, cap, d = kb.shape
     hq, lq = q.shape[1], q.shape[2]
     if b != 1 or vb.shape != kb.shape or q.shape[3] != d:
@@ -217,14 +237,17 @@ def kv_attention(
         ("FREQS", freqs),
     ]
     rows = hq * lq
-    stamps = cuda_stamps.wanted()
-    kernel = _kernel(freqs, *rope_bits(base, rope_scale), _bits(scale), in_place, staged(in_place), stamps)
+    stamps, rotated = cuda_stamps.wanted(), queries_apart()
+    kernel = _kernel(freqs, *rope_bits(base, rope_scale), _bits(scale), in_place, staged(in_place), stamps, rotated)
+    if rotated:  # MLX's rope_single, whose arithmetic the kernel's rotation is (cuda_kvwrite.py)
+        f = ins[6] if freqs else None
+        q = mx.fast.rope(q, dims, traditional=traditional, base=base, scale=rope_scale, offset=off, freqs=f)
     if in_place:
         kb, vb = mx.contiguous(kb), mx.contiguous(vb)
     bufs = [] if in_place else [kb.shape, vb.shape]
     outs = kernel(
         inputs=[
-            *[q, k, kb, v, vb, off.reshape(()) if off.ndim else off, m, counter(hkv), *ins[6:7]],
+            *[q, k, kb, v, vb, off, m, counter(hkv), *ins[6:7]],
             *([cuda_stamps.buffer(hkv * nchunks)] if stamps else []),
         ],
         template=tmpl,
