@@ -1,8 +1,9 @@
 """The GPU's clock inside the write with its attention (``cuda_kvattention.py``): with
 ``SEGC_KERNEL_STAMPS=1`` when a segment is lowered, each block's first thread writes
-``%globaltimer`` at ten points of the kernel, and its SM, into a buffer of
-its own call (:data:`BUFFERS`, one a kernel, in the order the kernels were made), which
-``benchmarks/kvattn_stamps.py`` reads after each step.
+``%globaltimer`` at ten points of the kernel, and its SM, into a buffer made when the
+kernel is traced (:data:`BUFFERS`, in the order the kernels were made): one for every
+call of the compiled segment, so ``benchmarks/kvattn_stamps.py`` runs one call at a time
+and copies the stamps after each.
 
 Why: inside a decode step the kernel takes 24 µs a layer in some calls and 45–55 in
 others, whole calls at a time, where the attention alone holds at 21 (CUPTI's records,
@@ -11,9 +12,8 @@ the first part, from the block's start to its queries read and rotated: 5–10 �
 block in a fast call, 15–19 in a slow one; the chunk's loads, products, count and merge
 hold. The points (:data:`POINTS`): the block's start; the offset read and the group's
 first query element read (the first thread reads each once more, alone, for this); its
-queries read and rotated (the first thread's);
-its chunk's values written and, where staged, its keys and values read (after the
-block's barrier); its keys' products; its softmax; its weighted values; past its count
+queries read and rotated (the first thread's); its chunk's values written and, where
+staged, its keys and values read (after the block's barrier); its keys' products; its softmax; its weighted values; past its count
 (every block); the merge's end (the group's last block; a block that was last in an
 earlier call keeps that call's stamp there). The kernel writes the stamps through its
 input's pointer, as the in-place write does: a diagnostic, off by default, whose buffers
