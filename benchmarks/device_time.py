@@ -281,10 +281,8 @@ ENV_STEPS: dict[str, tuple[str, dict[str, str]]] = {
     # the attention's chunks read into shared memory first (SEGC_ATTENTION_STAGE), copying and in place
     "segcstage": ("segc", {"SEGC_ATTENTION_STAGE": "1"}),
     "segcinplacestage": ("segc", {"SEGC_KV_IN_PLACE": "1", "SEGC_ATTENTION_STAGE": "1"}),
-    "segcinplacenostage": (
-        "segc",
-        {"SEGC_KV_IN_PLACE": "1", "SEGC_ATTENTION_STAGE": "0"},
-    ),  # in place staged by default
+    # not staged, in place (where SEGC_ATTENTION_STAGE=auto stages)
+    "segcinplacenostage": ("segc", {"SEGC_KV_IN_PLACE": "1", "SEGC_ATTENTION_STAGE": "0"}),
     # segcnokv's attention as its two kernels (the chunks, then their merge: each one's time
     # in the step), and staged
     "segcnokv2k": ("segcnokv", {"SEGC_ATTENTION_KERNELS": "2"}),

@@ -198,6 +198,11 @@ def summarize(per_call: list[list[tuple[str, int, int, str]]]) -> dict[str, Any]
     return out
 
 
+def _med_us(xs: list[int]) -> float:
+    """The median of ``xs`` (ns) in µs."""
+    return statistics.median(xs) / 1e3
+
+
 def by_layer(per_call: list[list[tuple[str, int, int, str]]], pattern: str) -> None:
     """The kernels whose names match ``pattern``, in launch order within a call: each
     occurrence's duration and the gap before it (from the kernel before it to its start),
@@ -214,9 +219,8 @@ def by_layer(per_call: list[list[tuple[str, int, int, str]]], pattern: str) -> N
         print(f"  by layer ({pattern}): {sorted({len(r) for r in rows})} matches a call, not one count: not shown")
         return
     n = len(rows[0])
-    med = lambda xs: statistics.median(xs) / 1e3  # noqa: E731  (us)
-    durs = " ".join(f"{med([r[i][0] for r in rows]):.1f}" for i in range(n))
-    gaps = " ".join(f"{med([r[i][1] for r in rows]):.1f}" for i in range(n))
+    durs = " ".join(f"{_med_us([r[i][0] for r in rows]):.1f}" for i in range(n))
+    gaps = " ".join(f"{_med_us([r[i][1] for r in rows]):.1f}" for i in range(n))
     sums = " ".join(f"{sum(d for d, _ in r) / 1e3:.0f}" for r in rows)
     print(f"  by layer ({pattern}), {n} a call: durations {durs}\n    gaps before {gaps}\n    each call's sum {sums}")
 
@@ -227,11 +231,10 @@ def report(name: str, per_call: list[list[tuple[str, int, int, str]]], top: int,
     if not n:
         print(f"\n{name}: no kernels recorded")
         return
-    med = lambda xs: statistics.median(xs) / 1e3  # noqa: E731  (us)
     print(
-        f"\n{name}: {n} calls; span {med(s['spans']):.1f} us (min {min(s['spans']) / 1e3:.1f}, max "
-        f"{max(s['spans']) / 1e3:.1f}), kernels running {med(s['running']):.1f} us, gaps {med(s['gaps']):.1f} us, "
-        f"{statistics.median(s['kernels']):.0f} kernels, memcpy/memset {med(s['copies']):.1f} us a call",
+        f"\n{name}: {n} calls; span {_med_us(s['spans']):.1f} us (min {min(s['spans']) / 1e3:.1f}, max "
+        f"{max(s['spans']) / 1e3:.1f}), kernels running {_med_us(s['running']):.1f} us, gaps {_med_us(s['gaps']):.1f} us, "
+        f"{statistics.median(s['kernels']):.0f} kernels, memcpy/memset {_med_us(s['copies']):.1f} us a call",
         flush=True,
     )
     named = {k: v for k, v in s["by_name"].items() if not k.startswith("uvm ")}

@@ -127,6 +127,14 @@ def expand(text: str) -> str:
     return _INCLUDED.sub(lambda m: Path(m.group(1)).read_text(), text)
 
 
+def replace_once(text: str, old: str, new: str) -> str:
+    """``text`` with its one ``old`` replaced: for a kernel made by adapting another's
+    text, an error where that text changed so that the place is gone or ambiguous."""
+    if text.count(old) != 1:
+        raise AssertionError(f"the kernel's text no longer has one {old!r}")
+    return text.replace(old, new)
+
+
 def launch_bounds(threads: int, blocks: int) -> str:
     """Header text (last in a kernel's header) that makes NVRTC fit the kernel MLX
     declares next to ``blocks`` blocks of ``threads`` an SM (``__launch_bounds__``:

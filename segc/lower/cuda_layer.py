@@ -31,7 +31,7 @@ from . import scratch
 from .cuda_attention import _HEADER as _NEG_INF
 from .cuda_attention import _MERGE, _ONE_TAIL, _PARTIAL, CHUNK, counter
 from .cuda_chain import _MLP, _NEXT, _ROWS, _bits, grid, launch, occupancy
-from .cuda_kernel import cuda_kernel, launch_bounds
+from .cuda_kernel import cuda_kernel, launch_bounds, replace_once
 from .cuda_kvattention import _READS
 from .cuda_kvwrite import _HEADER as _ROTATE
 from .cuda_kvwrite import rope_bits
@@ -40,26 +40,18 @@ from .cuda_tickets import CHAIN_HEADER, COUNTERS, tickets
 from .product_chain import aligned
 from .product_match import ProductMatch, layer_parts
 
-
-def _sub(text: str, old: str, new: str) -> str:
-    """``text`` with its one ``old`` replaced (an error where the text it adapts changed)."""
-    if text.count(old) != 1:
-        raise AssertionError(f"the attention's text no longer has one {old!r}")
-    return text.replace(old, new)
-
-
 # the attention as a stage: a ticket is a block of its kernel, the block's threads
 # numbered across the chain's two-dimensional block, the merge kept, not returned from
 _ATTENTION = (
-    _sub(
-        _sub(_PARTIAL, "const int blk = blockIdx.x;", "const int blk = tk;"),
+    replace_once(
+        replace_once(_PARTIAL, "const int blk = blockIdx.x;", "const int blk = tk;"),
         "const int t = threadIdx.x;",
         "const int t = threadIdx.y * 32 + threadIdx.x;",
     )
-    + _sub(
-        _sub(_ONE_TAIL, "    if (!last) return;\n", "    if (last) {\n"),
+    + replace_once(
+        replace_once(_ONE_TAIL, "    if (!last) return;\n", "    if (last) {\n"),
         _MERGE,
-        _sub(_MERGE, "out[row * D + d]", "att[row * D + d]"),
+        replace_once(_MERGE, "out[row * D + d]", "att[row * D + d]"),
     )
     + "    }\n"
 )
@@ -69,7 +61,7 @@ _OPROJ = (
     _MLP[0][0],
     r"""
                 segc_fetch<T>(xs, att, KA);""",
-    _sub(_MLP[0][2], "segc_row<T>(wo, x, row, KA)", "segc_row<T>(wo, xs, row, KA)"),
+    replace_once(_MLP[0][2], "segc_row<T>(wo, x, row, KA)", "segc_row<T>(wo, xs, row, KA)"),
 )
 
 
