@@ -86,8 +86,13 @@ def main() -> None:
     ap.add_argument("--steps", default="segc,segcinplace")
     ap.add_argument("--calls", type=int, default=30)
     ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument(
+        "--reads", action="store_true",
+        help="the first thread reads the offset and a query element alone before their stamps "
+        "(SEGC_KERNEL_STAMPS=reads: ten times slower on an H100, it measures the probe)"
+    )  # fmt: skip
     args = ap.parse_args()
-    os.environ["SEGC_KERNEL_STAMPS"] = "1"
+    os.environ["SEGC_KERNEL_STAMPS"] = "reads" if args.reads else "1"
     from device_time import CUDA, step_body
 
     from segc.lower import cuda_stamps

@@ -47,6 +47,20 @@ def test_off_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     assert cuda_stamps.wanted() is False
     monkeypatch.setenv("SEGC_KERNEL_STAMPS", "1")
     assert cuda_stamps.wanted() is True
+    assert cuda_stamps.reads_alone() is False
+    monkeypatch.setenv("SEGC_KERNEL_STAMPS", "reads")
+    assert cuda_stamps.wanted() is True and cuda_stamps.reads_alone() is True
     monkeypatch.setenv("SEGC_KERNEL_STAMPS", "yes")
-    with pytest.raises(UsageError, match="SEGC_KERNEL_STAMPS must be 0 or 1, not 'yes'"):
+    with pytest.raises(UsageError, match="SEGC_KERNEL_STAMPS must be 0 or 1 or reads, not 'yes'"):
         cuda_stamps.wanted()
+
+
+def test_the_reads_alone_only_where_asked() -> None:
+    """The lone reads distort the kernel (forty-sixth session): without ``reads`` their
+    macros are empty, so the offset's and the query element's stamps follow the start's
+    with nothing between; with it, each is a volatile read by the first thread."""
+    quiet, loud = cuda_stamps.header(False), cuda_stamps.header(True)
+    assert "#define SEGC_READ_OFFSET\n" in quiet and "#define SEGC_READ_QUERY\n" in quiet
+    assert "volatile" not in quiet.split("#define SEGC_READ_OFFSET")[1]
+    assert quiet.split("#define SEGC_READ_OFFSET")[0] == loud.split("#define SEGC_READ_OFFSET")[0]
+    assert loud.count("const volatile") == 2

@@ -182,11 +182,11 @@ def _kernel(
         + _ROTATE
         + (_IN_PLACE if in_place else _READS)
         + (_ROTATED_QUERIES if rotated else "")
-        + (cuda_stamps.HEADER if stamps else "")
+        + (cuda_stamps.header(cuda_stamps.reads_alone()) if stamps else "")
     )
     name = f"segc_kv_attention{'_f' if freqs else ''}{'_i' if in_place else ''}"
     name += f"_{log2_base_bits:08x}_{rope_scale_bits:08x}_{scale_bits:08x}{'_q' if rotated else ''}"
-    name += "_st" if stamps else ""
+    name += ("_str" if cuda_stamps.reads_alone() else "_st") if stamps else ""
     outs = ["out", *([] if in_place else ["ko", "vo"]), "ps"]
     source = PACKED + _PARTIAL + FAST_TAIL
     return cuda_kernel(name, ins, outs, cuda_stamps.stamped(source) if stamps else source, header)

@@ -18,6 +18,13 @@ staged, its keys and values read (after the block's barrier); its keys' products
 earlier call keeps that call's stamp there). The kernel writes the stamps through its
 input's pointer, as the in-place write does: a diagnostic, off by default, whose buffers
 MLX believes unchanged.
+
+The two reads alone (``SEGC_KERNEL_STAMPS=reads``) made the kernel ten times slower on
+an H100 (forty-sixth session: 343-473 us a layer, the new parts 100-200 us each): they
+measure the probe, a wait the kernel otherwise overlaps with its other loads. With
+``SEGC_KERNEL_STAMPS=1`` the first thread reads nothing alone, the offset's and the query
+element's stamps follow the start's at once, and the queries' part is the whole first
+part, as the forty-fifth session measured it.
 """
 
 from __future__ import annotations
@@ -79,7 +86,24 @@ _AFTER = (
 
 
 def wanted() -> bool:
-    return env_choice("SEGC_KERNEL_STAMPS", ("0", "1"), "0") == "1"
+    return _setting() != "0"
+
+
+def reads_alone() -> bool:
+    """Whether the first thread reads the offset and a query element alone, each before
+    its stamp (``SEGC_KERNEL_STAMPS=reads``; a different kernel, so a different name)."""
+    return _setting() == "reads"
+
+
+def _setting() -> str:
+    return env_choice("SEGC_KERNEL_STAMPS", ("0", "1", "reads"), "0")
+
+
+def header(reads: bool) -> str:
+    """:data:`HEADER`, its two reads made empty unless ``reads``."""
+    if reads:
+        return HEADER
+    return HEADER.split("#define SEGC_READ_OFFSET")[0] + "#define SEGC_READ_OFFSET\n#define SEGC_READ_QUERY\n"
 
 
 def stamped(source: str) -> str:

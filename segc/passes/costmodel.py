@@ -43,8 +43,9 @@ term predicted, plans cut inside layers slower (docs/experiments-log.md, "The
 eighteenth run"), and the saving grows with the repeated segment: fitted per equation,
 it ranks the stored runs' prefill plans better than per segment ("Offline: the repeat
 saving per equation"). Both 0 in the built-in models; calibration fits
-``repeat_op_s`` (``fit.py``). ``optimal`` plans without it: whether a span repeats depends
-on the plan's other segments, which a span's cost cannot see.
+``repeat_op_s`` (``fit.py``). Whether a span repeats depends on the plan's other
+segments, which the dynamic program's span costs cannot see: with the saving,
+``optimal`` searches whole plans from the program's (``repeat_search.py``).
 
 The device starts segment ``k`` when the host is ``p_k`` into it and segment ``k - 1``
 is done: ``H_k = H_{k-1} + h_k``, ``D_k = max(max(D_{k-1}, H_{k-1} + p_k) + d_k, H_k)``

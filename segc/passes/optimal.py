@@ -23,12 +23,15 @@
   least predicted time over layer-aligned plans: where the model errs on cuts inside a
   layer, its optimum over every legal point is where the error is most in its favour
   (docs/experiments-log.md, "Offline: what `optimal` cut").
+  On a model that saves host time on a repeated segment (``repeat_s``, ``repeat_op_s``)
+  the DP's plan is a start, not the optimum: ``repeat_search.py``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from ..errors import ScheduleError
 from ..ir import Eqn, Graph
@@ -37,6 +40,7 @@ from .costmodel import MachineModel, default_model, op_costs
 from .legalize import legal_points, legalize_plan
 from .overlap import queue_lead
 from .plan import Plan, plan_at, plan_of
+from .repeat_search import saves_on_repeats, search
 
 
 def span_peaks(lv: Liveness, os_: Sequence[Eqn], a: int, ends: Sequence[int], budget: float) -> dict[int, int]:
@@ -196,8 +200,26 @@ class Optimal:
             if j > 0:
                 cuts.append(int(pts[j]))
         name = "optimal" + "".join(f"({x})" for x in ("markers" if self.markers else None, self.budget) if x)
-        info = {"predicted_s": best_t, "machine": m.name}
+        info: dict = {"predicted_s": best_t, "machine": m.name}
+        if saves_on_repeats(m):  # the DP cannot see which segments repeat: repeat_search.py
+            marks = [int(p) for p in pts[1:-1]] if self.markers else self._markers_if_any(g, os_)
+
+            def feasible(points: Sequence[int]) -> bool:
+                ends = [0, *points, n]
+                return self.budget is None or all(
+                    b in span_peaks(lv, os_, a, [b], self.budget) for a, b in pairwise(ends)
+                )
+
+            cuts, found_s, how = search(g, m, sorted(cuts), marks, [int(p) for p in pts[1:-1]], feasible)
+            info = {"predicted_s": found_s, "machine": m.name, "dp_s": best_t, "found_by": how}
         return plan_at(g, name, sorted(cuts), info=info)
+
+    @classmethod
+    def _markers_if_any(cls, g: Graph, os_: Sequence[Eqn]) -> list[int]:
+        try:
+            return cls._markers(g, os_)
+        except ScheduleError:  # no markers, or none legal: the search moves the DP's cuts alone
+            return []
 
     @staticmethod
     def _markers(g: Graph, os_: Sequence[Eqn]) -> list[int]:
