@@ -169,6 +169,7 @@ def _kernel(
     stage: bool = False,
     stamps: bool = False,
     rotated: bool = False,
+    reads: bool = False,
 ) -> Any:
     ins = ["q", "knew", "k", "vnew", "v", "off", "mask", "count", *(["freqs"] if freqs else [])]
     ins += ["stamp"] if stamps else []
@@ -182,11 +183,11 @@ def _kernel(
         + _ROTATE
         + (_IN_PLACE if in_place else _READS)
         + (_ROTATED_QUERIES if rotated else "")
-        + (cuda_stamps.header(cuda_stamps.reads_alone()) if stamps else "")
+        + (cuda_stamps.header(reads) if stamps else "")
     )
     name = f"segc_kv_attention{'_f' if freqs else ''}{'_i' if in_place else ''}"
     name += f"_{log2_base_bits:08x}_{rope_scale_bits:08x}_{scale_bits:08x}{'_q' if rotated else ''}"
-    name += ("_str" if cuda_stamps.reads_alone() else "_st") if stamps else ""
+    name += ("_str" if reads else "_st") if stamps else ""
     outs = ["out", *([] if in_place else ["ko", "vo"]), "ps"]
     source = PACKED + _PARTIAL + FAST_TAIL
     return cuda_kernel(name, ins, outs, cuda_stamps.stamped(source) if stamps else source, header)
@@ -238,7 +239,10 @@ def kv_attention(
     ]
     rows = hq * lq
     stamps, rotated = cuda_stamps.wanted(), queries_apart()
-    kernel = _kernel(freqs, *rope_bits(base, rope_scale), _bits(scale), in_place, staged(in_place), stamps, rotated)
+    reads = stamps and cuda_stamps.reads_alone()  # an argument, so that the cached kernel follows the setting
+    kernel = _kernel(
+        freqs, *rope_bits(base, rope_scale), _bits(scale), in_place, staged(in_place), stamps, rotated, reads
+    )
     if rotated:  # MLX's rope_single, whose arithmetic the kernel's rotation is (cuda_kvwrite.py)
         f = ins[6] if freqs else None
         q = mx.fast.rope(q, dims, traditional=traditional, base=base, scale=rope_scale, offset=off, freqs=f)

@@ -93,7 +93,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from ..errors import ScheduleError
-from ..ir import Graph, segments
+from ..ir import Eqn, Graph, segments
 from ..lower.prim import lookup
 from ..lower.shapes import host_range
 from .analysis import Liveness, eqn_bytes, eqn_flops, is_view, liveness, ops
@@ -276,7 +276,12 @@ def predict_time(g: Graph, m: MachineModel | None = None, commit: str = "segment
 def signature(g: Graph, start: int, stop: int) -> tuple:
     """Equations ``[start, stop)`` as a segment repeats them: primitive, output shapes
     and types, in order (what ``repeat_s`` compares)."""
-    return tuple((e.prim, tuple((o.shape, o.dtype) for o in e.outs)) for e in g.eqns[start:stop] if not e.is_pseudo)
+    return tuple(eqn_signature(e) for e in g.eqns[start:stop] if not e.is_pseudo)
+
+
+def eqn_signature(e: Eqn) -> tuple:
+    """One equation as a repeat compares it: its primitive, output shapes and types."""
+    return (e.prim, tuple((o.shape, o.dtype) for o in e.outs))
 
 
 def host_kernels(s: SegmentTime, elementwise: float) -> float:

@@ -202,7 +202,8 @@ class Optimal:
         name = "optimal" + "".join(f"({x})" for x in ("markers" if self.markers else None, self.budget) if x)
         info: dict = {"predicted_s": best_t, "machine": m.name}
         if saves_on_repeats(m):  # the DP cannot see which segments repeat: repeat_search.py
-            marks = [int(p) for p in pts[1:-1]] if self.markers else self._markers_if_any(g, os_)
+            inner = [int(p) for p in pts[1:-1]]
+            marks = inner if self.markers else self._markers_if_any(g, os_)
 
             def feasible(points: Sequence[int]) -> bool:
                 ends = [0, *points, n]
@@ -210,7 +211,7 @@ class Optimal:
                     b in span_peaks(lv, os_, a, [b], self.budget) for a, b in pairwise(ends)
                 )
 
-            cuts, found_s, how = search(g, m, sorted(cuts), marks, [int(p) for p in pts[1:-1]], feasible)
+            cuts, found_s, how = search(g, m, sorted(cuts), marks, inner, feasible)
             info = {"predicted_s": found_s, "machine": m.name, "dp_s": best_t, "found_by": how}
         return plan_at(g, name, sorted(cuts), info=info)
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from itertools import pairwise
 
 from ..ir import Graph
-from .costmodel import MachineModel, predict_time
+from .costmodel import MachineModel, eqn_signature, predict_time
 from .plan import apply_plan, plan_at
 
 MAX_PLANS = 160  # whole plans costed (20-60 ms each on the reference llama's graphs: 4-10 s a plan)
@@ -108,7 +108,7 @@ def orbits(g: Graph, markers: Sequence[int], points: Sequence[int]) -> list[set[
     a point at the same offset in each, one set per offset (the points alone where no
     span repeats)."""
     ops = [e for e in g.eqns if not e.is_pseudo]
-    sig = [(e.prim, tuple((o.shape, o.dtype) for o in e.outs)) for e in ops]
+    sig = [eqn_signature(e) for e in ops]
     ends = [0, *markers, len(ops)]
     spans = list(pairwise(ends))
     legal = set(points) - set(markers)
