@@ -13,7 +13,9 @@ times on the model under study (each workload's to its own plans; ``--overheads 
 one set for every workload) and every plan is predicted again; the correlation is
 reported over every plan and over the held-out ones (the others). ``--processes N``
 times every plan in N fresh processes (the median of their medians) and the summary
-says whether the measured differences exceed the noise. ``--commit segment`` times the
+says whether the measured differences exceed the noise. ``--fit-first`` times the calibration plans and fits to them before any
+other plan is made, so that ``optimal`` is this run's own model's optimum
+(``Experiment.fit_first``). ``--commit segment`` times the
 seed's commit per segment instead of the runtime's default policy; ``--commit
 auto,segment`` runs the experiment once for each.
 
@@ -104,6 +106,11 @@ def main() -> int:
         help="a saved machine model instead of the built-in one, or an earlier run's fitted/ folder (each "
         "model and workload's plans, optimal's among them, made with the model that run fitted)",
     )
+    p.add_argument(
+        "--fit-first", action="store_true",
+        help="time the calibration plans and fit to them first, then plan every strategy with that fit "
+        "(optimal: this run's own model's optimum) and time them all (segc.research.Experiment.fit_first)"
+    )  # fmt: skip
     p.add_argument("--microbench", action="store_true", help="measure the bandwidth and FLOP rate here first")
     p.add_argument("--fit", default="none", help="fit the overheads on this model first (before any calibration)")
     p.add_argument("--fit-workloads", default="decode:256,prefill:128")
@@ -142,6 +149,7 @@ def main() -> int:
             fit_repeats=args.fit_repeats,
             fit_segment_device=args.fit_segment_device,
             time_limit=args.time_limit,
+            fit_first=args.fit_first,
             log=lambda m: print(m, flush=True),
             commit=commit,
             repeats=args.repeats,

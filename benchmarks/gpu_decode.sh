@@ -55,7 +55,7 @@
 # mixtral:--arch,mixtral) runs one model in a device call.
 # VARIANTS (default eager,compile,segc,each,whole,drain; isolated: eager,compile,segc,wholefrozen,frozen), REPEATS (40), ROUNDS (1),
 # BENCH_LIMIT (400 s); experiment: WORKLOADS (decode:1024,prefill:512; plandevice: WORKLOAD), PROCESSES (12), ORDER (rounds; blocks, interleaved: the timing order), OVERHEADS (group; device: calibrate the
-# device's figures alone), MACHINE (a machine model JSON, e.g. with host_kinds.py's figures, or an experiment's fitted/ folder, e.g. benchmarks/machines/bu: each workload's plans, optimal's among them, made with the model that run fitted).
+# device's figures alone), MACHINE (a machine model JSON, e.g. with host_kinds.py's figures, or an experiment's fitted/ folder, e.g. benchmarks/machines/bu: each workload's plans, optimal's among them, made with the model that run fitted), FIT_FIRST (1: the calibration plans timed and fitted first, every plan made with that fit: this run's own optimal).
 set -u
 OUT="${OUT:-/tmp/segc-gpu-out}"
 mkdir -p "$OUT"
@@ -316,7 +316,7 @@ for p in $parts; do
     timeout "${BENCH_LIMIT:-575}" $PY benchmarks/bench_experiment.py --model reference --workloads "${WORKLOADS:-decode:1024,prefill:512}" \
       --strategies none,markers,every:2,every:4,balanced:2..18:4,memory:1x..2x:1x,optimal,optimal:1x,optimal:markers,min_boundary_bytes \
       --calibration none,min_boundary_bytes,every:4,balanced:2 --processes "${PROCESSES:-12}" --repeats 10 --warmup 2 \
-      --overheads "${OVERHEADS:-group}" ${MACHINE:+--machine "$MACHINE"} \
+      --overheads "${OVERHEADS:-group}" ${MACHINE:+--machine "$MACHINE"} ${FIT_FIRST:+--fit-first} \
       --commit "${COMMIT:-auto}" --order "${ORDER:-rounds}" --time-limit "$(( ${BENCH_LIMIT:-575} - 20 ))" --plots "" --out "$OUT/experiment" --json "$OUT/experiment.json" >"$OUT/experiment.txt" 2>&1
     echo "experiment: rc=$?"
     # one file: the device call brings back only a few files (plans and graphs would be left out)

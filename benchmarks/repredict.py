@@ -42,11 +42,10 @@ from segc.ir import Graph, parse, segments
 from segc.passes.costmodel import CPU, H200, MachineModel, predict_time
 from segc.passes.plan import Plan, apply_plan
 from segc.research.calibrated import Prepared, calibrate, mark_held_out, predict_row
-from segc.research.experiment import record_timings
 from segc.research.models import load_model, make_workload
 from segc.research.report import Results
 from segc.research.sweep import spearman
-from segc.research.timing import Timed
+from segc.research.timing import Timed, record_timings
 from segc.staging import jit
 
 

@@ -264,6 +264,7 @@ def test_cli_experiment_and_calibrate(tmp_path: Path) -> None:
         (["--overheads", "hostly"], "invalid choice: 'hostly'"),
         (["--order", "shuffled"], "invalid choice: 'shuffled'"),
         (["--time-limit", "0"], "time_limit must be > 0"),
+        (["--fit-first"], "fit_first needs calibration plans"),
     ],
 )
 def test_cli_experiment_bad_input(args: list[str], msg: str) -> None:
@@ -490,3 +491,42 @@ def test_cli_experiment_takes_a_fitted_folder(tmp_path: Path) -> None:
     d = json.loads((tmp_path / "x" / "results.json").read_text())
     assert d["experiment"]["planned_with"] == {f"{MODEL} prefill:8": "calibrated: dear"}
     assert [r["segments"] for r in d["rows"]] == [1]  # a second a segment: optimal keeps one
+
+
+def test_fit_first_plans_with_the_model_this_run_fits(tmp_path: Path) -> None:
+    """``Experiment.fit_first``: the calibration plans are timed and fitted first (their
+    own results and ``fitted/`` in ``fit-first/``), then every plan is made with that fit:
+    ``optimal`` is the plan the saved fitted model's own search makes, computed here apart
+    (its predicted figure too, which the built-in model would not give). Without
+    calibration plans it is refused before anything runs."""
+    from segc.passes import make_plan
+
+    with pytest.raises(SegcError, match="fit_first needs calibration plans"):
+        run_experiment(Experiment(models=[MODEL], workloads=["decode:16"], fit_first=True, out=tmp_path / "no"))
+    assert not (tmp_path / "no").exists()
+    exp = Experiment(
+        models=[MODEL], workloads=["decode:16"], strategies=["optimal", "every:2"], repeats=2, warmup=1,
+        calibration=["none", "markers", "balanced:2"], fit_first=True, out=tmp_path / "x", plots=(),
+        progress=False,
+    )  # fmt: skip
+    res = run_experiment(exp)
+    saved = tmp_path / "x" / "fit-first" / "fitted" / "llama-num-hidden-layers-2_decode-16.json"
+    fitted = MachineModel.load(saved)
+    first = json.loads((tmp_path / "x" / "fit-first" / "results.json").read_text())
+    assert sorted(r["strategy"] for r in first["rows"]) == ["balanced:2", "markers", "none"]  # no eager, no others
+    rows = {r["strategy"]: r for r in res.rows}
+    assert sorted(rows) == ["balanced:2", "eager", "every:2", "markers", "none", "optimal"]
+    model = load_model(MODEL)
+    a, kw = make_workload("decode:16", model).args()
+    g = segc.jit(model, boundaries="layers.*").trace(*a, **kw).graph
+    want = make_plan(g, "optimal", model=replace(fitted, device="gpu" if mx.default_device() == mx.gpu else "cpu"))
+    got = Plan.load(tmp_path / "x" / rows["optimal"]["plan_file"])
+    assert got.cuts == want.cuts and rows["optimal"]["plan_predicted_s"] == want.info["predicted_s"]
+    builtin = make_plan(g, "optimal", model=default_model())
+    assert rows["optimal"]["plan_predicted_s"] != builtin.info["predicted_s"]  # the fit, not the built-in model
+    assert all(r["bit_identical"] for r in res.rows)
+    d = json.loads((tmp_path / "x" / "results.json").read_text())
+    assert d["experiment"]["fit_first"] is True and d["experiment"]["planned_with"] == {
+        f"{MODEL} decode:16": f"fitted first: {MODEL} decode:16"
+    }
+    assert d["experiment"]["fit_first_fitted"] == first["fitted"] and d["fitted"][MODEL]  # the second phase's own fit

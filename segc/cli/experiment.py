@@ -84,6 +84,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="a limit for the whole run: timing processes that would end past it are not started",
     )
+    p.add_argument(
+        "--fit-first",
+        action="store_true",
+        help="time the --calibration plans and fit the machine model to them first, then make every plan with "
+        "that fit and time them all (in fit-first/ beside the results: that phase's own)",
+    )
     p.add_argument("--processes", type=int, default=1, help="time in this many fresh processes, one after another")
     p.add_argument(
         "--order",
@@ -149,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
             log=lambda m: print(m, file=sys.stderr),
             calibration=args.calibration or (),
             overheads=args.overheads,
+            fit_first=args.fit_first,
         )
         res = run_experiment(exp)
     except SegcError as exc:

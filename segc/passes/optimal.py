@@ -29,8 +29,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import pairwise
 
 from ..errors import ScheduleError
@@ -211,7 +212,12 @@ class Optimal:
                     b in span_peaks(lv, os_, a, [b], self.budget) for a, b in pairwise(ends)
                 )
 
-            cuts, found_s, how = search(g, m, sorted(cuts), marks, inner, feasible)
+            extra = []
+            if marks and not self.markers:  # never above optimal:markers: its plan one more start
+                at = {e.id: k + 1 for k, e in enumerate(os_)}
+                with contextlib.suppress(ScheduleError):  # none where no plan at the markers keeps the budget
+                    extra = [("optimal:markers", [at[c.after] for c in replace(self, markers=True)(g).cuts])]
+            cuts, found_s, how = search(g, m, sorted(cuts), marks, inner, feasible, extra)
             info = {"predicted_s": found_s, "machine": m.name, "dp_s": best_t, "found_by": how}
         return plan_at(g, name, sorted(cuts), info=info)
 

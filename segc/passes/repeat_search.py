@@ -10,8 +10,9 @@ slower than cutting at every marker, whose segments all repeat; that plan measur
 fastest (docs/experiments-log.md, the twenty-sixth run). So, where the model has the
 saving, whole plans are costed with ``costmodel.predict_time``: the DP's, none, a cut at
 every point (each equation's segment then repeats the last like it), the layer-periodic
-ones (every marker, every second, third and fourth), then, from each, a local search
-while the predicted time falls (:func:`_moves`), at most :data:`MAX_PLANS` plans in all. Never predicted slower
+ones (every marker, every second, third and fourth), ``optimal:markers``'s plan (for
+``optimal``), then, from each, a local search while the predicted time falls
+(:func:`_moves`), at most :data:`MAX_PLANS` plans in all. Never predicted slower
 than any of those plans; not an exact optimum: on 300 random machines with two or three
 repeated layers, above the least of every plan on four, by at most 1.6%, where the DP's
 plan alone was above it on 93, by up to 185% (``benchmarks/optimal_gap.py``).
@@ -42,13 +43,18 @@ def search(
     markers: Sequence[int],
     points: Sequence[int],
     feasible: Callable[[Sequence[int]], bool],
+    extra: Sequence[tuple[str, Sequence[int]]] = (),
 ) -> tuple[list[int], float, str]:
     """The cut points (op indices) of the least predicted time found, that time, and
-    what found it (``"dp"``, ``"none"``, ``"every point"``, ``"markers"``, ``"every:K"``
-    or ``"search"``). ``start``
+    what found it (``"dp"``, ``"none"``, ``"every point"``, ``"markers"``, ``"every:K"``,
+    ``"optimal:markers"`` or ``"search"``). ``start``
     is the DP's plan, ``markers`` the legalised marker points, ``feasible`` whether a
     plan keeps every segment within the budget. Only those points move: with the
-    markers alone (``optimal:markers``), the plan stays at them."""
+    markers alone (``optimal:markers``), the plan stays at them. ``extra``: more
+    starts, by name (``optimal`` gives ``optimal:markers``'s plan: a step among all
+    points costs many more plans than among the markers, and on an H100's prefill model
+    the search with every point ended 1.2% above the one with the markers alone,
+    docs/experiments-log.md, the twenty-ninth run)."""
     costs: dict[tuple[int, ...], float] = {}
 
     def cost(points: Sequence[int]) -> float:
@@ -60,6 +66,7 @@ def search(
 
     found = [("dp", list(start)), ("none", []), ("every point", sorted(set(points) | set(markers)))]
     found += [("markers" if k == 1 else f"every:{k}", list(markers[k - 1 :: k])) for k in PERIODS if markers]
+    found += [(name, list(plan)) for name, plan in extra]
     groups = orbits(g, markers, points)
     starts = sorted(found, key=lambda c: cost(c[1]))  # the first of equals: the DP's plan
     best_how, best = starts[0]

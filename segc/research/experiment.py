@@ -29,17 +29,17 @@ predicted again with the fitted model; the plans that are none of the calibratio
 reports apart. An ``optimal`` plan is made with the machine model given, before the
 fit, or with ``planners``' model for its model and workload: a run's calibrated models
 (``report.read_fitted``), so that a second run measures the fitted model's own optimum
-among the other plans.
+among the other plans; with ``fit_first``, the model this same run fits to its
+calibration plans, timed first (:func:`_fit_first`).
 """
 
 from __future__ import annotations
 
 import gc
-import statistics
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,11 +57,11 @@ from ..runtime import resolve_commit
 from ..staging import jit
 from .calibrated import Prepared, calibrate, mark_held_out, predict_row
 from .models import load_model, make_workload
-from .noise import measured
 from .report import Results
-from .sweep import expand, expand_all, slug, spread
-from .timing import ORDERS, Job, Timed, adjust, time_in_processes, timed_calls, warm
+from .sweep import expand, expand_all, slug
+from .timing import ORDERS, Job, record_timings, time_in_processes, timed_calls, warm
 
+FIRST_SHARE = 0.3  # fit_first: the first phase's share of a time limit (four plans of some fifteen)
 DEFAULT_STRATEGIES = ("none", "markers", "every:2", "balanced:2..18:4", "memory:0.5x..2x:0.5x", "optimal", "optimal:1x")
 
 
@@ -108,6 +108,9 @@ class Experiment:
     # seconds for the whole run: timing processes that would end past it are not started
     # (timing.time_in_processes: fewer processes, each row saying how many); None: no limit
     time_limit: float | None = None
+    # plan with the model this run fits: the calibration plans timed and fitted first,
+    # then the whole sweep planned with that fit and timed (_fit_first)
+    fit_first: bool = False
     log: Callable[[str], None] | None = field(default=None, repr=False)
 
     def check(self) -> None:
@@ -123,6 +126,8 @@ class Experiment:
             raise SegcError(f"time_limit must be > 0 seconds, got {self.time_limit}")
         if not self.host_weight >= 0:
             raise SegcError(f"host_weight must be >= 0, got {self.host_weight}")
+        if self.fit_first and not self.calibration:
+            raise SegcError("fit_first needs calibration plans: the first phase fits the machine model to them")
         if self.order not in ORDERS:
             raise SegcError(f"order must be one of {ORDERS}, not {self.order!r}")
         if self.overheads not in ("group", "shared", "device"):
@@ -166,6 +171,8 @@ def _bits(x: Any) -> list[tuple]:
 def run_experiment(exp: Experiment) -> Results:
     """Run the sweep; write the results (and plans, plots) to ``exp.out`` if given."""
     exp.check()
+    if exp.fit_first:
+        return _fit_first(exp)
     # timing processes end by 90% of the time limit: the rest for the fit and the files
     deadline = None if exp.time_limit is None else time.monotonic() + 0.9 * exp.time_limit
     policy = resolve_commit(exp.commit)
@@ -214,6 +221,38 @@ def run_experiment(exp: Experiment) -> Results:
             gc.collect()
     finally:
         bar.close()
+    if out is not None:
+        res.write(out, plots=exp.plots)
+    return res
+
+
+def _fit_first(exp: Experiment) -> Results:
+    """``exp`` in two phases. The calibration plans alone, timed as the experiment times,
+    and the machine model fitted to them per model and workload (their results and
+    ``fitted/`` in ``fit-first/``); then the whole sweep, calibration plans included,
+    every plan made with those fits (``planners``: ``optimal`` the fitted model's own
+    optimum) and timed in fresh processes, its calibration fitted again to its own
+    calibration plans. So the held-out plans are planned before any is measured and
+    measured beside the plans they are compared with (the first phase's timings rank
+    nothing). The first phase gets ``FIRST_SHARE`` of a time limit."""
+    t0 = time.monotonic()
+    out = Path(exp.out) if exp.out is not None else None
+    limit = None if exp.time_limit is None else FIRST_SHARE * exp.time_limit
+    first = replace(exp, strategies=list(exp.calibration), eager=False, fit_first=False, plots=(), time_limit=limit)
+    if exp.log is not None:
+        exp.log(f"fit first: the calibration plans {', '.join(exp.calibration)}")
+    r0 = run_experiment(replace(first, out=out and out / "fit-first"))
+    planners = dict(exp.planners)
+    for mspec, fit in r0.fitted.items():
+        for w, m in fit.get("machines", {}).items():
+            planners[(mspec, w)] = MachineModel(**{**m, "source": f"fitted first: {mspec} {w}"})
+    took = time.monotonic() - t0
+    if exp.log is not None:
+        exp.log(f"fit first: {len(planners)} fitted model(s) in {took:.0f} s; the sweep's plans made with them")
+    rest = None if exp.time_limit is None else max(exp.time_limit - took, 1.0)
+    # its plans and graphs saved as it goes; its results written again below, with the first phase's
+    res = run_experiment(replace(exp, fit_first=False, planners=planners, plots=(), time_limit=rest))
+    res.experiment.update(fit_first=True, plots=exp.plots, fit_first_seconds=took, fit_first_fitted=r0.fitted)
     if out is not None:
         res.write(out, plots=exp.plots)
     return res
@@ -350,29 +389,3 @@ def _time_apart(
         exp.log(f"{mspec}: {ran} of {exp.processes} timing processes within the time limit")
     for rows, timed in zip(runs, got):
         record_timings(rows, timed, exp.host_adjust)
-
-
-def record_timings(rows: list[dict[str, Any]], timed: list[list[Timed]], host_adjust: bool) -> None:
-    """Each row's measured time from its calls (per process), with ``host_adjust`` as
-    if made at the host's median speed (``timing.adjust``; ``host_slope``: seconds of
-    call per second of probe); the calls as measured kept in ``calls``, so that a run
-    can be read again either way (``benchmarks/repredict.py --host-adjust``)."""
-    used, (slope, _) = adjust(timed) if host_adjust else (timed, (None, None))
-    for row, raw, t in zip(rows, timed, used):
-        _record(row, t)
-        row["calls"], row["repeats"], row["host_slope"] = [asdict(c) for c in raw], len(raw[0].times), slope
-
-
-def _record(row: dict[str, Any], timed: list[Timed]) -> None:
-    """A row's measured time from its calls in each process (``noise.measured``)."""
-    calls = [x for t in timed for x in t.times]
-    s = spread(calls)
-    row.update({f"measured_{k}_s": v for k, v in s.items() if k not in ("max", "median")})
-    row["measured_median_s"] = measured([t.times for t in timed])
-    row["host_median_s"] = statistics.median(x for t in timed for x in t.host)
-    row["repeats"] = len(timed[0].times)
-    row["processes"] = len(timed)
-    if len(timed) >= 2:
-        meds = [statistics.median(t.times) for t in timed]
-        row["process_low_s"], row["process_high_s"] = min(meds), max(meds)
-    row["times_s"] = [t.times for t in timed]

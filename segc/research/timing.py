@@ -48,6 +48,8 @@ import mlx.core as mx
 
 from ..errors import SegcError
 from .models import Workload
+from .noise import measured
+from .sweep import spread
 
 
 @dataclass
@@ -317,3 +319,29 @@ def main(argv: Sequence[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+
+
+def record_timings(rows: list[dict[str, Any]], timed: list[list[Timed]], host_adjust: bool) -> None:
+    """Each row's measured time from its calls (per process), with ``host_adjust`` as
+    if made at the host's median speed (``timing.adjust``; ``host_slope``: seconds of
+    call per second of probe); the calls as measured kept in ``calls``, so that a run
+    can be read again either way (``benchmarks/repredict.py --host-adjust``)."""
+    used, (slope, _) = adjust(timed) if host_adjust else (timed, (None, None))
+    for row, raw, t in zip(rows, timed, used):
+        _record(row, t)
+        row["calls"], row["repeats"], row["host_slope"] = [asdict(c) for c in raw], len(raw[0].times), slope
+
+
+def _record(row: dict[str, Any], timed: list[Timed]) -> None:
+    """A row's measured time from its calls in each process (``noise.measured``)."""
+    calls = [x for t in timed for x in t.times]
+    s = spread(calls)
+    row.update({f"measured_{k}_s": v for k, v in s.items() if k not in ("max", "median")})
+    row["measured_median_s"] = measured([t.times for t in timed])
+    row["host_median_s"] = statistics.median(x for t in timed for x in t.host)
+    row["repeats"] = len(timed[0].times)
+    row["processes"] = len(timed)
+    if len(timed) >= 2:
+        meds = [statistics.median(t.times) for t in timed]
+        row["process_low_s"], row["process_high_s"] = min(meds), max(meds)
+    row["times_s"] = [t.times for t in timed]
