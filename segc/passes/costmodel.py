@@ -89,7 +89,7 @@ small machine, ``H200`` for the GPU in bf16.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from ..errors import ScheduleError
@@ -218,7 +218,7 @@ class TimePrediction:
     commits: int = 0  # commits in one call (commits.commit_count)
 
 
-def _span_in_bytes(lv: Liveness, os_: list, a: int, b: int) -> int:
+def span_in_bytes(lv: Liveness, os_: Sequence[Eqn], a: int, b: int) -> int:
     """Bytes of activations made before op ``a`` that ops ``[a, b)`` read."""
     seen = {lv.root[v] for e in os_[a:b] for v in e.ins}
     return sum(lv.nbytes[r] for r in seen if lv.defined.get(r, a) < a)
@@ -232,20 +232,41 @@ def predict_time(g: Graph, m: MachineModel | None = None, commit: str = "segment
     m = m or default_model()
     os_ = ops(g)
     oc = op_costs(g, m)
-    flags = commit_flags(g, commit, m.device)
-    qw, qn = queue_lead(oc.device, oc.kernels, m.queue_kernels)
-    ends = command_buffers(g, oc.kernels, m.buffer_kernels, flags)[1] if m.buffer_kernels > 0 else []
-    segs: list[SegmentTime] = []
-    k = 0
-    seen: set[tuple] = set()
-    for s, flag in zip(segments(g), flags):
+    return timed(segment_times(os_, oc, op_spans(g), commit_flags(g, commit, m.device), m), m)
+
+
+def op_spans(g: Graph) -> list[tuple[str, int, int]]:
+    """Each segment of ``g`` as its name and its ops' span ``[a, b)`` in ``analysis.ops``."""
+    spans, k = [], 0
+    for s in segments(g):
         n = sum(1 for e in g.eqns[s.start : s.stop] if not e.is_pseudo)
-        sig = signature(g, s.start, s.stop)
+        spans.append((s.name, k, k + n))
+        k += n
+    return spans
+
+
+def segment_times(
+    os_: Sequence[Eqn],
+    oc: OpCosts,
+    spans: Sequence[tuple[str, int, int]],
+    flags: Sequence[bool],
+    m: MachineModel,
+    in_bytes: Callable[[int, int], int] | None = None,
+) -> list[SegmentTime]:
+    """Each segment, ``(name, a, b)``: ops ``[a, b)`` of ``os_`` (``analysis.ops``),
+    costed as ``predict_time`` does, split into MLX's command buffers; ``flags`` its
+    commits; ``in_bytes(a, b)``, the activations it reads from before ``a`` (default:
+    counted here; ``repeat_search`` passes a cache)."""
+    in_bytes = in_bytes or (lambda a, b: span_in_bytes(oc.lv, os_, a, b))
+    qw, qn = queue_lead(oc.device, oc.kernels, m.queue_kernels)
+    ends = span_buffers(oc.kernels, m.buffer_kernels, spans, flags)[1] if m.buffer_kernels > 0 else []
+    segs: list[SegmentTime] = []
+    seen: set[tuple] = set()
+    for (name, a, b), flag in zip(spans, flags):
+        sig = tuple(eqn_signature(e) for e in os_[a:b])
         repeat = sig in seen
         seen.add(sig)
-        a, b = k, k + n
-        k = b
-        in_b = _span_in_bytes(oc.lv, os_, a, b)
+        in_b = in_bytes(a, b)
         loss, split = 0.0, 0
         if a > 0 and 0 <= oc.group[a] == oc.group[a - 1]:  # a cut inside a fused chain
             split = sum(
@@ -255,8 +276,8 @@ def predict_time(g: Graph, m: MachineModel | None = None, commit: str = "segment
         kern = sum(oc.kernels[a:b]) + (loss > 0)
         work = sum(oc.device[a:b]) + in_b / m.bytes_per_s + (2 * split / m.bytes_per_s if loss else 0.0)
         seg = SegmentTime(
-            s.name,
-            n,
+            name,
+            b - a,
             0.0,
             0.0,
             in_b / m.bytes_per_s,
@@ -270,17 +291,12 @@ def predict_time(g: Graph, m: MachineModel | None = None, commit: str = "segment
             repeat=repeat,
         )
         segs += _buffers(seg, oc, a, b, ends, m)
-    return timed(segs, m)
-
-
-def signature(g: Graph, start: int, stop: int) -> tuple:
-    """Equations ``[start, stop)`` as a segment repeats them: primitive, output shapes
-    and types, in order (what ``repeat_s`` compares)."""
-    return tuple(eqn_signature(e) for e in g.eqns[start:stop] if not e.is_pseudo)
+    return segs
 
 
 def eqn_signature(e: Eqn) -> tuple:
-    """One equation as a repeat compares it: its primitive, output shapes and types."""
+    """One equation as a repeat compares it: its primitive, output shapes and types (a
+    segment repeats an earlier one with the same equations' signatures, in order)."""
     return (e.prim, tuple((o.shape, o.dtype) for o in e.outs))
 
 
@@ -304,14 +320,20 @@ def command_buffers(
     at every commit the runtime makes (``commits``, per segment: ``commit_flags``; default
     all) and at the call's end. The time model (``_buffers``) and the memory prediction
     (``memory.py``) both read it."""
-    segs = segments(g)
-    flags = list(commits) if commits is not None else [True] * len(segs)
-    if len(flags) != len(segs):
-        raise ScheduleError(f"{g.name}: {len(flags)} commit flags for {len(segs)} segments")
+    spans = op_spans(g)
+    flags = list(commits) if commits is not None else [True] * len(spans)
+    if len(flags) != len(spans):
+        raise ScheduleError(f"{g.name}: {len(flags)} commit flags for {len(spans)} segments")
+    return span_buffers(kernels, most, spans, flags)
+
+
+def span_buffers(
+    kernels: Sequence[int], most: int, spans: Sequence[tuple[str, int, int]], flags: Sequence[bool]
+) -> tuple[list[int], list[int]]:
+    """``command_buffers`` for segments given as op spans (``op_spans``)."""
     closing: list[bool] = []
-    for s, flag in zip(segs, flags):
-        n = sum(1 for e in g.eqns[s.start : s.stop] if not e.is_pseudo)
-        closing += [False] * (n - 1) + [flag] if n else []
+    for (_, a, b), flag in zip(spans, flags):
+        closing += [False] * (b - a - 1) + [flag] if b > a else []
     buf: list[int] = []
     ends: list[int] = []
     nodes = b = 0

@@ -14,7 +14,7 @@ ones (every marker, every second, third and fourth), ``optimal:markers``'s plan 
 ``optimal``), then, from each, a local search while the predicted time falls
 (:func:`_moves`), at most :data:`MAX_PLANS` plans in all. Never predicted slower
 than any of those plans; not an exact optimum: on 300 random machines with two or three
-repeated layers, above the least of every plan on four, by at most 1.6%, where the DP's
+repeated layers, above the least of every plan on three, by at most 1.6%, where the DP's
 plan alone was above it on 93, by up to 185% (``benchmarks/optimal_gap.py``).
 """
 
@@ -25,10 +25,9 @@ from collections.abc import Callable, Iterator, Sequence
 from itertools import pairwise
 
 from ..ir import Graph
-from .costmodel import MachineModel, eqn_signature, predict_time
-from .plan import apply_plan, plan_at
+from .costmodel import MachineModel, eqn_signature, op_costs, segment_times, span_in_bytes, timed
 
-MAX_PLANS = 160  # whole plans costed (20-60 ms each on the reference llama's graphs: 4-10 s a plan)
+MAX_PLANS = 2000  # whole plans costed (PlanTimer: 1-2 ms each on the reference llama's graphs: 1-5 s a plan)
 PERIODS = (1, 2, 3, 4)  # every marker, every second, ...
 
 
@@ -56,12 +55,12 @@ def search(
     the search with every point ended 1.2% above the one with the markers alone,
     docs/experiments-log.md, the twenty-ninth run)."""
     costs: dict[tuple[int, ...], float] = {}
+    timer = PlanTimer(g, m)
 
     def cost(points: Sequence[int]) -> float:
         key = tuple(sorted(set(points)))
         if key not in costs:
-            ok = feasible(key)
-            costs[key] = predict_time(apply_plan(g, plan_at(g, "search", key)), m).total if ok else math.inf
+            costs[key] = timer(key) if feasible(key) else math.inf
         return costs[key]
 
     found = [("dp", list(start)), ("none", []), ("every point", sorted(set(points) | set(markers)))]
@@ -90,6 +89,30 @@ def search(
     return sorted(best), cost(best), best_how
 
 
+class PlanTimer:
+    """``costmodel.predict_time`` of ``g`` cut at op indices, without cutting it. The
+    per-op costs (``op_costs``) change with the cuts only where one falls inside a fused
+    chain, which no legal point does: computed once on the uncut graph, a plan costs its
+    segments alone (``segment_times``), each segment's boundary reads cached by span, some
+    20 times faster than cutting and predicting the graph (tests: the same figures)."""
+
+    def __init__(self, g: Graph, m: MachineModel):
+        self.m, self.os_ = m, [e for e in g.eqns if not e.is_pseudo]
+        self.oc = op_costs(g, m)
+        self.reads: dict[tuple[int, int], int] = {}
+
+    def _reads(self, a: int, b: int) -> int:
+        if (a, b) not in self.reads:
+            self.reads[a, b] = span_in_bytes(self.oc.lv, self.os_, a, b)
+        return self.reads[a, b]
+
+    def __call__(self, points: Sequence[int]) -> float:
+        ends = [0, *sorted(set(points)), len(self.os_)]
+        spans = [(f"s{i}", a, b) for i, (a, b) in enumerate(pairwise(ends)) if b > a]
+        segs = segment_times(self.os_, self.oc, spans, [True] * len(spans), self.m, self._reads)
+        return timed(segs, self.m).total
+
+
 def _moves(
     plan: Sequence[int], groups: list[set[int]], markers: Sequence[int], points: Sequence[int]
 ) -> tuple[list[list[int]], Iterator[list[int]]]:
@@ -111,7 +134,7 @@ def _moves(
 
 def orbits(g: Graph, markers: Sequence[int], points: Sequence[int]) -> list[set[int]]:
     """The points between markers grouped by their place in a layer: where two spans
-    between markers have the same equations (as ``costmodel.signature`` compares them),
+    between markers have the same equations (as ``costmodel.eqn_signature`` compares them),
     a point at the same offset in each, one set per offset (the points alone where no
     span repeats)."""
     ops = [e for e in g.eqns if not e.is_pseudo]

@@ -300,3 +300,37 @@ def test_optimal_never_above_optimal_at_markers_on_the_reference_prefill(machine
         times[spec] = predict_time(apply_plan(g, plan), model).total
         assert plan.info.get("predicted_s", times[spec]) == pytest.approx(times[spec], rel=1e-9)
     assert times["optimal"] <= times["optimal:markers"] < times["markers"]
+
+
+@settings(max_examples=examples(30), deadline=None, derandomize=True)
+@given(data=st.data(), n=st.integers(1, 4), per_op=st.floats(0, 1e-5), buffer=st.sampled_from([0, 3, 100]))
+def test_plan_timer_is_predict_time_on_the_cut_graph(data: st.DataObject, n: int, per_op: float, buffer: int) -> None:
+    """``repeat_search.PlanTimer`` (the per-op costs once, on the uncut graph) gives
+    ``predict_time``'s figure on the graph cut at the same legal points, to the last
+    bits' rounding, whatever the repeat saving and command-buffer size."""
+    from segc.passes.repeat_search import PlanTimer
+
+    g = _layers(n)
+    model = replace(H200, repeat_op_s=per_op, buffer_kernels=buffer)
+    pts = legal_points(g, kernels=True)
+    chosen = data.draw(st.lists(st.sampled_from(pts), unique=True) if pts else st.just([]))
+    want = predict_time(apply_plan(g, plan_at(g, "x", chosen)), model).total
+    assert PlanTimer(g, model)(chosen) == pytest.approx(want, rel=1e-12, abs=0)
+
+
+@pytest.mark.parametrize("graph", ["h100_cm_reference_prefill.segc", "h200_reference_decode.segc"])
+def test_plan_timer_on_the_reference_graphs(graph: str) -> None:
+    """The same on the reference llama's traced graphs, twenty random plans each."""
+    import random
+    from pathlib import Path
+
+    from segc.passes.repeat_search import PlanTimer
+
+    g = parse((Path(__file__).parent.parent / "data" / graph).read_text())
+    model = replace(H200, repeat_op_s=8e-7, segment_device_s=3e-5)
+    pts = legal_points(g, kernels=True)
+    timer, rng = PlanTimer(g, model), random.Random(0)
+    for _ in range(20):
+        chosen = rng.sample(pts, rng.randint(0, min(40, len(pts))))
+        want = predict_time(apply_plan(g, plan_at(g, "x", chosen)), model).total
+        assert timer(chosen) == pytest.approx(want, rel=1e-12, abs=0), sorted(chosen)
