@@ -217,7 +217,7 @@ class Optimal:
                 at = {e.id: k + 1 for k, e in enumerate(os_)}
                 with contextlib.suppress(ScheduleError):  # none where no plan at the markers keeps the budget
                     extra = [("optimal:markers", [at[c.after] for c in replace(self, markers=True)(g).cuts])]
-            cuts, found_s, how = search(g, m, sorted(cuts), marks, inner, feasible, extra)
+            cuts, found_s, how = search(g, m, sorted(cuts), marks, inner, feasible, extra, oc)
             info = {"predicted_s": found_s, "machine": m.name, "dp_s": best_t, "found_by": how}
         return plan_at(g, name, sorted(cuts), info=info)
 

@@ -8,7 +8,7 @@ and only a start with it. On an H100 the calibration fitted 0.45 us of saving pe
 repeated equation of a prefill, and under that model the DP's plan was predicted 5%
 slower than cutting at every marker, whose segments all repeat; that plan measured the
 fastest (docs/experiments-log.md, the twenty-sixth run). So, where the model has the
-saving, whole plans are costed with ``costmodel.predict_time``: the DP's, none, a cut at
+saving, whole plans are costed (``costmodel.predict_time``'s figure, by :class:`PlanTimer`): the DP's, none, a cut at
 every point (each equation's segment then repeats the last like it), the layer-periodic
 ones (every marker, every second, third and fourth), ``optimal:markers``'s plan (for
 ``optimal``), then, from each, a local search while the predicted time falls
@@ -25,7 +25,8 @@ from collections.abc import Callable, Iterator, Sequence
 from itertools import pairwise
 
 from ..ir import Graph
-from .costmodel import MachineModel, eqn_signature, op_costs, segment_times, span_in_bytes, timed
+from .analysis import ops
+from .costmodel import MachineModel, OpCosts, eqn_signature, op_costs, segment_times, span_in_bytes, timed
 
 MAX_PLANS = 2000  # whole plans costed (PlanTimer: 1-2 ms each on the reference llama's graphs: 1-5 s a plan)
 PERIODS = (1, 2, 3, 4)  # every marker, every second, ...
@@ -43,6 +44,7 @@ def search(
     points: Sequence[int],
     feasible: Callable[[Sequence[int]], bool],
     extra: Sequence[tuple[str, Sequence[int]]] = (),
+    oc: OpCosts | None = None,
 ) -> tuple[list[int], float, str]:
     """The cut points (op indices) of the least predicted time found, that time, and
     what found it (``"dp"``, ``"none"``, ``"every point"``, ``"markers"``, ``"every:K"``,
@@ -53,9 +55,10 @@ def search(
     starts, by name (``optimal`` gives ``optimal:markers``'s plan: a step among all
     points costs many more plans than among the markers, and on an H100's prefill model
     the search with every point ended 1.2% above the one with the markers alone,
-    docs/experiments-log.md, the twenty-ninth run)."""
+    docs/experiments-log.md, the twenty-ninth run). ``oc``: ``g``'s per-op costs under
+    ``m``, where the caller has them."""
     costs: dict[tuple[int, ...], float] = {}
-    timer = PlanTimer(g, m)
+    timer = PlanTimer(g, m, oc)
 
     def cost(points: Sequence[int]) -> float:
         key = tuple(sorted(set(points)))
@@ -96,9 +99,9 @@ class PlanTimer:
     segments alone (``segment_times``), each segment's boundary reads cached by span, some
     20 times faster than cutting and predicting the graph (tests: the same figures)."""
 
-    def __init__(self, g: Graph, m: MachineModel):
-        self.m, self.os_ = m, [e for e in g.eqns if not e.is_pseudo]
-        self.oc = op_costs(g, m)
+    def __init__(self, g: Graph, m: MachineModel, oc: OpCosts | None = None):
+        self.m, self.os_ = m, ops(g)
+        self.oc = oc or op_costs(g, m)
         self.reads: dict[tuple[int, int], int] = {}
 
     def _reads(self, a: int, b: int) -> int:
@@ -137,9 +140,9 @@ def orbits(g: Graph, markers: Sequence[int], points: Sequence[int]) -> list[set[
     between markers have the same equations (as ``costmodel.eqn_signature`` compares them),
     a point at the same offset in each, one set per offset (the points alone where no
     span repeats)."""
-    ops = [e for e in g.eqns if not e.is_pseudo]
-    sig = [eqn_signature(e) for e in ops]
-    ends = [0, *markers, len(ops)]
+    os_ = ops(g)
+    sig = [eqn_signature(e) for e in os_]
+    ends = [0, *markers, len(os_)]
     spans = list(pairwise(ends))
     legal = set(points) - set(markers)
     out: dict[tuple, set[int]] = {}

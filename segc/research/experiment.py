@@ -238,14 +238,15 @@ def _fit_first(exp: Experiment) -> Results:
     t0 = time.monotonic()
     out = Path(exp.out) if exp.out is not None else None
     limit = None if exp.time_limit is None else FIRST_SHARE * exp.time_limit
-    first = replace(exp, strategies=list(exp.calibration), eager=False, fit_first=False, plots=(), time_limit=limit)
     if exp.log is not None:
         exp.log(f"fit first: the calibration plans {', '.join(exp.calibration)}")
-    r0 = run_experiment(replace(first, out=out and out / "fit-first"))
-    planners = dict(exp.planners)
-    for mspec, fit in r0.fitted.items():
-        for w, m in fit.get("machines", {}).items():
-            planners[(mspec, w)] = MachineModel(**{**m, "source": f"fitted first: {mspec} {w}"})
+    r0 = run_experiment(
+        replace(
+            exp, strategies=list(exp.calibration), eager=False, fit_first=False, plots=(), time_limit=limit,
+            out=out and out / "fit-first",
+        )
+    )  # fmt: skip
+    planners = {**exp.planners, **r0.fitted_models("fitted first")}
     took = time.monotonic() - t0
     if exp.log is not None:
         exp.log(f"fit first: {len(planners)} fitted model(s) in {took:.0f} s; the sweep's plans made with them")

@@ -193,13 +193,20 @@ class Results:
         ``<model>_<workload>.json``: what ``--machine`` takes, so that another run plans
         ``optimal`` with the calibrated model (its own optimum, measured among the others)."""
         paths = []
-        for mspec, fit in self.fitted.items():
-            for w, m in fit.get("machines", {}).items():
-                where.mkdir(parents=True, exist_ok=True)
-                path = where / f"{slug(mspec)}_{slug(w)}.json"
-                MachineModel(**{**m, "source": f"calibrated: {mspec} {w}"}).save(path)
-                paths.append(path)
+        for (mspec, w), m in self.fitted_models().items():
+            where.mkdir(parents=True, exist_ok=True)
+            paths.append(where / f"{slug(mspec)}_{slug(w)}.json")
+            m.save(paths[-1])
         return paths
+
+    def fitted_models(self, label: str = "calibrated") -> dict[tuple[str, str], MachineModel]:
+        """Each calibrated machine model by (model, workload), its source ``label: model
+        workload``: what ``Experiment.planners`` takes."""
+        return {
+            (mspec, w): MachineModel(**{**m, "source": f"{label}: {mspec} {w}"})
+            for mspec, fit in self.fitted.items()
+            for w, m in fit.get("machines", {}).items()
+        }
 
     def table(self) -> str:
         """A markdown table of the rows: a calibration plan marked so, the commits where
