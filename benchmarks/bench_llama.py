@@ -31,7 +31,10 @@ One run times, interleaved round by round so that drift hits every variant alike
   segments, not 17: docs/experiments.md found a separate head segment costing 0.1-0.24
   ms of host time on the H200); ``frozen2`` / ``frozen4`` -- ``frozenhead`` with a
   segment per two (four) layers (9 and 5 segments in the experiment's ``every:2`` and
-  ``every:4`` were faster than 17 on the H200: a segment costs host time).
+  ``every:4`` were faster than 17 on the H200: a segment costs host time);
+  ``frozenc2`` / ``frozenc4`` -- ``frozen``'s segments committed every second (fourth)
+  segment (``commit="every:2"``, ``"every:4"``): fewer CUDA graphs a step, each
+  bigger, with the cuts and kernels of ``frozen``.
 
 ``--isolate`` runs every variant in a process of its own (MLX's kernel and CUDA-graph
 caches are per process, so one variant's commits cannot slow another down); the
@@ -151,6 +154,8 @@ VARIANTS = (
     "frozenhead",
     "frozen2",
     "frozen4",
+    "frozenc2",
+    "frozenc4",
 )
 COMMIT = {
     "each": "segment",
@@ -161,8 +166,12 @@ COMMIT = {
     "concatfences": "fences",
     "frozeneach": "segment",
     "frozengeo": "geometric",
+    "frozenc2": "every:2",
+    "frozenc4": "every:4",
 }
-FROZEN = ("wholefrozen", "frozen", "frozeneach", "frozengeo", "frozenhead", "frozen2", "frozen4")  # freeze_params=True
+FROZEN = (
+    *("wholefrozen", "frozen", "frozeneach", "frozengeo", "frozenhead", "frozen2", "frozen4", "frozenc2", "frozenc4"),
+)  # freeze_params=True
 CONCAT = ("concat", "concatfences", "wholeconcat", *FROZEN)  # concat_projections=True: sibling products as one
 FUSED = ("fused", "fusedfences")  # attention="on": segc's fused decode attention (CUDA)
 UNFUSED = ("unfused",)  # attention="off": MLX's decomposition of the masked attention
@@ -378,24 +387,31 @@ def stats(xs: list[float]) -> dict[str, float]:
 def time_interleaved(
     fns: dict[str, Callable[[], Any]], sync: dict[str, Callable[[], Any]], warmup: int, repeats: int
 ) -> dict[str, dict[str, Any]]:
-    """Round-robin over the variants; per call: host time (until the call returns) and
+    """Round-robin over the variants; per call: host time (until the call returns),
+    submit time (until ``mx.async_eval`` of its outputs and cache state returns: every
+    kernel of the call handed to the device, the host's whole share of a call; eager
+    mlx-lm's call only builds the graph, its encoding happens in the evaluation) and
     wall time (until its outputs, and any cache state, are evaluated)."""
     for _ in range(warmup):
         for name, f in fns.items():
             mx.eval(f(), sync[name]())
     wall: dict[str, list[float]] = {k: [] for k in fns}
     host: dict[str, list[float]] = {k: [] for k in fns}
+    submit: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeats):
         for name, f in fns.items():
             mx.synchronize()
             t0 = time.perf_counter()
             y = f()
             t1 = time.perf_counter()
-            mx.eval(y, sync[name]())
+            mx.async_eval(y, sync[name]())
             t2 = time.perf_counter()
+            mx.eval(y, sync[name]())
+            t3 = time.perf_counter()
             host[name].append(t1 - t0)
-            wall[name].append(t2 - t0)
-    return {k: {"wall": stats(wall[k]), "host": stats(host[k])} for k in fns}
+            submit[name].append(t2 - t0)
+            wall[name].append(t3 - t0)
+    return {k: {"wall": stats(wall[k]), "host": stats(host[k]), "submit": stats(submit[k])} for k in fns}
 
 
 def workload(
@@ -567,7 +583,9 @@ def isolated(argv: list[str], variants: tuple[str, ...], out_json: str | None, r
                             mine["segc_host"] = w["segc_host"]
         for (name, v), ts in per_round.items():
             merged = {
-                part: {k: statistics.median(t[part][k] for t in ts) for k in ts[0][part]} for part in ("wall", "host")
+                part: {k: statistics.median(t[part][k] for t in ts) for k in ts[0][part]}
+                for part in ("wall", "host", "submit")
+                if part in ts[0]
             }
             merged["round_medians"] = [t["wall"]["median"] for t in ts]
             r["workloads"][name].setdefault("timings", {})[v] = merged
@@ -830,7 +848,7 @@ def print_workload(r: dict[str, Any], name: str, w: dict[str, Any], out: Any = s
     base = t["eager"]["wall"]["median"] if "eager" in t else math.nan
     wid = max([12, *map(len, t)])
     p(
-        f"  {'variant':<{wid}} {'median':>11} {'p25':>11} {'p75':>11} {'host':>11} {'x eager':>8}  bit-identical",
+        f"  {'variant':<{wid}} {'median':>11} {'p25':>11} {'p75':>11} {'host':>11} {'submit':>11} {'x eager':>8}  bit-identical",
         file=out,
     )
     for v, tv in t.items():
@@ -844,7 +862,8 @@ def print_workload(r: dict[str, Any], name: str, w: dict[str, Any], out: Any = s
             same = "(no eager here)"
         p(
             f"  {v:<{wid}} {fmt_t(m['median'])} {fmt_t(m['p25'])} {fmt_t(m['p75'])} "
-            f"{fmt_t(tv['host']['median'])} {m['median'] / base:8.3f}  {same}",
+            f"{fmt_t(tv['host']['median'])} {fmt_t(tv.get('submit', {}).get('median', math.nan))} "
+            f"{m['median'] / base:8.3f}  {same}",
             file=out,
         )
     for v, e in w["errors"].items():

@@ -158,3 +158,29 @@ def test_geometric_commits_after_segments_1_2_4_8() -> None:
     assert _commits_after(g, segs, "auto") == want  # small segments: no FLOP commits
     step = segc.jit(f, commit="geometric")
     assert bits(step(mx.ones((4,)))) == bits(f(mx.ones((4,))))
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 11, 12])
+def test_every_k_commits_after_every_kth_segment(k: int) -> None:
+    """``"every:K"``: a commit after segments K, 2K, ... (counted from 1), the same bits
+    as eager; ``"every:1"`` is ``"segment"``."""
+    from segc.runtime.executor import _commits_after
+
+    def f(x: mx.array) -> mx.array:
+        for _ in range(10):
+            x = segc.boundary(x * 1.5 - 0.25)
+        return x * 2
+
+    g = segc.jit(f).lower(mx.ones((4,))).graph
+    segs = segc.segments(g)
+    assert len(segs) == 11
+    want = tuple(n in range(k, 12, k) for n in range(1, 12))
+    assert _commits_after(g, segs, f"every:{k}") == want
+    x = mx.arange(4, dtype=mx.float32) - 1.0
+    assert bits(segc.jit(f, commit=f"every:{k}")(x)) == bits(f(x))
+
+
+@pytest.mark.parametrize("bad", ["every", "every:", "every:0", "every:-1", "every:2.5", "every:x", "every: 2"])
+def test_a_bad_every_policy_is_refused_when_jitted(bad: str) -> None:
+    with pytest.raises(segc.ScheduleError, match="every:K"):
+        segc.jit(lambda x: x + 1, commit=bad)

@@ -47,7 +47,7 @@ def test_commit_flags_are_the_executors(mixed: Graph, data: Any) -> None:
     pts = legal_points(mixed)
     cut = apply_plan(mixed, plan_at(mixed, "random", data.draw(st.sets(st.sampled_from(pts)))))
     segs = segments(cut)
-    for policy in COMMITS:
+    for policy in (*COMMITS, "every:1", "every:2", "every:3"):
         want = Executor(cut, commit=policy).commit_after  # this device's resolution of "auto"
         assert commit_flags(cut, policy, HERE) == want, policy
         tp = predict_time(cut, MachineModel(device=HERE), policy)
@@ -71,11 +71,14 @@ def _by_hand(policy: str, n: int) -> int:
         return n
     if policy == "fences":
         return 1
+    if policy.startswith("every:"):  # after the Kth, 2Kth, ...; the last commit the caller's
+        k = int(policy[6:])
+        return n // k + (n % k != 0)
     powers = [p for p in (1, 2, 4, 8, 16, 32) if p <= n]
     return len(powers) + (n not in powers)
 
 
-@pytest.mark.parametrize("policy", ["segment", "fences", "geometric"])
+@pytest.mark.parametrize("policy", ["segment", "fences", "geometric", "every:2", "every:4"])
 @pytest.mark.parametrize("every", [1, 2, 3])
 def test_a_call_commits_as_predicted(model: Any, policy: str, every: int, monkeypatch: pytest.MonkeyPatch) -> None:
     x = mx.array([[3, 1, 4, 1, 5, 9, 2, 6]])

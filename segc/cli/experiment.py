@@ -98,7 +98,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="rounds of short blocks (each timed call after one of its own plan), each plan's calls back to back, "
         "or round-robin over the plans (segc.research.timing)",
     )
-    p.add_argument("--commit", default="auto", help="the runtime's commit policy: auto, segment, fences, geometric")
+    p.add_argument(
+        "--commit", default="auto", help="the runtime's commit policy: auto, segment, fences, geometric, every:K"
+    )
     p.add_argument("--out", metavar="DIR", help="results.csv, results.json, plans/ and plots here")
     p.add_argument("--plots", default="png,svg", help="plot formats (comma list; '' for none)")
     p.add_argument("--no-eager", action="store_true", help="leave out the eager row")

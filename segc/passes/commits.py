@@ -10,6 +10,9 @@ segments the stock loop commits after:
 - ``"fences"``: none (the call's end commits everything; signals and waits of a
   schedule add commits that are not modelled here);
 - ``"geometric"``: the 1st, 2nd, 4th, 8th, ... (counted from 1);
+- ``"every:K"`` (K a whole number, 1 or more): the Kth, 2Kth, 3Kth, ... (``"every:1"``
+  is ``"segment"``): fewer commits than a segment each, each a bigger graph, while the
+  device still starts before the host has dispatched the whole call;
 - ``"auto"``: ``"segment"``, on a CPU and on a GPU (docs/runtime.md, "Commits", has the
   measurements behind it).
 
@@ -23,15 +26,30 @@ from __future__ import annotations
 from ..errors import ScheduleError
 from ..ir import Graph, segments
 
-COMMITS = ("auto", "segment", "fences", "geometric")
+COMMITS = ("auto", "segment", "fences", "geometric")  # and "every:K"
 DEVICES = ("cpu", "gpu")
+
+
+def commit_period(policy: str) -> int | None:
+    """K of an ``"every:K"`` policy; None for any other name."""
+    if isinstance(policy, str) and policy.startswith("every:"):
+        k = policy.removeprefix("every:")
+        if k.isdigit() and int(k) >= 1:
+            return int(k)
+    return None
+
+
+def check_commit(policy: str) -> str:
+    """``policy`` if it names a commit policy, else a ``ScheduleError`` saying what does."""
+    if policy in COMMITS or commit_period(policy) is not None:
+        return policy
+    raise ScheduleError(f"commit must be one of {COMMITS} or 'every:K' (K a whole number >= 1), not {policy!r}")
 
 
 def commit_flags(g: Graph, policy: str = "segment", device: str = "cpu") -> tuple[bool, ...]:
     """Per segment of ``g`` (``segments(g)`` order): whether the dispatch loop commits
     right after it under ``policy`` on a ``device`` (``"cpu"`` or ``"gpu"``)."""
-    if policy not in COMMITS:
-        raise ScheduleError(f"commit must be one of {COMMITS}, not {policy!r}")
+    check_commit(policy)
     if device not in DEVICES:
         raise ScheduleError(f"device must be one of {DEVICES}, not {device!r}")
     segs = segments(g)
@@ -39,6 +57,9 @@ def commit_flags(g: Graph, policy: str = "segment", device: str = "cpu") -> tupl
         return (True,) * len(segs)
     if policy == "fences":
         return (False,) * len(segs)
+    k = commit_period(policy)
+    if k is not None:
+        return tuple((i + 1) % k == 0 for i in range(len(segs)))
     doubling, p = set(), 1
     while p <= len(segs):
         doubling.add(p)

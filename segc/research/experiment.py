@@ -49,7 +49,7 @@ from .. import dtypes
 from ..errors import ScheduleError, SegcError
 from ..ir import to_text
 from ..passes import make_plan
-from ..passes.commits import COMMITS
+from ..passes.commits import check_commit
 from ..passes.costmodel import MachineModel, default_model
 from ..passes.plan import apply_plan
 from ..passes.strategies import resolve
@@ -120,8 +120,7 @@ class Experiment:
             raise SegcError("an experiment needs at least one model, workload and strategy")
         if self.processes < 1:
             raise SegcError(f"processes must be >= 1, got {self.processes}")
-        if self.commit not in COMMITS:
-            raise SegcError(f"commit must be one of {COMMITS}, not {self.commit!r}")
+        check_commit(self.commit)
         if self.time_limit is not None and not self.time_limit > 0:
             raise SegcError(f"time_limit must be > 0 seconds, got {self.time_limit}")
         if not self.host_weight >= 0:

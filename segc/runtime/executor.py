@@ -10,6 +10,8 @@ kept apart from where segments are cut (docs/runtime.md, "Commits"):
   host blocks), and at the end (the caller's ``mx.eval``);
 * ``"geometric"``: ``"fences"`` plus a commit after segments 1, 2, 4, 8, ... (counted
   from 1): the device starts after the first segment while the commits stay few;
+* ``"every:K"``: ``"fences"`` plus a commit after segments K, 2K, 3K, ...: a commit
+  per K segments, each a bigger CUDA graph;
 * ``"auto"``: ``"segment"``, on the CPU and on a GPU: on MLX's CUDA build a commit
   launches the segment's CUDA graph at once, and the device then runs it while the
   host dispatches the next (docs/runtime.md, "Commits", has the measurements).
@@ -34,7 +36,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from ..errors import IRError, MemoryLimitError, ScheduleError, SignatureError
+from ..errors import IRError, MemoryLimitError, SignatureError
 from ..ir import ELIDE_BYTES, WINDOW, Graph, Segment, SegmentEffects, Var, segment_effects, segments, window_segments
 from ..lower import (
     attention_kernel,
@@ -47,7 +49,8 @@ from ..lower import (
     product_kernel,
     segment_fn,
 )
-from ..passes.commits import COMMITS
+from ..passes.commits import COMMITS as COMMITS
+from ..passes.commits import check_commit, commit_period
 from ..units import fmt_bytes
 from . import remat
 from .aborted import Aborted
@@ -109,8 +112,7 @@ _MEMORY_LIMIT_FLOOR = 1 << 20
 
 def resolve_commit(commit: str) -> str:
     """The commit policy ``commit`` names, with ``"auto"`` resolved (``"segment"``)."""
-    if commit not in COMMITS:
-        raise ScheduleError(f"commit must be one of {COMMITS}, not {commit!r}")
+    check_commit(commit)
     return "segment" if commit == "auto" else commit
 
 
@@ -125,6 +127,9 @@ def _commits_after(g: Graph, segs: Sequence[Segment], policy: str) -> tuple[bool
     """Per segment: whether the stock loop commits its outputs right after it."""
     if policy in ("segment", "fences"):
         return tuple(policy == "segment" for _ in segs)
+    k = commit_period(policy)
+    if k is not None:  # after segments K, 2K, 3K, ... (counted from 1)
+        return tuple(i % k == k - 1 for i in range(len(segs)))
     # after segments 1, 2, 4, 8, ...: the device starts after the first segment, and the
     # commits stay few (log2 of the count) while the host dispatches the rest
     return tuple((k + 1) & k == 0 for k in range(len(segs)))

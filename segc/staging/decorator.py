@@ -17,7 +17,7 @@ def jit(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
     ``layers`` list), ``static_argnums``, ``static_argnames``,
     ``drain`` (host ``mx.eval`` after every segment: a baseline for benchmarks),
     ``commit`` (when segments are committed to the device: ``"auto"``, ``"segment"``,
-    ``"fences"``; see :mod:`segc.runtime.executor`), ``attention`` (``"auto"``, ``"on"``,
+    ``"fences"``, ``"geometric"``, ``"every:K"``; see :mod:`segc.runtime.executor`), ``attention`` (``"auto"``, ``"on"``,
     ``"off"``: whether a dynamic KV cache's masked decode attention runs as segc's fused
     CUDA kernel; ``"auto"``: on a CUDA GPU unless ``SEGC_FUSED_ATTENTION=0``, see
     :mod:`segc.lower.attention`),
