@@ -180,7 +180,9 @@ def test_every_k_commits_after_every_kth_segment(k: int) -> None:
     assert bits(segc.jit(f, commit=f"every:{k}")(x)) == bits(f(x))
 
 
-@pytest.mark.parametrize("bad", ["every", "every:", "every:0", "every:-1", "every:2.5", "every:x", "every: 2"])
+@pytest.mark.parametrize(
+    "bad", ["every", "every:", "every:0", "every:-1", "every:2.5", "every:x", "every: 2", "every:\u00b2"]
+)
 def test_a_bad_every_policy_is_refused_when_jitted(bad: str) -> None:
     with pytest.raises(segc.ScheduleError, match="every:K"):
         segc.jit(lambda x: x + 1, commit=bad)

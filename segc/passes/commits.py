@@ -34,7 +34,7 @@ def commit_period(policy: str) -> int | None:
     """K of an ``"every:K"`` policy; None for any other name."""
     if isinstance(policy, str) and policy.startswith("every:"):
         k = policy.removeprefix("every:")
-        if k.isdigit() and int(k) >= 1:
+        if k.isascii() and k.isdigit() and int(k) >= 1:
             return int(k)
     return None
 
