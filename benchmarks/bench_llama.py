@@ -169,9 +169,18 @@ COMMIT = {
     "frozenc2": "every:2",
     "frozenc4": "every:4",
 }
+# freeze_params=True
 FROZEN = (
-    *("wholefrozen", "frozen", "frozeneach", "frozengeo", "frozenhead", "frozen2", "frozen4", "frozenc2", "frozenc4"),
-)  # freeze_params=True
+    "wholefrozen",
+    "frozen",
+    "frozeneach",
+    "frozengeo",
+    "frozenhead",
+    "frozen2",
+    "frozen4",
+    "frozenc2",
+    "frozenc4",
+)
 CONCAT = ("concat", "concatfences", "wholeconcat", *FROZEN)  # concat_projections=True: sibling products as one
 FUSED = ("fused", "fusedfences")  # attention="on": segc's fused decode attention (CUDA)
 UNFUSED = ("unfused",)  # attention="off": MLX's decomposition of the masked attention

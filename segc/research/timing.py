@@ -307,20 +307,6 @@ def run_job(job: Job) -> dict[str, Any]:
     return {"workloads": out, "pid": os.getpid()}
 
 
-def main(argv: Sequence[str]) -> int:
-    if len(argv) != 2:
-        print("usage: python -m segc.research.timing JOB.json OUT.json", file=sys.stderr)
-        return 2
-    d = json.loads(Path(argv[0]).read_text())
-    d["workloads"] = [(w, list(p)) for w, p in d["workloads"]]
-    Path(argv[1]).write_text(json.dumps(run_job(Job(**d))))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
-
-
 def record_timings(rows: list[dict[str, Any]], timed: list[list[Timed]], host_adjust: bool) -> None:
     """Each row's measured time from its calls (per process), with ``host_adjust`` as
     if made at the host's median speed (``timing.adjust``; ``host_slope``: seconds of
@@ -329,7 +315,7 @@ def record_timings(rows: list[dict[str, Any]], timed: list[list[Timed]], host_ad
     used, (slope, _) = adjust(timed) if host_adjust else (timed, (None, None))
     for row, raw, t in zip(rows, timed, used):
         _record(row, t)
-        row["calls"], row["repeats"], row["host_slope"] = [asdict(c) for c in raw], len(raw[0].times), slope
+        row["calls"], row["host_slope"] = [asdict(c) for c in raw], slope
 
 
 def _record(row: dict[str, Any], timed: list[Timed]) -> None:
@@ -345,3 +331,17 @@ def _record(row: dict[str, Any], timed: list[Timed]) -> None:
         meds = [statistics.median(t.times) for t in timed]
         row["process_low_s"], row["process_high_s"] = min(meds), max(meds)
     row["times_s"] = [t.times for t in timed]
+
+
+def main(argv: Sequence[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m segc.research.timing JOB.json OUT.json", file=sys.stderr)
+        return 2
+    d = json.loads(Path(argv[0]).read_text())
+    d["workloads"] = [(w, list(p)) for w, p in d["workloads"]]
+    Path(argv[1]).write_text(json.dumps(run_job(Job(**d))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

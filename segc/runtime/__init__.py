@@ -2,9 +2,9 @@
 fenced loop (schedules, windows and the activation stash). It imports the IR and the lowering, never
 the front end, ``jit`` or the engines."""
 
+from ..passes.commits import COMMITS as COMMITS
 from .events import Event as Event
 from .events import WaitTimeout as WaitTimeout
-from .executor import COMMITS as COMMITS
 from .executor import DISPATCH_LOCK as DISPATCH_LOCK
 from .executor import Aborted as Aborted
 from .executor import DispatchTimes as DispatchTimes

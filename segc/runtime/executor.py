@@ -49,7 +49,6 @@ from ..lower import (
     product_kernel,
     segment_fn,
 )
-from ..passes.commits import COMMITS as COMMITS
 from ..passes.commits import check_commit, commit_period
 from ..units import fmt_bytes
 from . import remat

@@ -283,8 +283,9 @@ def test_optimal_with_repeats_never_above_its_starts(
 
 @pytest.mark.parametrize("machine", ["cm", "cn"])
 def test_optimal_never_above_optimal_at_markers_on_the_reference_prefill(machine: str) -> None:
-    """On the reference llama's prefill as two H100s traced it, under the model each run
-    fitted first (``tests/data/h100_<machine>_reference_prefill*``: the twenty-ninth and
+    """On the reference llama's prefill as the H100s traced it (the same graph on both:
+    ``tests/data/h100_reference_prefill.segc``), under the model each run fitted first
+    (``tests/data/h100_<machine>_reference_prefill_fitted.json``: the twenty-ninth and
     thirtieth runs of docs/experiments-log.md), ``optimal`` came out above
     ``optimal:markers``, a plan it may choose: on CM (5.072 against 5.013 ms predicted)
     its search spent its plans before a step; on CN (by 0.03%) its search over the
@@ -292,13 +293,13 @@ def test_optimal_never_above_optimal_at_markers_on_the_reference_prefill(machine
     from pathlib import Path
 
     data = Path(__file__).parent.parent / "data"
-    g = parse((data / f"h100_{machine}_reference_prefill.segc").read_text())
+    g = parse((data / "h100_reference_prefill.segc").read_text())
     model = replace(MachineModel.load(data / f"h100_{machine}_reference_prefill_fitted.json"), device="gpu")
     times = {}
     for spec in ("optimal", "optimal:markers", "markers"):
         plan = make_plan(g, spec, model=model)
         times[spec] = predict_time(apply_plan(g, plan), model).total
-        assert plan.info.get("predicted_s", times[spec]) == pytest.approx(times[spec], rel=1e-9)
+        assert plan.info.get("predicted_s", times[spec]) == times[spec]  # the search's figure is predict_time's
     assert times["optimal"] <= times["optimal:markers"] < times["markers"]
 
 
@@ -318,7 +319,7 @@ def test_plan_timer_is_predict_time_on_the_cut_graph(data: st.DataObject, n: int
     assert PlanTimer(g, model)(chosen) == want
 
 
-@pytest.mark.parametrize("graph", ["h100_cm_reference_prefill.segc", "h200_reference_decode.segc"])
+@pytest.mark.parametrize("graph", ["h100_reference_prefill.segc", "h200_reference_decode.segc"])
 def test_plan_timer_on_the_reference_graphs(graph: str) -> None:
     """The same on the reference llama's traced graphs, twenty random plans each."""
     import random
