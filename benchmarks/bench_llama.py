@@ -204,6 +204,11 @@ SETTINGS = {  # a variant's "+suffix" (--isolate only)
     "nostage": {"SEGC_ATTENTION_STAGE": "0"},  # not even in place (staged there by default)
     # the write with its attention taking its queries rotated by MLX's rope (SEGC_FUSED_QUERY_ROPE)
     "qrope": {"SEGC_FUSED_QUERY_ROPE": "mlx"},
+    # the decode attention's chunks of 64 and 128 keys, not 32 (SEGC_ATTENTION_CHUNK)
+    "c64": {"SEGC_ATTENTION_CHUNK": "64"},
+    "c128": {"SEGC_ATTENTION_CHUNK": "128"},
+    # CUDA's default memory pool keeping what it reserves (benchmarks/mempool.py), in any variant
+    "poolkeep": {"SEGC_BENCH_POOL_KEEP": "1"},
 }
 
 
@@ -992,6 +997,11 @@ def main(argv: list[str] | None = None) -> int:
         return isolated(args, variants, a.json, a.rounds)
 
     model = make_model(a.preset, layers=a.layers, arch=a.arch, bits=a.bits)
+    if os.environ.get("SEGC_BENCH_POOL_KEEP") == "1":  # the +poolkeep suffix (SETTINGS): before any timed call
+        import mempool
+
+        mx.eval(model.parameters())  # the driver initialised by MLX first
+        print(f"CUDA's default pool keeps what it reserves: {mempool.keep()}")
     cfg = dict(PRESETS[a.preset])
     if a.layers:
         cfg["num_hidden_layers"] = a.layers

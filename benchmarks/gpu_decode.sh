@@ -6,7 +6,7 @@
 #
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_decode.sh [PARTS]
 #
-# PARTS: any of  dense quant moe concat chain chaintests isolated runtime kernels select products check generate device ablate modes commits census kv attn kvattn kvattndev timeline stage tail bank layers stamps stagedecode inplace prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
+# PARTS: any of  ab pool dense quant moe concat chain chaintests isolated runtime kernels select products check generate device ablate modes commits census kv attn kvattn kvattndev timeline stage tail bank layers stamps stagedecode inplace prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
 # (default: dense runtime). chain: a layer's MLP, and a decode layer, as one kernel
 # (segc.lower.cuda_chain, cuda_layer; off by default): chain_device.py (device time against
 # the separate kernels, several grids, the tickets alone) and chain_stages.py (each stage's
@@ -201,7 +201,7 @@ for p in $parts; do
     lib=$(bash benchmarks/stage_cupti.sh) || { echo "timeline: no CUPTI"; exit 1; }
     PYTHONPATH="/tmp/cupti:${PYTHONPATH:-}" LD_LIBRARY_PATH="$lib:${LD_LIBRARY_PATH:-}" MLX_MAX_OPS_PER_BUFFER=100000 \
       MLX_MAX_MB_PER_BUFFER=1000000 timeout 300 $PY benchmarks/kernel_timeline.py --steps "${STEPS:-eager,segc,segcinplace,segcnokv}" \
-      --calls 20 ${MOVING:+--moving} ${NOUVM:+--no-uvm} ${BYLAYER:+--by-layer "$BYLAYER"} ${CACHELIMIT:+--cache-limit "$CACHELIMIT"} >"$OUT/timeline.txt" 2>&1
+      --calls ${CALLS:-20} ${MOVING:+--moving} ${NOUVM:+--no-uvm} ${POOLKEEP:+--pool-keep} ${BYLAYER:+--by-layer "$BYLAYER"} ${CACHELIMIT:+--cache-limit "$CACHELIMIT"} >"$OUT/timeline.txt" 2>&1
     echo "timeline: rc=$?"
     ;;
   stage)  # the attention's chunks in shared memory first (SEGC_ATTENTION_STAGE=1) or not: its GPU tests, every kernel of the
@@ -221,6 +221,50 @@ for p in $parts; do
     STEPS=eager,segc,segcinplacenostage,segcinplace,segcnokv,segcnokv2k bash "$0" timeline
     VARIANTS=eager,frozen,frozen+inplace+nostage,frozen+inplace ROUNDS=1 REPEATS=30 BENCH_LIMIT=${BENCH_LIMIT:-240} \
       bench tail --prefill 0 --first-call-layers 0 --no-dispatch
+    ;;
+  ab)  # this tree against the tree before it (OLD: a folder holding that tree's segc/, carried; git archive HEAD segc |
+    # tar -x -C .gpu/old): the CUDA attention and write tests; STEPS' kernels (default eager,segc,segcinplace and the
+    # latter with chunks of 64 and 128 keys) and OLDSTEPS' in OLD (segc,segcinplace), twice, alternating (carry
+    # .gpu/cupti); ABPARTS=decode (or "tests timeline decode", the default): the decode,
+    # VARIANTS (default eager,frozen+inplace) in this tree and OLDVARIANTS (frozen+inplace) in OLD, each a process,
+    # alternating, two rounds (about 4 minutes for the tests and the kernels, 4 for the decode)
+    abparts=${ABPARTS:-tests timeline decode}
+    if [[ " $abparts " == *" tests "* ]]; then
+      timeout 200 $PY -m pytest -q -p no:benchmark -p no:cacheprovider -n 16 --timeout 180 --timeout-method thread \
+        tests/test_attention_cuda.py tests/test_kvwrite_cuda.py >"$OUT/ab_tests.txt" 2>&1
+      echo "ab tests: rc=$?"
+    fi
+    if [[ " $abparts " == *" timeline "* ]]; then
+      for r in 1 2; do
+        NOUVM=1 STEPS=${STEPS:-eager,segc,segcinplace,segcinplacec64,segcinplacec128} bash "$0" timeline &&
+          mv "$OUT/timeline.txt" "$OUT/timeline_new$r.txt"
+        NOUVM=1 PYTHONPATH="$OLD:${PYTHONPATH:-}" STEPS=${OLDSTEPS:-segc,segcinplace} bash "$0" timeline &&
+          mv "$OUT/timeline.txt" "$OUT/timeline_old$r.txt"
+      done
+      grep -H "calls; span" "$OUT"/timeline_new*.txt "$OUT"/timeline_old*.txt | cut -c1-170
+    fi
+    if [[ " $abparts " == *" decode "* ]]; then
+      for r in 1 2; do
+        VARIANTS=${VARIANTS:-eager,frozen+inplace} ROUNDS=1 REPEATS=30 BENCH_LIMIT=${BENCH_LIMIT:-150} \
+          bench "ab_new$r" --prefill 0 --first-call-layers 0 --no-dispatch
+        PYTHONPATH="$OLD:${PYTHONPATH:-}" VARIANTS=${OLDVARIANTS:-frozen+inplace} ROUNDS=1 REPEATS=30 \
+          BENCH_LIMIT=${BENCH_LIMIT:-150} bench "ab_old$r" --prefill 0 --first-call-layers 0 --no-dispatch
+      done
+    fi
+    ;;
+  pool)  # does the decode step's slow mode follow CUDA's pool handing memory back? (benchmarks/mempool.py): STEPS'
+    # kernels (default segc,segcinplace; each call's attention kernels summed, the pool's bytes after each call),
+    # with and without --pool-keep, alternating, two processes each (carry .gpu/cupti); then the decode of eager,
+    # frozen+inplace and frozen+inplace+poolkeep, each a process, two rounds (about 6 minutes in all)
+    for r in 1 2; do
+      CALLS=40 NOUVM=1 BYLAYER=${BYLAYER:-kv_attention} STEPS=${STEPS:-segc,segcinplace} bash "$0" timeline &&
+        mv "$OUT/timeline.txt" "$OUT/timeline_pool$r.txt"
+      POOLKEEP=1 CALLS=40 NOUVM=1 BYLAYER=${BYLAYER:-kv_attention} STEPS=${STEPS:-segc,segcinplace} bash "$0" timeline &&
+        mv "$OUT/timeline.txt" "$OUT/timeline_poolkeep$r.txt"
+    done
+    grep -H "calls; span\|CUDA's pool\|each call's sum" "$OUT"/timeline_pool*.txt | cut -c1-400
+    VARIANTS=${VARIANTS:-eager,frozen+inplace,frozen+inplace+poolkeep} ROUNDS=2 REPEATS=30 BENCH_LIMIT=${BENCH_LIMIT:-240} \
+      bench pool --prefill 0 --first-call-layers 0 --no-dispatch
     ;;
   bank)  # the counters' bank against the tree before it (OLD), and the attention's forms after 96 MB and 2 GB a layer
     S=${STEPS:-segc,segcinplace,segcnokv}

@@ -7,7 +7,9 @@ For each step variant (``device_time.py``'s: ``eager``, ``compile``, ``segc``,
 after three calls to warm up, ``--calls`` calls are recorded with CUPTI's kernel, memcpy
 and memset activities, one call at a time (the host waits for each). Per call: its span
 (first kernel's start to last kernel's end), the time some kernel runs (the union of the
-kernels' intervals), the gaps (the rest), the kernels' count, and memcpy/memset work.
+kernels' intervals), the gaps (the rest), the kernels' count, and memcpy/memset work; and
+what CUDA's default memory pool held after each call (``mempool.py``; ``--pool-keep``: the
+pool keeps what it reserves, releasing nothing at a synchronization).
 Then the kernels by name over the calls: count and device time a step, the largest
 first. Then, apart (the counters may slow what they watch), a few calls more with
 unified memory's counters (MLX puts an array made on the host in managed memory): page faults and
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import re
 import shutil
 import statistics
@@ -42,6 +45,7 @@ import mlx.core as mx
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import mempool
 from device_time import step_body
 
 
@@ -157,13 +161,18 @@ def record(rec: Recorder, body: Any, calls: int) -> list[list[tuple[str, int, in
         mx.eval(body(x))
     mx.synchronize()
     rec.take()  # the warm-up's records
-    windows = []
+    windows, pool = [], []
     for _ in range(calls):
         t0 = rec.now()
         mx.eval(body(x))
         mx.synchronize()
         windows.append((t0, rec.now()))
+        pool.append(mempool.reserved())  # read after the window: not in any call's records
     records = rec.take()
+    if pool and None not in pool:  # did CUDA's pool hand memory back (or take more) between calls?
+        mb = [b / 2**20 for b in pool if b is not None]
+        moves = sum(a != b for a, b in itertools.pairwise(pool))
+        print(f"  (CUDA's pool after each call: {min(mb):.1f}-{max(mb):.1f} MiB reserved, {moves} changes)")
     return [[r for r in records if a <= r[1] <= b] for a, b in windows]
 
 
@@ -261,10 +270,16 @@ def main() -> None:
         "--cache-limit", type=int, default=-1, help="mx.set_cache_limit (0: no buffer handed out again; default MLX's)"
     )
     ap.add_argument("--no-uvm", dest="uvm", action="store_false", help="skip the unified memory counters' pass")
+    ap.add_argument(
+        "--pool-keep", action="store_true", help="CUDA's default pool keeps what it reserves (mempool.keep)"
+    )
     args = ap.parse_args()
     print(f"mlx {mx.__version__} on {mx.default_device()}; decode steps at context 1024, CUPTI's records")
     if args.cache_limit >= 0:
         mx.set_cache_limit(args.cache_limit)
+    if args.pool_keep:
+        mx.eval(mx.zeros((1,)) + 1)  # the driver initialised by MLX first
+        print(f"CUDA's default pool keeps what it reserves: {mempool.keep()}")
     rec = Recorder()
     rec.start()
     bodies = {name: step_body(name, args.layers, None, args.moving) for name in args.steps.split(",")}

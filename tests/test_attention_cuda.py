@@ -124,3 +124,27 @@ def test_the_staged_chunk_gives_the_same_bytes(monkeypatch: pytest.MonkeyPatch, 
         outs[stage] = [cuda_attention(*xs, d**-0.5, kernels=n) for n in (1, 2)]
         mx.eval(outs[stage])
     assert all(same_bits(a, b) for a, b in zip(outs["0"], outs["1"], strict=True))
+
+
+@pytest.mark.parametrize("size", ["64", "128"])
+@pytest.mark.parametrize("stage", ["0", "1"])
+def test_larger_chunks_one_kernel_is_two_and_softmax_attention(
+    monkeypatch: pytest.MonkeyPatch, size: str, stage: str
+) -> None:
+    """``SEGC_ATTENTION_CHUNK`` 64 and 128, staged and not: the one kernel gives the two
+    kernels' bytes over 1,280 positions (1,025 live) and over 300 (a row hiding every
+    key), and is softmax attention within float32's rounding."""
+    from segc.lower.cuda_attention import cuda_attention
+
+    monkeypatch.setenv("SEGC_ATTENTION_CHUNK", size)
+    monkeypatch.setenv("SEGC_ATTENTION_STAGE", stage)
+    for xs in (
+        _inputs(32, 8, 1, 1280, 64, mx.bfloat16, 1, 1025, seed=7),
+        _inputs(8, 2, 2, 300, 64, mx.float32, 2, 0, 8),
+    ):
+        one, two = (cuda_attention(*xs, 0.125, kernels=n) for n in (1, 2))
+        mx.eval(one, two)
+        assert same_bits(one, two)
+    q, k, v, mask = _inputs(8, 2, 1, 300, 64, mx.float32, 1, 200, seed=9)
+    got = np.array(cuda_attention(q, k, v, mask, 0.125, kernels=1))
+    np.testing.assert_allclose(got, _f64_attention(q, k, v, mask, 0.125), rtol=1e-4, atol=1e-4)

@@ -145,6 +145,31 @@ def test_the_chunk_staged_in_shared_memory_changes_no_byte(recorded, monkeypatch
     assert [a.tobytes() for a in staged[0]] == [a.tobytes() for a in direct[0]]
 
 
+@pytest.mark.parametrize("size", ["64", "128"])
+def test_larger_chunks_keep_one_kernel_two_kernels_and_the_write_together(recorded, monkeypatch, size) -> None:
+    """``SEGC_ATTENTION_CHUNK``: with chunks of 64 or 128 keys (a partial last one, a row
+    hiding every key, a masked tail) the one kernel still gives the two kernels' bytes,
+    within rounding of MLX's attention, and the write with its attention (copying and in
+    place) still gives the rotated write's and the attention's bytes; the chunk is in
+    the kernels' template, and their grid has a block per KV head and chunk."""
+    monkeypatch.setenv("SEGC_ATTENTION_CHUNK", size)
+    cap = 300
+    q, k, v, mask = _attention_inputs(8, 2, 2, cap, 64, mx.float32, 2, 0, seed=5)  # row 0 hides every key
+    mask = mx.concatenate([mask[:1], mx.array(np.arange(cap)[None, :] < 170)])
+    cuda_attention.cuda_attention(q, k, v, mask, 0.125, kernels=1)
+    cuda_attention.cuda_attention(q, k, v, mask, 0.125, kernels=2)
+    (m1, c1), (mp, cp), (mc, cc) = recorded
+    assert ("CHUNK", int(size)) in c1["template"] and c1["grid"][0] == 2 * -(-cap // int(size)) * 128
+    (one,) = run(m1, c1, launches=1)
+    (partials,) = run(mp, cp)
+    (two,) = run(mc, dict(cc, inputs=[*(mx.array(x) for x in partials), cc["inputs"][3]]))
+    assert one[0].tobytes() == two[0].tobytes()
+    want = np.array(reference_attention(q, k, v, mask, 0.125))
+    np.testing.assert_allclose(one[0], want, rtol=1e-5, atol=1e-5)
+    recorded.clear()
+    _write_with_attention_against_apart(recorded, mx.bfloat16, 8, 2, 200, 130, 64, False, False)
+
+
 def test_a_counter_left_at_its_count_is_seen(recorded) -> None:
     """The check can fail: started from a counter that was not set back, no block of a
     group is the last, and the output is never written."""

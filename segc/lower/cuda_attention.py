@@ -21,7 +21,8 @@ run at once never share one, not even two calls of one compiled function); the l
 block sets it back to zero all the same. ``SEGC_ATTENTION_KERNELS=2`` (or ``kernels=2``) keeps the two kernels.
 
 In a decode step the buffers come from HBM. The loops are unrolled so that their loads go
-out together, and where ``cuda_stage.staged`` says so (``SEGC_ATTENTION_STAGE``) each
+out together, a block reads its chunk's mask entries once at its start (not once a key
+where the key's score is written: a wait for memory a key), and where ``cuda_stage.staged`` says so (``SEGC_ATTENTION_STAGE``) each
 block reads its chunk's keys and values into shared memory first, 16 bytes a thread
 where aligned; the arithmetic is the same in the same order either way
 (docs/lowering.md).
@@ -47,8 +48,16 @@ from .cuda_merge import FAST_TAIL, LAST_BLOCK
 from .cuda_stage import STAGE_DECLARE, STAGE_LOAD, stage_header, staged
 from .env import env_choice
 
-CHUNK = 32  # keys per block of the first kernel: a warp's width (a lane per key in the softmax)
+CHUNK = 32  # keys per block of the first kernel by default (the layer kernel's always)
 THREADS = 128  # four warps
+
+
+def chunk() -> int:
+    """Keys a block of the first kernel scores: ``SEGC_ATTENTION_CHUNK``, 32 (the default),
+    64 or 128. Fewer, larger chunks leave the merge fewer partial results to read and
+    each block more keys; a chunk's partial results, and so the bits, depend on it."""
+    return int(env_choice("SEGC_ATTENTION_CHUNK", ("32", "64", "128"), str(CHUNK)))
+
 
 _HEADER = "#define NEG_INF (-__int_as_float(0x7f800000))\n"
 # what the kernels read: a query element, a key element, the values (plainly, here; the
@@ -75,14 +84,26 @@ _PARTIAL = (
     const int warp = t / 32, lane = t % 32;
     constexpr int NW = NT / 32;
     static_assert(CHUNK % NW == 0, "a chunk's keys split evenly over the warps");
+    static_assert(CHUNK % 32 == 0, "a chunk's keys split evenly over a warp's lanes");
     const int start = s * CHUNK;
     const int n = min(CHUNK, C - start);
     constexpr int R = REP * L;           // query rows of the group
     __shared__ float qs[R][D];
     __shared__ float sc[R][CHUNK];
+    __shared__ bool mk[M][CHUNK];        // the chunk's mask, read once at the start
 """
     + STAGE_DECLARE
-    + r"""    for (int i = t; i < R * D; i += NT) {
+    + r"""#ifndef SEGC_PROLOGUE
+#define SEGC_PROLOGUE
+#endif
+    SEGC_PROLOGUE
+    // the chunk's mask first, its loads beside the queries' (read where each key's score is
+    // written, a warp waited for memory once a key: about 5 µs a layer in a decode step)
+    for (int i = t; i < M * CHUNK; i += NT) {
+        const int mr = i / CHUNK, j = i % CHUNK;
+        mk[mr][j] = j < n && mask[(size_t)mr * C + start + j];
+    }
+    for (int i = t; i < R * D; i += NT) {
         int r = i / D, d = i % D;
         int h = r / L, l = r % L;
         int hq = hk * REP + h;
@@ -115,22 +136,30 @@ _PARTIAL = (
             float a = acc[r];
             for (int o = 16; o > 0; o /= 2) a += __shfl_xor_sync(0xffffffff, a, o);
             if (lane == 0) {
-                int mrow = (M == 1) ? 0 : r % L;
-                bool ok = j < n && mask[(size_t)mrow * C + start + j];
-                sc[r][j] = ok ? a : NEG_INF;
+                sc[r][j] = mk[(M == 1) ? 0 : r % L][j] ? a : NEG_INF;
             }
         }
     }
     __syncthreads();
     // a warp per row, a lane per key: the chunk's max and sum of exponentials; scores
     // become weights
+    // (CHUNK / 32 keys a lane, taken in order before the warp's reduction)
     for (int r = warp; r < R; r += NW) {
-        float x = sc[r][lane];
-        float m = x;
+        constexpr int KL = CHUNK / 32;
+        float x[KL];
+        #pragma unroll
+        for (int u = 0; u < KL; ++u) x[u] = sc[r][lane + 32 * u];
+        float m = x[0];
+        #pragma unroll
+        for (int u = 1; u < KL; ++u) m = fmaxf(m, x[u]);
         for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, o));
-        float p = (m == NEG_INF) ? 0.f : expf(x - m);
-        sc[r][lane] = p;
-        float sum = p;
+        float sum = 0.f;
+        #pragma unroll
+        for (int u = 0; u < KL; ++u) {
+            const float p = (m == NEG_INF) ? 0.f : expf(x[u] - m);
+            sc[r][lane + 32 * u] = p;
+            sum = u == 0 ? p : sum + p;
+        }
         for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffff, sum, o);
         if (lane == 0) {
             int h = r / L, l = r % L;
@@ -291,7 +320,8 @@ def cuda_attention(
     hkv, cap = k.shape[1], k.shape[2]
     rep = hq // hkv
     m = mask.reshape(-1, cap)
-    nchunks = (cap + CHUNK - 1) // CHUNK
+    ch = chunk()
+    nchunks = (cap + ch - 1) // ch
     scale_bits = struct.unpack("<I", struct.pack("<f", scale))[0]
     tmpl: list[tuple[str, Any]] = [
         ("T", q.dtype),
@@ -301,7 +331,7 @@ def cuda_attention(
         ("REP", rep),
         ("HQ", hq),
         ("HKV", hkv),
-        ("CHUNK", CHUNK),
+        ("CHUNK", ch),
         ("NT", THREADS),
     ]
     rows = b * hq * lq

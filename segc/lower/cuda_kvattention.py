@@ -30,9 +30,9 @@ from . import cuda_stamps
 from .cuda_attention import (
     _HEADER,
     _PARTIAL,
-    CHUNK,
     PACKED,
     THREADS,
+    chunk,
     counter,
     packed_shape,
 )
@@ -107,14 +107,15 @@ __device__ void segc_copy_chunk(const T* k, T* ko, const T* v, T* vo, const T* k
     }
   }
 }
-#define SEGC_Q(row, d) segc_rotated<T, TRAD, DIMS, D, FREQS>(q, (row), (d), off[0], FREQ_PTR)
-#define SEGC_KEY(kr, krow, d) segc_key<T, TRAD, DIMS, D, FREQS>((kr), knew, (krow), (d), bh, C, off[0], FREQ_PTR)
+#define SEGC_PROLOGUE const int32_t segc_pos = off[0];  // the offset read once, into a register
+#define SEGC_Q(row, d) segc_rotated<T, TRAD, DIMS, D, FREQS>(q, (row), (d), segc_pos, FREQ_PTR)
+#define SEGC_KEY(kr, krow, d) segc_key<T, TRAD, DIMS, D, FREQS>((kr), knew, (krow), (d), bh, C, segc_pos, FREQ_PTR)
 #define SEGC_VALUES \
-    segc_copy_chunk<T, TRAD, DIMS, D, FREQS, NT>(k, ko, v, vo, knew, vnew, bh, C, start, n, t, off[0], FREQ_PTR, \
+    segc_copy_chunk<T, TRAD, DIMS, D, FREQS, NT>(k, ko, v, vo, knew, vnew, bh, C, start, n, t, segc_pos, FREQ_PTR, \
                                                  STAGE ? kvs : nullptr, STAGE ? kvs + CHUNK * D : nullptr);
 #define SEGC_COPY_STAGES  // the copy stages the chunk: no second read
-#define SEGC_VAL(e, p, d) ((p) == off[0] ? vnew[(size_t)bh * D + (d)] : v[e])
-#define SEGC_ROW off[0]
+#define SEGC_VAL(e, p, d) ((p) == segc_pos ? vnew[(size_t)bh * D + (d)] : v[e])
+#define SEGC_ROW segc_pos
 #define SEGC_VBUF vo
 #define SEGC_LD(p) __ldcg(p)
 """
@@ -132,16 +133,17 @@ __device__ T segc_key(const T* kr, const T* knew, size_t krow, int d, int bh, in
   const_cast<T*>(kr)[d] = x;
   return x;
 }
-#define SEGC_Q(row, d) segc_rotated<T, TRAD, DIMS, D, FREQS>(q, (row), (d), off[0], FREQ_PTR)
-#define SEGC_KEY(kr, krow, d) segc_key<T, TRAD, DIMS, D, FREQS>((kr), knew, (krow), (d), bh, C, off[0], FREQ_PTR)
+#define SEGC_PROLOGUE const int32_t segc_pos = off[0];  // the offset read once, into a register
+#define SEGC_Q(row, d) segc_rotated<T, TRAD, DIMS, D, FREQS>(q, (row), (d), segc_pos, FREQ_PTR)
+#define SEGC_KEY(kr, krow, d) segc_key<T, TRAD, DIMS, D, FREQS>((kr), knew, (krow), (d), bh, C, segc_pos, FREQ_PTR)
 #define SEGC_VALUES \
-    if (off[0] >= start && off[0] < start + n) { \
+    if (segc_pos >= start && segc_pos < start + n) { \
         for (int dd = t; dd < D; dd += NT) { \
-            const_cast<T*>(v)[((size_t)bh * C + off[0]) * D + dd] = vnew[(size_t)bh * D + dd]; \
+            const_cast<T*>(v)[((size_t)bh * C + segc_pos) * D + dd] = vnew[(size_t)bh * D + dd]; \
         } \
     }
-#define SEGC_VAL(e, p, d) ((p) == off[0] ? vnew[(size_t)bh * D + (d)] : v[e])
-#define SEGC_ROW off[0]
+#define SEGC_VAL(e, p, d) ((p) == segc_pos ? vnew[(size_t)bh * D + (d)] : v[e])
+#define SEGC_ROW segc_pos
 #define SEGC_VBUF v
 #define SEGC_LD(p) __ldcg(p)
 """
@@ -222,7 +224,8 @@ def kv_attention(
             f"one batch row and equal head sizes only: keys {kb.shape}, values {vb.shape}, queries {q.shape}"
         )
     m = mask.reshape(-1, cap)
-    nchunks = (cap + CHUNK - 1) // CHUNK
+    ch = chunk()
+    nchunks = (cap + ch - 1) // ch
     tmpl: list[tuple[str, Any]] = [
         ("T", q.dtype),
         ("D", d),
@@ -231,7 +234,7 @@ def kv_attention(
         ("REP", hq // hkv),
         ("HQ", hq),
         ("HKV", hkv),
-        ("CHUNK", CHUNK),
+        ("CHUNK", ch),
         ("NT", THREADS),
         ("DIMS", dims),
         ("TRAD", traditional),

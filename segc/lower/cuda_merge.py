@@ -63,6 +63,7 @@ FAST_TAIL = (
         __syncthreads();
         for (int r = t; r < R; r += NT) {
             float m = rmax[r];
+            #pragma unroll 8
             for (int c = 0; c < tn; ++c) m = fmaxf(m, tw[r][c]);
             rmax[r] = m;
         }
@@ -84,6 +85,7 @@ FAST_TAIL = (
         __syncthreads();
         for (int r = t; r < R; r += NT) {
             float den = rden[r];
+            #pragma unroll 8
             for (int c = 0; c < tn; ++c) den += tl[r][c] * tw[r][c];
             rden[r] = den;
         }

@@ -109,8 +109,10 @@ def _layer(
     if len(kv) != 4 or q[1] % max(kv[1], 1):
         return None
     size, rep = dtypes.itemsize(dt), q[1] // kv[1]
-    shared = max(shared_elems(ch.parts[0].n, ch.parts[1].n, size), q[1] * q[3]) * size + 4 * rep * (q[3] + CHUNK)
-    if shared > SHARED_MAX:  # the chain's rows, the attention's row, its scores and queries (floats)
+    shared = (
+        max(shared_elems(ch.parts[0].n, ch.parts[1].n, size), q[1] * q[3]) * size + 4 * rep * (q[3] + CHUNK) + CHUNK
+    )
+    if shared > SHARED_MAX:  # the chain's rows, the attention's row, its scores and queries (floats), its mask
         return None
     skip = ch.skip | w.skip | m.skip | {e.id for e in views}
     late = g.pos[ch.last]  # where the kernel runs: nothing else may read the new buffers before
