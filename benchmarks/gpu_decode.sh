@@ -255,16 +255,19 @@ for p in $parts; do
   pool)  # does the decode step's slow mode follow CUDA's pool handing memory back? (benchmarks/mempool.py): STEPS'
     # kernels (default segc,segcinplace; each call's attention kernels summed, the pool's bytes after each call),
     # with and without --pool-keep, alternating, two processes each (carry .gpu/cupti); then the decode of eager,
-    # frozen+inplace and frozen+inplace+poolkeep, each a process, two rounds (about 6 minutes in all)
-    for r in 1 2; do
+    # frozen+inplace and frozen+inplace+poolkeep, each a process, two rounds (about 6 minutes in all; POOLRUNS=1: one
+    # process each for the kernels, about 4; POOLDECODE=0: no decode)
+    for r in $(seq "${POOLRUNS:-2}"); do
       CALLS=40 NOUVM=1 BYLAYER=${BYLAYER:-kv_attention} STEPS=${STEPS:-segc,segcinplace} bash "$0" timeline &&
         mv "$OUT/timeline.txt" "$OUT/timeline_pool$r.txt"
       POOLKEEP=1 CALLS=40 NOUVM=1 BYLAYER=${BYLAYER:-kv_attention} STEPS=${STEPS:-segc,segcinplace} bash "$0" timeline &&
         mv "$OUT/timeline.txt" "$OUT/timeline_poolkeep$r.txt"
     done
     grep -H "calls; span\|CUDA's pool\|each call's sum" "$OUT"/timeline_pool*.txt | cut -c1-400
-    VARIANTS=${VARIANTS:-eager,frozen+inplace,frozen+inplace+poolkeep} ROUNDS=2 REPEATS=30 BENCH_LIMIT=${BENCH_LIMIT:-240} \
-      bench pool --prefill 0 --first-call-layers 0 --no-dispatch
+    if [ "${POOLDECODE:-1}" = 1 ]; then  # POOLDECODE=0: the kernels alone
+      VARIANTS=${VARIANTS:-eager,frozen+inplace,frozen+inplace+poolkeep} ROUNDS=2 REPEATS=30 BENCH_LIMIT=${BENCH_LIMIT:-240} \
+        bench pool --prefill 0 --first-call-layers 0 --no-dispatch
+    fi
     ;;
   bank)  # the counters' bank against the tree before it (OLD), and the attention's forms after 96 MB and 2 GB a layer
     S=${STEPS:-segc,segcinplace,segcnokv}

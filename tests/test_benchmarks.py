@@ -679,3 +679,23 @@ def test_kvattn_device_runs_eagers_form_on_the_cpu() -> None:
     assert p.returncode == 0, p.stdout + p.stderr
     row = next(line.split() for line in p.stdout.splitlines() if line.startswith("eager"))
     assert float(row[1]) > 0 and float(row[2]) > 0, p.stdout
+
+
+@pytest.mark.timeout(300)
+def test_the_pool_suffix_reaches_the_variants_process(tmp_path: Path) -> None:
+    """``+poolkeep`` (``benchmarks/mempool.py``) sets CUDA's pool in the variant's own
+    process, before its timed calls: on this CPU there is no CUDA driver, so it reports
+    False and the variant still runs with eager's bytes."""
+    p, data = bench_llama(
+        tmp_path,
+        "--repeats=2",
+        "--prefill=0",
+        "--variants=eager,frozen+poolkeep",
+        "--isolate",
+        "--no-dispatch",
+        "--first-call-layers=0",
+    )
+    if "keeps what it reserves: True" in p.stdout:
+        pytest.skip("a CUDA driver here: the pool was set (this test is for a machine without one)")
+    assert p.stdout.count("CUDA's default pool keeps what it reserves: False") == 1, p.stdout
+    assert data["segc_bit_identical"] is True

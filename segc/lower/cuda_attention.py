@@ -22,10 +22,10 @@ block sets it back to zero all the same. ``SEGC_ATTENTION_KERNELS=2`` (or ``kern
 
 In a decode step the buffers come from HBM. The loops are unrolled so that their loads go
 out together, a block reads its chunk's mask entries once at its start (not once a key
-where the key's score is written: a wait for memory a key), and where ``cuda_stage.staged`` says so (``SEGC_ATTENTION_STAGE``) each
-block reads its chunk's keys and values into shared memory first, 16 bytes a thread
-where aligned; the arithmetic is the same in the same order either way
-(docs/lowering.md).
+where the key's score is written: a wait for memory a key), and where
+``cuda_stage.staged`` says so (``SEGC_ATTENTION_STAGE``) each block reads its chunk's
+keys and values into shared memory first, 16 bytes a thread where aligned; the
+arithmetic is the same in the same order either way (docs/lowering.md).
 
 Everything is float32 until the one rounding to the output dtype. A row whose mask hides
 every key gets the mean of the values (what the fallback's softmax over equal scores
@@ -97,8 +97,8 @@ _PARTIAL = (
 #define SEGC_PROLOGUE
 #endif
     SEGC_PROLOGUE
-    // the chunk's mask first, its loads beside the queries' (read where each key's score is
-    // written, a warp waited for memory once a key: about 5 µs a layer in a decode step)
+    // the chunk's mask first, its loads beside the queries' (read where each key's score
+    // is written, a warp would wait for memory once a key)
     for (int i = t; i < M * CHUNK; i += NT) {
         const int mr = i / CHUNK, j = i % CHUNK;
         mk[mr][j] = j < n && mask[(size_t)mr * C + start + j];
