@@ -13,22 +13,26 @@ reserved; :func:`reserved` reads the bytes it holds (both through the driver API
 from __future__ import annotations
 
 import ctypes
-import functools
 from typing import Any
 
 RELEASE_THRESHOLD, RESERVED_CURRENT, USED_CURRENT = 4, 5, 7  # CUmemPool_attribute
 
 
-@functools.cache
+_FOUND: list[tuple[Any, ctypes.c_void_p]] = []  # the driver and device 0's default pool, once found
+
+
 def _pool() -> tuple[Any, ctypes.c_void_p] | None:
+    if _FOUND:
+        return _FOUND[0]
     try:
         lib = ctypes.CDLL("libcuda.so.1")
     except OSError:
         return None
     dev, pool = ctypes.c_int(), ctypes.c_void_p()
     if lib.cuDeviceGet(ctypes.byref(dev), 0) != 0 or lib.cuDeviceGetDefaultMemPool(ctypes.byref(pool), dev) != 0:
-        return None  # the driver not initialised: MLX has not used the GPU yet
-    return lib, pool
+        return None  # the driver not initialised (MLX has not used the GPU yet): asked again next time
+    _FOUND.append((lib, pool))
+    return _FOUND[0]
 
 
 def _get(attr: int) -> int | None:
