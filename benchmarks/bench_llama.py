@@ -207,6 +207,8 @@ SETTINGS = {  # a variant's "+suffix" (--isolate only)
     # the decode attention's chunks of 64 and 128 keys, not 32 (SEGC_ATTENTION_CHUNK)
     "c64": {"SEGC_ATTENTION_CHUNK": "64"},
     "c128": {"SEGC_ATTENTION_CHUNK": "128"},
+    # the write with its attention issuing its prologue's reads first (SEGC_ATTENTION_GATHER)
+    "gather": {"SEGC_ATTENTION_GATHER": "1"},
     # CUDA's default memory pool keeping what it reserves (benchmarks/mempool.py), in any variant
     "poolkeep": {"SEGC_BENCH_POOL_KEEP": "1"},
 }

@@ -290,6 +290,9 @@ ENV_STEPS: dict[str, tuple[str, dict[str, str]]] = {
     # the write in place with its attention over chunks of 64 and 128 keys (SEGC_ATTENTION_CHUNK)
     "segcinplacec64": ("segc", {"SEGC_KV_IN_PLACE": "1", "SEGC_ATTENTION_CHUNK": "64"}),
     "segcinplacec128": ("segc", {"SEGC_KV_IN_PLACE": "1", "SEGC_ATTENTION_CHUNK": "128"}),
+    # the write with its attention issuing its prologue's reads first, copying and in place (SEGC_ATTENTION_GATHER)
+    "segcgather": ("segc", {"SEGC_ATTENTION_GATHER": "1"}),
+    "segcinplacegather": ("segc", {"SEGC_KV_IN_PLACE": "1", "SEGC_ATTENTION_GATHER": "1"}),
 }
 # short names for segc's step with bench_llama.py's suffixes (its SETTINGS): chains
 # (segc.lower.cuda_chain, cuda_layer; off by default), a layer as one kernel or the MLP

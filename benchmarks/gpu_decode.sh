@@ -6,7 +6,7 @@
 #
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_decode.sh [PARTS]
 #
-# PARTS: any of  ab pool dense quant moe concat chain chaintests isolated runtime kernels select products check generate device ablate modes commits census kv attn kvattn kvattndev timeline stage tail bank layers stamps stagedecode inplace prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
+# PARTS: any of  ab gather pool dense quant moe concat chain chaintests isolated runtime kernels select products check generate device ablate modes commits census kv attn kvattn kvattndev timeline stage tail bank layers stamps stagedecode inplace prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
 # (default: dense runtime). chain: a layer's MLP, and a decode layer, as one kernel
 # (segc.lower.cuda_chain, cuda_layer; off by default): chain_device.py (device time against
 # the separate kernels, several grids, the tickets alone) and chain_stages.py (each stage's
@@ -251,6 +251,20 @@ for p in $parts; do
           BENCH_LIMIT=${BENCH_LIMIT:-150} bench "ab_old$r" --prefill 0 --first-call-layers 0 --no-dispatch
       done
     fi
+    ;;
+  gather)  # the write with its attention issuing its prologue's reads first (SEGC_ATTENTION_GATHER=1): the CUDA attention
+    # and write tests, the steps' kernels with and without (carry .gpu/cupti), twice, then the decode, each variant a
+    # process, two rounds (about 6 minutes)
+    timeout 200 $PY -m pytest -q -p no:benchmark -p no:cacheprovider -n 16 --timeout 180 --timeout-method thread \
+      tests/test_attention_cuda.py tests/test_kvwrite_cuda.py >"$OUT/gather_tests.txt" 2>&1
+    echo "gather tests: rc=$?"
+    for r in 1 2; do
+      NOUVM=1 BYLAYER=${BYLAYER:-kv_attention} STEPS=${STEPS:-eager,segc,segcgather,segcinplace,segcinplacegather} \
+        bash "$0" timeline && mv "$OUT/timeline.txt" "$OUT/timeline_gather$r.txt"
+    done
+    grep -H "calls; span\|each call's sum" "$OUT"/timeline_gather*.txt | cut -c1-300
+    VARIANTS=${VARIANTS:-eager,frozen+inplace,frozen+inplace+gather,frozen+gather} ROUNDS=2 REPEATS=30 \
+      BENCH_LIMIT=${BENCH_LIMIT:-300} bench gather --prefill 0 --first-call-layers 0 --no-dispatch
     ;;
   pool)  # does the decode step's slow mode follow CUDA's pool handing memory back? (benchmarks/mempool.py): STEPS'
     # kernels (default segc,segcinplace; each call's attention kernels summed, the pool's bytes after each call),

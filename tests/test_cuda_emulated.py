@@ -170,6 +170,31 @@ def test_larger_chunks_keep_one_kernel_two_kernels_and_the_write_together(record
     _write_with_attention_against_apart(recorded, mx.bfloat16, 8, 2, 200, 130, 64, False, False)
 
 
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize(("dt", "rows"), [(mx.bfloat16, 1), (mx.float32, 2)])
+def test_the_prologue_with_every_read_first_changes_no_byte(recorded, monkeypatch, in_place, dt, rows) -> None:
+    """``SEGC_ATTENTION_GATHER=1``: the write with its attention issues its prologue's
+    reads (the queries' elements, the mask) before their first use and rotates the
+    queries after the chunk's write and staging: the same outputs and buffers as the
+    default order, over a mask of ``rows`` rows with a partial last chunk."""
+    monkeypatch.delenv("SEGC_ATTENTION_GATHER", raising=False)
+    cap, pos = 70, 45
+    q, k, v, _ = _attention_inputs(8, 2, rows, cap, 64, dt, rows, pos + 1, seed=4)
+    mask = mx.array(np.arange(cap)[None, :] <= pos + np.arange(rows)[:, None] - rows + 1)
+    kn, vn = (mx.random.normal((1, 2, rows, 64)).astype(dt) for _ in range(2))
+    ins = [k, kn[:, :, :1], v, vn[:, :, :1], mx.array(pos, dtype=mx.int32), q]
+    cuda_kvattention.kv_attention(ins, mask, 64, False, 10000.0, 1.0, False, 0.125, in_place)
+    made, call = recorded[0]
+    assert "#define SEGC_GATHER_PROLOGUE\n" not in expand(made["header"])
+    monkeypatch.setenv("SEGC_ATTENTION_GATHER", "1")
+    recorded.clear()
+    cuda_kvattention.kv_attention(ins, mask, 64, False, 10000.0, 1.0, False, 0.125, in_place)
+    gmade, gcall = recorded[0]
+    assert "#define SEGC_GATHER_PROLOGUE\n" in expand(gmade["header"]) and gmade["name"] != made["name"]
+    plain, gathered = run(made, call, inputs=True), run(gmade, gcall, inputs=True)
+    assert [a.tobytes() for a in gathered[0]] == [a.tobytes() for a in plain[0]]
+
+
 def test_a_counter_left_at_its_count_is_seen(recorded) -> None:
     """The check can fail: started from a counter that was not set back, no block of a
     group is the last, and the output is never written."""

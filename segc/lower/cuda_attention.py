@@ -13,12 +13,11 @@ kernels, split-K over the buffer as flash-decoding does:
 
 By default the two are one kernel (``one``): the first kernel's blocks count themselves
 done on a counter per (batch, KV head), and the last block of a group merges its chunks,
-the same arithmetic as ``combine`` in the same order (the same bits), reading the partial
-results from L2 with its loads issued together (``cuda_merge.py``). A decode step is host-bound on the GPU by the kernels it launches
-(docs/performance.md), and this takes one a layer away. The counter is a small uint32
-array of the launch's own, zeroed at each call (``scratch.py``: two kernels that MLX may
-run at once never share one, not even two calls of one compiled function); the last
-block sets it back to zero all the same. ``SEGC_ATTENTION_KERNELS=2`` (or ``kernels=2``) keeps the two kernels.
+the same arithmetic as ``combine`` in the same order (the same bits), its loads issued
+together (``cuda_merge.py``): one kernel a layer fewer for the host to launch. The
+counter is the launch's own, zeroed at each call (``scratch.py``: kernels MLX may run at
+once never share one); the last block sets it back to zero all the same.
+``SEGC_ATTENTION_KERNELS=2`` (or ``kernels=2``) keeps the two kernels.
 
 In a decode step the buffers come from HBM. The loops are unrolled so that their loads go
 out together, a block reads its chunk's mask entries once at its start (not once a key
@@ -28,9 +27,8 @@ keys and values into shared memory first, 16 bytes a thread where aligned; the
 arithmetic is the same in the same order either way (docs/lowering.md).
 
 Everything is float32 until the one rounding to the output dtype. A row whose mask hides
-every key gets the mean of the values (what the fallback's softmax over equal scores
-gives). segc imports it only on a machine whose MLX has CUDA (importing it needs
-no GPU; calling its kernels does).
+every key gets the mean of the values (the fallback's softmax over equal scores). segc
+imports it only where MLX has CUDA (importing needs no GPU; calling its kernels does).
 """
 
 from __future__ import annotations
@@ -54,8 +52,7 @@ THREADS = 128  # four warps
 
 def chunk() -> int:
     """Keys a block of the first kernel scores: ``SEGC_ATTENTION_CHUNK``, 32 (the default),
-    64 or 128. Fewer, larger chunks leave the merge fewer partial results to read and
-    each block more keys; a chunk's partial results, and so the bits, depend on it."""
+    64 or 128 (fewer partial results to merge; the bits depend on it)."""
     return int(env_choice("SEGC_ATTENTION_CHUNK", ("32", "64", "128"), str(CHUNK)))
 
 
@@ -97,6 +94,27 @@ _PARTIAL = (
 #define SEGC_PROLOGUE
 #endif
     SEGC_PROLOGUE
+#ifdef SEGC_QLOAD
+    // (SEGC_ATTENTION_GATHER=1) every read of the prologue issued before its first use:
+    // the queries' elements and the mask here, then the chunk's write and staging, and only
+    // then the queries' rotations and the mask's stores; the same arithmetic
+    constexpr int QN = (R * D + NT - 1) / NT, MN = (M * CHUNK + NT - 1) / NT;
+    T qa[QN], qb[QN];
+    bool ma[MN];
+    #pragma unroll
+    for (int k2 = 0; k2 < QN; ++k2) {
+        const int i = t + k2 * NT;
+        if (i < R * D) {
+            const int r = i / D, d = i % D;
+            SEGC_QLOAD((b * HQ + hk * REP + r / L) * L + r % L, d, qa[k2], qb[k2]);
+        }
+    }
+    #pragma unroll
+    for (int k2 = 0; k2 < MN; ++k2) {
+        const int i = t + k2 * NT, j = i % CHUNK;
+        ma[k2] = i < M * CHUNK && j < n && mask[(size_t)(i / CHUNK) * C + start + j];
+    }
+#else
     // the chunk's mask first, its loads beside the queries' (read where each key's score
     // is written, a warp would wait for memory once a key)
     for (int i = t; i < M * CHUNK; i += NT) {
@@ -109,10 +127,26 @@ _PARTIAL = (
         int hq = hk * REP + h;
         qs[r][d] = static_cast<float>(SEGC_Q((b * HQ + hq) * L + l, d)) * SCALE;
     }
+#endif
     SEGC_VALUES
 """
     + STAGE_LOAD
-    + r"""    __syncthreads();
+    + r"""#ifdef SEGC_QLOAD
+    #pragma unroll
+    for (int k2 = 0; k2 < QN; ++k2) {
+        const int i = t + k2 * NT;
+        if (i < R * D) {
+            const int r = i / D, d = i % D;
+            qs[r][d] = static_cast<float>(SEGC_QAPPLY(qa[k2], qb[k2], d)) * (SCALE);
+        }
+    }
+    #pragma unroll
+    for (int k2 = 0; k2 < MN; ++k2) {
+        const int i = t + k2 * NT;
+        if (i < M * CHUNK) mk[i / CHUNK][i % CHUNK] = ma[k2];
+    }
+#endif
+    __syncthreads();
     // a warp per key: its lanes read the key's row together (coalesced), one product per
     // query row of the group, summed across the warp; unrolled (the same arithmetic in
     // the same order)
@@ -208,8 +242,7 @@ _MERGE = r"""
         out[row * D + d] = static_cast<T>(res);
 """
 
-# the last block of a (batch, KV head) group merges the group's chunks, a thread per
-# (row, d) of the group
+# the last block of a (batch, KV head) group merges its chunks, a thread per (row, d)
 _ONE_TAIL = (
     LAST_BLOCK
     + r"""
@@ -257,9 +290,8 @@ def _kernels(scale_bits: int, stage: bool = False) -> tuple[Any, Any]:
     return partial, combine
 
 
-# the one kernel's partial results in one output, ``ps``: the weighted sums, then the
-# maxima, then the sums of exponentials, for every query row of every batch entry (two
-# outputs fewer a layer to allocate and hand back than three)
+# the one kernel's partial results in one output, ``ps``: weighted sums, maxima, sums of
+# exponentials, for every query row (two outputs fewer a layer for MLX to allocate)
 PACKED = r"""
     const size_t segc_parts = (size_t)q_shape[0] * HQ * L * ((k_shape[2] + CHUNK - 1) / CHUNK);
     float* po = ps;

@@ -117,6 +117,10 @@ __device__ void segc_copy_chunk(const T* k, T* ko, const T* v, T* vo, const T* k
 #define SEGC_VAL(e, p, d) ((p) == segc_pos ? vnew[(size_t)bh * D + (d)] : v[e])
 #define SEGC_ROW segc_pos
 #define SEGC_VBUF vo
+#ifdef SEGC_GATHER_PROLOGUE
+#define SEGC_QLOAD(row, d, a, b) segc_rotation_loads<T, TRAD, DIMS, D>(q, (row), (d), a, b)
+#define SEGC_QAPPLY(a, b, d) segc_rotation_apply<T, TRAD, DIMS, FREQS>((a), (b), (d), segc_pos, FREQ_PTR)
+#endif
 #define SEGC_LD(p) __ldcg(p)
 """
 
@@ -145,12 +149,16 @@ __device__ T segc_key(const T* kr, const T* knew, size_t krow, int d, int bh, in
 #define SEGC_VAL(e, p, d) ((p) == segc_pos ? vnew[(size_t)bh * D + (d)] : v[e])
 #define SEGC_ROW segc_pos
 #define SEGC_VBUF v
+#ifdef SEGC_GATHER_PROLOGUE
+#define SEGC_QLOAD(row, d, a, b) segc_rotation_loads<T, TRAD, DIMS, D>(q, (row), (d), a, b)
+#define SEGC_QAPPLY(a, b, d) segc_rotation_apply<T, TRAD, DIMS, FREQS>((a), (b), (d), segc_pos, FREQ_PTR)
+#endif
 #define SEGC_LD(p) __ldcg(p)
 """
 
 
 # SEGC_FUSED_QUERY_ROPE=mlx: the queries come rotated (by MLX's kernel), read plainly
-_ROTATED_QUERIES = "#undef SEGC_Q\n#define SEGC_Q(row, d) q[(size_t)(row) * D + (d)]\n"
+_ROTATED_QUERIES = "#undef SEGC_Q\n#undef SEGC_QLOAD\n#define SEGC_Q(row, d) q[(size_t)(row) * D + (d)]\n"
 
 
 def queries_apart() -> bool:
@@ -159,6 +167,14 @@ def queries_apart() -> bool:
     experiment: the slow calls' time is in the kernel's first part, which the queries'
     rotation is; docs/performance-log.md). The same bytes either way."""
     return env_choice("SEGC_FUSED_QUERY_ROPE", ("kernel", "mlx"), "kernel") == "mlx"
+
+
+def gathered() -> bool:
+    """``SEGC_ATTENTION_GATHER``: ``0`` (the default) or ``1``, the kernel's prologue with
+    every read issued before its first use (the queries' elements, the mask, the chunk's
+    write and staging; then the queries' rotations), where each waited for the one
+    before (docs/lowering.md). The same arithmetic: the same bytes. Off until measured."""
+    return env_choice("SEGC_ATTENTION_GATHER", ("0", "1"), "0") == "1"
 
 
 @functools.cache
@@ -172,12 +188,14 @@ def _kernel(
     stamps: bool = False,
     rotated: bool = False,
     reads: bool = False,
+    gather: bool = False,
 ) -> Any:
     ins = ["q", "knew", "k", "vnew", "v", "off", "mask", "count", *(["freqs"] if freqs else [])]
     ins += ["stamp"] if stamps else []
     header = (
         _HEADER
         + stage_header(stage)
+        + ("#define SEGC_GATHER_PROLOGUE\n" if gather else "")
         + f"#define SEGC_LOG2_BASE (__int_as_float(0x{log2_base_bits:08x}))\n"
         + f"#define SEGC_SCALE (__int_as_float(0x{rope_scale_bits:08x}))\n"
         + f"#define SCALE (__int_as_float(0x{scale_bits:08x}))\n"
@@ -190,6 +208,7 @@ def _kernel(
     name = f"segc_kv_attention{'_f' if freqs else ''}{'_i' if in_place else ''}"
     name += f"_{log2_base_bits:08x}_{rope_scale_bits:08x}_{scale_bits:08x}{'_q' if rotated else ''}"
     name += ("_str" if reads else "_st") if stamps else ""
+    name += "_g" if gather else ""
     outs = ["out", *([] if in_place else ["ko", "vo"]), "ps"]
     source = PACKED + _PARTIAL + FAST_TAIL
     return cuda_kernel(name, ins, outs, cuda_stamps.stamped(source) if stamps else source, header)
@@ -244,7 +263,15 @@ def kv_attention(
     stamps, rotated = cuda_stamps.wanted(), queries_apart()
     reads = stamps and cuda_stamps.reads_alone()  # an argument, so that the cached kernel follows the setting
     kernel = _kernel(
-        freqs, *rope_bits(base, rope_scale), _bits(scale), in_place, staged(in_place), stamps, rotated, reads
+        freqs,
+        *rope_bits(base, rope_scale),
+        _bits(scale),
+        in_place,
+        staged(in_place),
+        stamps,
+        rotated,
+        reads,
+        gathered(),
     )
     if rotated:  # MLX's rope_single, whose arithmetic the kernel's rotation is (cuda_kvwrite.py)
         f = ins[6] if freqs else None

@@ -23,12 +23,28 @@ from .cuda_kernel import cuda_kernel
 THREADS = 256
 
 _HEADER = r"""
-template <typename T, bool TRAD, int DIMS, int DK, bool FREQS>
-__device__ T segc_rotated(const T* x, int row, int d, int32_t offset, const float* freqs) {
-  // element d of row ``row`` of x (rows of DK) after MLX's rope_single; past DIMS a copy
+template <typename T, bool TRAD, int DIMS, int DK>
+__device__ void segc_rotation_loads(const T* x, int row, int d, T& a, T& b) {
+  // the elements element d of row ``row`` of x is rotated from (past DIMS: itself, twice)
   const T* in = x + static_cast<int64_t>(row) * DK;
   if (d >= DIMS) {
-    return in[d];
+    a = in[d];
+    b = a;
+    return;
+  }
+  constexpr int HALF = DIMS / 2;
+  int p = TRAD ? d / 2 : (d < HALF ? d : d - HALF);
+  int i1 = TRAD ? 2 * p : p;
+  int i2 = TRAD ? i1 + 1 : i1 + HALF;
+  a = in[i1];
+  b = in[i2];
+}
+
+template <typename T, bool TRAD, int DIMS, bool FREQS>
+__device__ T segc_rotation_apply(T a, T b, int d, int32_t offset, const float* freqs) {
+  // element d after MLX's rope_single, from segc_rotation_loads's pair; past DIMS a copy
+  if (d >= DIMS) {
+    return a;
   }
   constexpr int HALF = DIMS / 2;
   int p = TRAD ? d / 2 : (d < HALF ? d : d - HALF);
@@ -44,10 +60,8 @@ __device__ T segc_rotated(const T* x, int row, int d, int32_t offset, const floa
   float theta = L * inv_freq;
   float costheta = cos(theta);
   float sintheta = sin(theta);
-  int i1 = TRAD ? 2 * p : p;
-  int i2 = TRAD ? i1 + 1 : i1 + HALF;
-  float x1 = static_cast<float>(in[i1]);
-  float x2 = static_cast<float>(in[i2]);
+  float x1 = static_cast<float>(a);
+  float x2 = static_cast<float>(b);
   float r;
   if (first) {
     r = x1 * costheta - x2 * sintheta;
@@ -55,6 +69,14 @@ __device__ T segc_rotated(const T* x, int row, int d, int32_t offset, const floa
     r = x1 * sintheta + x2 * costheta;
   }
   return static_cast<T>(r);
+}
+
+template <typename T, bool TRAD, int DIMS, int DK, bool FREQS>
+__device__ T segc_rotated(const T* x, int row, int d, int32_t offset, const float* freqs) {
+  // element d of row ``row`` of x after MLX's rope_single; past DIMS a copy
+  T a, b;
+  segc_rotation_loads<T, TRAD, DIMS, DK>(x, row, d, a, b);
+  return segc_rotation_apply<T, TRAD, DIMS, FREQS>(a, b, d, offset, freqs);
 }
 
 template <typename T, int VEC>
