@@ -209,6 +209,8 @@ SETTINGS = {  # a variant's "+suffix" (--isolate only)
     "c128": {"SEGC_ATTENTION_CHUNK": "128"},
     # the write with its attention issuing its prologue's reads first (SEGC_ATTENTION_GATHER)
     "gather": {"SEGC_ATTENTION_GATHER": "1"},
+    # the offset's row rotated by a call, not inlined (SEGC_ATTENTION_OUTLINE)
+    "outline": {"SEGC_ATTENTION_OUTLINE": "1"},
     # CUDA's default memory pool keeping what it reserves (benchmarks/mempool.py), in any variant
     "poolkeep": {"SEGC_BENCH_POOL_KEEP": "1"},
 }

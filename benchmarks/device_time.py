@@ -293,6 +293,9 @@ ENV_STEPS: dict[str, tuple[str, dict[str, str]]] = {
     # the write with its attention issuing its prologue's reads first, copying and in place (SEGC_ATTENTION_GATHER)
     "segcgather": ("segc", {"SEGC_ATTENTION_GATHER": "1"}),
     "segcinplacegather": ("segc", {"SEGC_KV_IN_PLACE": "1", "SEGC_ATTENTION_GATHER": "1"}),
+    # the offset's row rotated by a call (SEGC_ATTENTION_OUTLINE), copying and in place
+    "segcoutline": ("segc", {"SEGC_ATTENTION_OUTLINE": "1"}),
+    "segcinplaceoutline": ("segc", {"SEGC_KV_IN_PLACE": "1", "SEGC_ATTENTION_OUTLINE": "1"}),
 }
 # short names for segc's step with bench_llama.py's suffixes (its SETTINGS): chains
 # (segc.lower.cuda_chain, cuda_layer; off by default), a layer as one kernel or the MLP

@@ -252,18 +252,18 @@ for p in $parts; do
       done
     fi
     ;;
-  gather)  # the write with its attention issuing its prologue's reads first (SEGC_ATTENTION_GATHER=1): the CUDA attention
-    # and write tests, the steps' kernels with and without (carry .gpu/cupti), twice, then the decode, each variant a
-    # process, two rounds (about 6 minutes)
+  gather)  # the write with its attention issuing its prologue's reads first (SEGC_ATTENTION_GATHER=1) and rotating the
+    # offset's row by a call (SEGC_ATTENTION_OUTLINE=1): the CUDA attention and write tests, the steps' kernels with
+    # and without (carry .gpu/cupti), twice, then the decode, each variant a process, two rounds (about 7 minutes)
     timeout 200 $PY -m pytest -q -p no:benchmark -p no:cacheprovider -n 16 --timeout 180 --timeout-method thread \
       tests/test_attention_cuda.py tests/test_kvwrite_cuda.py >"$OUT/gather_tests.txt" 2>&1
     echo "gather tests: rc=$?"
     for r in 1 2; do
-      NOUVM=1 BYLAYER=${BYLAYER:-kv_attention} STEPS=${STEPS:-eager,segc,segcgather,segcinplace,segcinplacegather} \
+      NOUVM=1 BYLAYER=${BYLAYER:-kv_attention|78_} STEPS=${STEPS:-eager,segc,segcgather,segcoutline,segcinplace,segcinplacegather,segcinplaceoutline} \
         bash "$0" timeline && mv "$OUT/timeline.txt" "$OUT/timeline_gather$r.txt"
     done
     grep -H "calls; span\|each call's sum" "$OUT"/timeline_gather*.txt | cut -c1-300
-    VARIANTS=${VARIANTS:-eager,frozen+inplace,frozen+inplace+gather,frozen+gather} ROUNDS=2 REPEATS=30 \
+    VARIANTS=${VARIANTS:-eager,frozen+inplace,frozen+inplace+gather,frozen+inplace+outline,frozen+outline} ROUNDS=2 REPEATS=30 \
       BENCH_LIMIT=${BENCH_LIMIT:-300} bench gather --prefill 0 --first-call-layers 0 --no-dispatch
     ;;
   pool)  # does the decode step's slow mode follow CUDA's pool handing memory back? (benchmarks/mempool.py): STEPS'
@@ -272,9 +272,9 @@ for p in $parts; do
     # frozen+inplace and frozen+inplace+poolkeep, each a process, two rounds (about 6 minutes in all; POOLRUNS=1: one
     # process each for the kernels, about 4; POOLDECODE=0: no decode)
     for r in $(seq "${POOLRUNS:-2}"); do
-      CALLS=40 NOUVM=1 BYLAYER=${BYLAYER:-kv_attention} STEPS=${STEPS:-segc,segcinplace} bash "$0" timeline &&
+      CALLS=40 NOUVM=1 BYLAYER=${BYLAYER:-kv_attention|78_} STEPS=${STEPS:-segc,segcinplace} bash "$0" timeline &&
         mv "$OUT/timeline.txt" "$OUT/timeline_pool$r.txt"
-      POOLKEEP=1 CALLS=40 NOUVM=1 BYLAYER=${BYLAYER:-kv_attention} STEPS=${STEPS:-segc,segcinplace} bash "$0" timeline &&
+      POOLKEEP=1 CALLS=40 NOUVM=1 BYLAYER=${BYLAYER:-kv_attention|78_} STEPS=${STEPS:-segc,segcinplace} bash "$0" timeline &&
         mv "$OUT/timeline.txt" "$OUT/timeline_poolkeep$r.txt"
     done
     grep -H "calls; span\|CUDA's pool\|each call's sum" "$OUT"/timeline_pool*.txt | cut -c1-400

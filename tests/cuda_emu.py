@@ -60,6 +60,7 @@ using std::min;
 #define __global__
 #define __device__
 #define __forceinline__ inline
+#define __noinline__
 #define __shared__ static
 #define __grid_constant__
 #define __align__(n) __attribute__((aligned(n)))

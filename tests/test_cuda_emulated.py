@@ -170,14 +170,21 @@ def test_larger_chunks_keep_one_kernel_two_kernels_and_the_write_together(record
     _write_with_attention_against_apart(recorded, mx.bfloat16, 8, 2, 200, 130, 64, False, False)
 
 
+@pytest.mark.parametrize(
+    ("setting", "define"),
+    [("SEGC_ATTENTION_GATHER", "SEGC_GATHER_PROLOGUE"), ("SEGC_ATTENTION_OUTLINE", "SEGC_OUTLINE_ROW")],
+)
 @pytest.mark.parametrize("in_place", [False, True])
 @pytest.mark.parametrize(("dt", "rows"), [(mx.bfloat16, 1), (mx.float32, 2)])
-def test_the_prologue_with_every_read_first_changes_no_byte(recorded, monkeypatch, in_place, dt, rows) -> None:
-    """``SEGC_ATTENTION_GATHER=1``: the write with its attention issues its prologue's
-    reads (the queries' elements, the mask) before their first use and rotates the
-    queries after the chunk's write and staging: the same outputs and buffers as the
-    default order, over a mask of ``rows`` rows with a partial last chunk."""
-    monkeypatch.delenv("SEGC_ATTENTION_GATHER", raising=False)
+def test_the_prologue_reordered_or_the_row_outlined_changes_no_byte(
+    recorded, monkeypatch, setting, define, in_place, dt, rows
+) -> None:
+    """``SEGC_ATTENTION_GATHER=1`` (the write with its attention issues its prologue's
+    reads, the queries' elements and the mask, before their first use and rotates the
+    queries after the chunk's write and staging) and ``SEGC_ATTENTION_OUTLINE=1`` (the
+    offset's row rotated by a call): the same outputs and buffers as the default, over a
+    mask of ``rows`` rows with a partial last chunk, copying and in place."""
+    monkeypatch.delenv(setting, raising=False)
     cap, pos = 70, 45
     q, k, v, _ = _attention_inputs(8, 2, rows, cap, 64, dt, rows, pos + 1, seed=4)
     mask = mx.array(np.arange(cap)[None, :] <= pos + np.arange(rows)[:, None] - rows + 1)
@@ -185,14 +192,14 @@ def test_the_prologue_with_every_read_first_changes_no_byte(recorded, monkeypatc
     ins = [k, kn[:, :, :1], v, vn[:, :, :1], mx.array(pos, dtype=mx.int32), q]
     cuda_kvattention.kv_attention(ins, mask, 64, False, 10000.0, 1.0, False, 0.125, in_place)
     made, call = recorded[0]
-    assert "#define SEGC_GATHER_PROLOGUE\n" not in expand(made["header"])
-    monkeypatch.setenv("SEGC_ATTENTION_GATHER", "1")
+    assert f"#define {define}\n" not in expand(made["header"])
+    monkeypatch.setenv(setting, "1")
     recorded.clear()
     cuda_kvattention.kv_attention(ins, mask, 64, False, 10000.0, 1.0, False, 0.125, in_place)
-    gmade, gcall = recorded[0]
-    assert "#define SEGC_GATHER_PROLOGUE\n" in expand(gmade["header"]) and gmade["name"] != made["name"]
-    plain, gathered = run(made, call, inputs=True), run(gmade, gcall, inputs=True)
-    assert [a.tobytes() for a in gathered[0]] == [a.tobytes() for a in plain[0]]
+    smade, scall = recorded[0]
+    assert f"#define {define}\n" in expand(smade["header"]) and smade["name"] != made["name"]
+    plain, changed = run(made, call, inputs=True), run(smade, scall, inputs=True)
+    assert [a.tobytes() for a in changed[0]] == [a.tobytes() for a in plain[0]]
 
 
 def test_a_counter_left_at_its_count_is_seen(recorded) -> None:

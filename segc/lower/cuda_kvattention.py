@@ -44,11 +44,16 @@ from .cuda_stage import stage_header, staged
 from .env import env_choice
 
 _READS = r"""
+#ifdef SEGC_OUTLINE_ROW
+#define segc_row_rotated segc_rotated_outlined
+#else
+#define segc_row_rotated segc_rotated
+#endif
 template <typename T, bool TRAD, int DIMS, int DK, bool FREQS>
 __device__ T segc_key(const T* kr, const T* knew, size_t krow, int d, int bh, int C, int32_t pos, const float* freqs) {
   // a key's element: the old buffer's, or at the offset the new key rotated
   return (krow - static_cast<size_t>(bh) * C) == static_cast<size_t>(pos)
-      ? segc_rotated<T, TRAD, DIMS, DK, FREQS>(knew, bh, d, pos, freqs) : kr[d];
+      ? segc_row_rotated<T, TRAD, DIMS, DK, FREQS>(knew, bh, d, pos, freqs) : kr[d];
 }
 template <typename T, bool TRAD, int DIMS, int DK, bool FREQS, int NT>
 __device__ void segc_copy_chunk(const T* k, T* ko, const T* v, T* vo, const T* knew, const T* vnew, int bh, int C,
@@ -93,7 +98,7 @@ __device__ void segc_copy_chunk(const T* k, T* ko, const T* v, T* vo, const T* k
       if (e / DK == prow) {
         for (int j = 0; j < w; ++j) {
           const int d = e % DK + j;
-          const T z = key ? segc_rotated<T, TRAD, DIMS, DK, FREQS>(knew, bh, d, pos, freqs) : vnew[static_cast<size_t>(bh) * DK + d];
+          const T z = key ? segc_row_rotated<T, TRAD, DIMS, DK, FREQS>(knew, bh, d, pos, freqs) : vnew[static_cast<size_t>(bh) * DK + d];
           dst[e + j] = z;
           if (st != nullptr) st[e + j] = z;
         }
@@ -127,13 +132,18 @@ __device__ void segc_copy_chunk(const T* k, T* ko, const T* v, T* vo, const T* k
 # in place (``SEGC_KV_IN_PLACE=1``): the row at the offset written into the old buffers,
 # nothing copied; the block whose chunk holds the offset writes it before it reads it
 _IN_PLACE = r"""
+#ifdef SEGC_OUTLINE_ROW
+#define segc_row_rotated segc_rotated_outlined
+#else
+#define segc_row_rotated segc_rotated
+#endif
 template <typename T, bool TRAD, int DIMS, int DK, bool FREQS>
 __device__ T segc_key(const T* kr, const T* knew, size_t krow, int d, int bh, int C, int32_t pos, const float* freqs) {
   // a key's element: the buffer's, or at the offset the new key rotated, written into the buffer
   if ((krow - static_cast<size_t>(bh) * C) != static_cast<size_t>(pos)) {
     return kr[d];
   }
-  T x = segc_rotated<T, TRAD, DIMS, DK, FREQS>(knew, bh, d, pos, freqs);
+  T x = segc_row_rotated<T, TRAD, DIMS, DK, FREQS>(knew, bh, d, pos, freqs);
   const_cast<T*>(kr)[d] = x;
   return x;
 }
@@ -177,6 +187,14 @@ def gathered() -> bool:
     return env_choice("SEGC_ATTENTION_GATHER", ("0", "1"), "0") == "1"
 
 
+def outlined() -> bool:
+    """``SEGC_ATTENTION_OUTLINE``: ``0`` (the default) or ``1``, the offset's row rotated
+    by a call (``segc_rotated_outlined``) where the kernel writes or reads it, not inlined
+    at each place: the kernel about a third as long (docs/lowering.md). The same
+    arithmetic: the same bytes. Off until measured."""
+    return env_choice("SEGC_ATTENTION_OUTLINE", ("0", "1"), "0") == "1"
+
+
 @functools.cache
 def _kernel(
     freqs: bool,
@@ -189,6 +207,7 @@ def _kernel(
     rotated: bool = False,
     reads: bool = False,
     gather: bool = False,
+    outline: bool = False,
 ) -> Any:
     ins = ["q", "knew", "k", "vnew", "v", "off", "mask", "count", *(["freqs"] if freqs else [])]
     ins += ["stamp"] if stamps else []
@@ -196,6 +215,7 @@ def _kernel(
         _HEADER
         + stage_header(stage)
         + ("#define SEGC_GATHER_PROLOGUE\n" if gather else "")
+        + ("#define SEGC_OUTLINE_ROW\n" if outline else "")
         + f"#define SEGC_LOG2_BASE (__int_as_float(0x{log2_base_bits:08x}))\n"
         + f"#define SEGC_SCALE (__int_as_float(0x{rope_scale_bits:08x}))\n"
         + f"#define SCALE (__int_as_float(0x{scale_bits:08x}))\n"
@@ -209,6 +229,7 @@ def _kernel(
     name += f"_{log2_base_bits:08x}_{rope_scale_bits:08x}_{scale_bits:08x}{'_q' if rotated else ''}"
     name += ("_str" if reads else "_st") if stamps else ""
     name += "_g" if gather else ""
+    name += "_o" if outline else ""
     outs = ["out", *([] if in_place else ["ko", "vo"]), "ps"]
     source = PACKED + _PARTIAL + FAST_TAIL
     return cuda_kernel(name, ins, outs, cuda_stamps.stamped(source) if stamps else source, header)
@@ -272,6 +293,7 @@ def kv_attention(
         rotated,
         reads,
         gathered(),
+        outlined(),
     )
     if rotated:  # MLX's rope_single, whose arithmetic the kernel's rotation is (cuda_kvwrite.py)
         f = ins[6] if freqs else None
