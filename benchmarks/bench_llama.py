@@ -169,18 +169,7 @@ COMMIT = {
     "frozenc2": "every:2",
     "frozenc4": "every:4",
 }
-# freeze_params=True
-FROZEN = (
-    "wholefrozen",
-    "frozen",
-    "frozeneach",
-    "frozengeo",
-    "frozenhead",
-    "frozen2",
-    "frozen4",
-    "frozenc2",
-    "frozenc4",
-)
+FROZEN = tuple(v for v in VARIANTS if "frozen" in v)  # freeze_params=True
 CONCAT = ("concat", "concatfences", "wholeconcat", *FROZEN)  # concat_projections=True: sibling products as one
 FUSED = ("fused", "fusedfences")  # attention="on": segc's fused decode attention (CUDA)
 UNFUSED = ("unfused",)  # attention="off": MLX's decomposition of the masked attention

@@ -69,6 +69,11 @@ bench() {  # name, extra arguments
     --variants "${VARIANTS:-eager,compile,segc,each,whole,drain}" --isolate --rounds "${ROUNDS:-1}" --json "$OUT/$name.json" "$@" >"$OUT/$name.txt" 2>&1
   echo "$name: rc=$?"
 }
+attn_tests() {  # name, workers: the CUDA attention and KV-write tests, their log $OUT/<name>_tests.txt
+  timeout 200 $PY -m pytest -q -p no:benchmark -p no:cacheprovider -n "$2" --timeout 180 --timeout-method thread \
+    tests/test_attention_cuda.py tests/test_kvwrite_cuda.py >"$OUT/$1_tests.txt" 2>&1
+  echo "$1 tests: rc=$?"
+}
 onoff() {  # name, variable, its value on, off: decode with each, every variant a process, two rounds alternating
   local name=$1 var=$2 on=$3 off=$4 r
   for r in 1 2; do
@@ -206,18 +211,14 @@ for p in $parts; do
     ;;
   stage)  # the attention's chunks in shared memory first (SEGC_ATTENTION_STAGE=1) or not: its GPU tests, every kernel of the
     # steps (CUPTI; carry .gpu/cupti), each form alone (kvattn_device.py); about 5 minutes
-    timeout 200 $PY -m pytest -q -p no:benchmark -p no:cacheprovider -n 8 --timeout 180 --timeout-method thread \
-      tests/test_attention_cuda.py tests/test_kvwrite_cuda.py >"$OUT/stage_tests.txt" 2>&1
-    echo "stage tests: rc=$?"
+    attn_tests stage 8
     STEPS=eager,segc,segcstage,segcinplacenostage,segcinplace,segcnokv,segcnokv2k,segcnokvstage bash "$0" timeline
     timeout 150 $PY benchmarks/kvattn_device.py --repeats 30 --flush 96 >"$OUT/kvattn_stage.txt" 2>&1
     echo "stage forms: rc=$?"
     ;;
   tail)  # the one kernel's merge with its loads issued together (segc.lower.cuda_merge): the CUDA attention and write
     # tests, the steps' kernels (carry .gpu/cupti), the decode with and without staging, one round (about 6 minutes)
-    timeout 200 $PY -m pytest -q -p no:benchmark -p no:cacheprovider -n 8 --timeout 180 --timeout-method thread \
-      tests/test_attention_cuda.py tests/test_kvwrite_cuda.py >"$OUT/tail_tests.txt" 2>&1
-    echo "tail tests: rc=$?"
+    attn_tests tail 8
     STEPS=eager,segc,segcinplacenostage,segcinplace,segcnokv,segcnokv2k bash "$0" timeline
     VARIANTS=eager,frozen,frozen+inplace+nostage,frozen+inplace ROUNDS=1 REPEATS=30 BENCH_LIMIT=${BENCH_LIMIT:-240} \
       bench tail --prefill 0 --first-call-layers 0 --no-dispatch
@@ -230,9 +231,7 @@ for p in $parts; do
     # alternating, two rounds (about 4 minutes for the tests and the kernels, 4 for the decode)
     abparts=${ABPARTS:-tests timeline decode}
     if [[ " $abparts " == *" tests "* ]]; then
-      timeout 200 $PY -m pytest -q -p no:benchmark -p no:cacheprovider -n 16 --timeout 180 --timeout-method thread \
-        tests/test_attention_cuda.py tests/test_kvwrite_cuda.py >"$OUT/ab_tests.txt" 2>&1
-      echo "ab tests: rc=$?"
+      attn_tests ab 16
     fi
     if [[ " $abparts " == *" timeline "* ]]; then
       for r in 1 2; do
@@ -255,9 +254,7 @@ for p in $parts; do
   gather)  # the write with its attention issuing its prologue's reads first (SEGC_ATTENTION_GATHER=1) and rotating the
     # offset's row by a call (SEGC_ATTENTION_OUTLINE=1): the CUDA attention and write tests, the steps' kernels with
     # and without (carry .gpu/cupti), twice, then the decode, each variant a process, two rounds (about 7 minutes)
-    timeout 200 $PY -m pytest -q -p no:benchmark -p no:cacheprovider -n 16 --timeout 180 --timeout-method thread \
-      tests/test_attention_cuda.py tests/test_kvwrite_cuda.py >"$OUT/gather_tests.txt" 2>&1
-    echo "gather tests: rc=$?"
+    attn_tests gather 16
     for r in 1 2; do
       NOUVM=1 BYLAYER=${BYLAYER:-kv_attention|78_} STEPS=${STEPS:-eager,segc,segcgather,segcoutline,segcinplace,segcinplacegather,segcinplaceoutline} \
         bash "$0" timeline && mv "$OUT/timeline.txt" "$OUT/timeline_gather$r.txt"

@@ -43,13 +43,33 @@ from .cuda_merge import FAST_TAIL
 from .cuda_stage import stage_header, staged
 from .env import env_choice
 
-_READS = r"""
+# what both forms share: where the offset's row is rotated (inline, or by a call with
+# SEGC_OUTLINE_ROW), the offset read once and the reads through it, and the queries'
+# loads apart from their rotations (SEGC_GATHER_PROLOGUE)
+_ROW = r"""
 #ifdef SEGC_OUTLINE_ROW
 #define segc_row_rotated segc_rotated_outlined
 #else
 #define segc_row_rotated segc_rotated
 #endif
-template <typename T, bool TRAD, int DIMS, int DK, bool FREQS>
+"""
+_MACROS = r"""#define SEGC_PROLOGUE const int32_t segc_pos = off[0];  // the offset read once, into a register
+#define SEGC_Q(row, d) segc_rotated<T, TRAD, DIMS, D, FREQS>(q, (row), (d), segc_pos, FREQ_PTR)
+#define SEGC_KEY(kr, krow, d) segc_key<T, TRAD, DIMS, D, FREQS>((kr), knew, (krow), (d), bh, C, segc_pos, FREQ_PTR)
+#define SEGC_VAL(e, p, d) ((p) == segc_pos ? vnew[(size_t)bh * D + (d)] : v[e])
+#define SEGC_ROW segc_pos
+"""
+_QUERIES = r"""// the queries' loads apart from their rotations, with SEGC_GATHER_PROLOGUE
+#ifdef SEGC_GATHER_PROLOGUE
+#define SEGC_QLOAD(row, d, a, b) segc_rotation_loads<T, TRAD, DIMS, D>(q, (row), (d), a, b)
+#define SEGC_QAPPLY(a, b, d) segc_rotation_apply<T, TRAD, DIMS, FREQS>((a), (b), (d), segc_pos, FREQ_PTR)
+#endif
+#define SEGC_LD(p) __ldcg(p)
+"""
+
+_READS = (
+    _ROW
+    + r"""template <typename T, bool TRAD, int DIMS, int DK, bool FREQS>
 __device__ T segc_key(const T* kr, const T* knew, size_t krow, int d, int bh, int C, int32_t pos, const float* freqs) {
   // a key's element: the old buffer's, or at the offset the new key rotated
   return (krow - static_cast<size_t>(bh) * C) == static_cast<size_t>(pos)
@@ -112,32 +132,22 @@ __device__ void segc_copy_chunk(const T* k, T* ko, const T* v, T* vo, const T* k
     }
   }
 }
-#define SEGC_PROLOGUE const int32_t segc_pos = off[0];  // the offset read once, into a register
-#define SEGC_Q(row, d) segc_rotated<T, TRAD, DIMS, D, FREQS>(q, (row), (d), segc_pos, FREQ_PTR)
-#define SEGC_KEY(kr, krow, d) segc_key<T, TRAD, DIMS, D, FREQS>((kr), knew, (krow), (d), bh, C, segc_pos, FREQ_PTR)
-#define SEGC_VALUES \
+"""
+    + _MACROS
+    + r"""#define SEGC_VALUES \
     segc_copy_chunk<T, TRAD, DIMS, D, FREQS, NT>(k, ko, v, vo, knew, vnew, bh, C, start, n, t, segc_pos, FREQ_PTR, \
                                                  STAGE ? kvs : nullptr, STAGE ? kvs + CHUNK * D : nullptr);
 #define SEGC_COPY_STAGES  // the copy stages the chunk: no second read
-#define SEGC_VAL(e, p, d) ((p) == segc_pos ? vnew[(size_t)bh * D + (d)] : v[e])
-#define SEGC_ROW segc_pos
 #define SEGC_VBUF vo
-#ifdef SEGC_GATHER_PROLOGUE
-#define SEGC_QLOAD(row, d, a, b) segc_rotation_loads<T, TRAD, DIMS, D>(q, (row), (d), a, b)
-#define SEGC_QAPPLY(a, b, d) segc_rotation_apply<T, TRAD, DIMS, FREQS>((a), (b), (d), segc_pos, FREQ_PTR)
-#endif
-#define SEGC_LD(p) __ldcg(p)
 """
+    + _QUERIES
+)
 
 # in place (``SEGC_KV_IN_PLACE=1``): the row at the offset written into the old buffers,
 # nothing copied; the block whose chunk holds the offset writes it before it reads it
-_IN_PLACE = r"""
-#ifdef SEGC_OUTLINE_ROW
-#define segc_row_rotated segc_rotated_outlined
-#else
-#define segc_row_rotated segc_rotated
-#endif
-template <typename T, bool TRAD, int DIMS, int DK, bool FREQS>
+_IN_PLACE = (
+    _ROW
+    + r"""template <typename T, bool TRAD, int DIMS, int DK, bool FREQS>
 __device__ T segc_key(const T* kr, const T* knew, size_t krow, int d, int bh, int C, int32_t pos, const float* freqs) {
   // a key's element: the buffer's, or at the offset the new key rotated, written into the buffer
   if ((krow - static_cast<size_t>(bh) * C) != static_cast<size_t>(pos)) {
@@ -147,24 +157,18 @@ __device__ T segc_key(const T* kr, const T* knew, size_t krow, int d, int bh, in
   const_cast<T*>(kr)[d] = x;
   return x;
 }
-#define SEGC_PROLOGUE const int32_t segc_pos = off[0];  // the offset read once, into a register
-#define SEGC_Q(row, d) segc_rotated<T, TRAD, DIMS, D, FREQS>(q, (row), (d), segc_pos, FREQ_PTR)
-#define SEGC_KEY(kr, krow, d) segc_key<T, TRAD, DIMS, D, FREQS>((kr), knew, (krow), (d), bh, C, segc_pos, FREQ_PTR)
-#define SEGC_VALUES \
+"""
+    + _MACROS
+    + r"""#define SEGC_VALUES \
     if (segc_pos >= start && segc_pos < start + n) { \
         for (int dd = t; dd < D; dd += NT) { \
             const_cast<T*>(v)[((size_t)bh * C + segc_pos) * D + dd] = vnew[(size_t)bh * D + dd]; \
         } \
     }
-#define SEGC_VAL(e, p, d) ((p) == segc_pos ? vnew[(size_t)bh * D + (d)] : v[e])
-#define SEGC_ROW segc_pos
 #define SEGC_VBUF v
-#ifdef SEGC_GATHER_PROLOGUE
-#define SEGC_QLOAD(row, d, a, b) segc_rotation_loads<T, TRAD, DIMS, D>(q, (row), (d), a, b)
-#define SEGC_QAPPLY(a, b, d) segc_rotation_apply<T, TRAD, DIMS, FREQS>((a), (b), (d), segc_pos, FREQ_PTR)
-#endif
-#define SEGC_LD(p) __ldcg(p)
 """
+    + _QUERIES
+)
 
 
 # SEGC_FUSED_QUERY_ROPE=mlx: the queries come rotated (by MLX's kernel), read plainly
