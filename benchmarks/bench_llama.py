@@ -200,6 +200,8 @@ SETTINGS = {  # a variant's "+suffix" (--isolate only)
     "gather": {"SEGC_ATTENTION_GATHER": "1"},
     # the offset's row rotated by a call, not inlined (SEGC_ATTENTION_OUTLINE)
     "outline": {"SEGC_ATTENTION_OUTLINE": "1"},
+    # a block's first thread alone fences around the group's counter (SEGC_MERGE_FENCE)
+    "lead": {"SEGC_MERGE_FENCE": "lead"},
     # CUDA's default memory pool keeping what it reserves (benchmarks/mempool.py), in any variant
     "poolkeep": {"SEGC_BENCH_POOL_KEEP": "1"},
 }

@@ -20,6 +20,7 @@ set -u
 OUT="${OUT:-/tmp/segc-gpu-out}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-device}"  # a GPU test's failure reported as found, not shrunk (tests/conftest.py)
 export PYTHONPATH="${PYTHONPATH:-/tmp/site:$PWD}"
 PY="${PY:-python3}"
 parts="${*:-env bench tests lowering prefill2048 sweep}"

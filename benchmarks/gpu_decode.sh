@@ -60,6 +60,7 @@ set -u
 OUT="${OUT:-/tmp/segc-gpu-out}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-device}"  # a GPU test's failure reported as found, not shrunk (tests/conftest.py)
 PY="${PY:-python3}"
 parts="${*:-dense runtime}"
 bench() {  # name, extra arguments
@@ -69,10 +70,15 @@ bench() {  # name, extra arguments
     --variants "${VARIANTS:-eager,compile,segc,each,whole,drain}" --isolate --rounds "${ROUNDS:-1}" --json "$OUT/$name.json" "$@" >"$OUT/$name.txt" 2>&1
   echo "$name: rc=$?"
 }
-attn_tests() {  # name, workers: the CUDA attention and KV-write tests, their log $OUT/<name>_tests.txt
-  timeout 200 $PY -m pytest -q -p no:benchmark -p no:cacheprovider -n "$2" --timeout 180 --timeout-method thread \
+attn_tests() {  # name, workers: the CUDA attention and KV-write tests, their log $OUT/<name>_tests.txt; first
+  # the machine's NVRTC (MLX compiles segc's kernels with it: which products it fuses is its choice) and driver
+  $PY -c 'import ctypes, mlx.core as mx; a, b = ctypes.c_int(), ctypes.c_int()
+ctypes.CDLL("libnvrtc.so.13").nvrtcVersion(ctypes.byref(a), ctypes.byref(b)); print("nvrtc", a.value, b.value, "on", mx.default_device())'
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -2
+  timeout 420 $PY -m pytest -q -p no:benchmark -p no:cacheprovider -n "$2" --timeout 400 --timeout-method thread \
     tests/test_attention_cuda.py tests/test_kvwrite_cuda.py >"$OUT/$1_tests.txt" 2>&1
   echo "$1 tests: rc=$?"
+  tail -3 "$OUT/$1_tests.txt"
 }
 onoff() {  # name, variable, its value on, off: decode with each, every variant a process, two rounds alternating
   local name=$1 var=$2 on=$3 off=$4 r
@@ -251,17 +257,24 @@ for p in $parts; do
       done
     fi
     ;;
-  gather)  # the write with its attention issuing its prologue's reads first (SEGC_ATTENTION_GATHER=1) and rotating the
-    # offset's row by a call (SEGC_ATTENTION_OUTLINE=1): the CUDA attention and write tests, the steps' kernels with
-    # and without (carry .gpu/cupti), twice, then the decode, each variant a process, two rounds (about 7 minutes)
-    attn_tests gather 16
-    for r in 1 2; do
-      NOUVM=1 BYLAYER=${BYLAYER:-kv_attention|78_} STEPS=${STEPS:-eager,segc,segcgather,segcoutline,segcinplace,segcinplacegather,segcinplaceoutline} \
-        bash "$0" timeline && mv "$OUT/timeline.txt" "$OUT/timeline_gather$r.txt"
-    done
-    grep -H "calls; span\|each call's sum" "$OUT"/timeline_gather*.txt | cut -c1-300
-    VARIANTS=${VARIANTS:-eager,frozen+inplace,frozen+inplace+gather,frozen+inplace+outline,frozen+outline} ROUNDS=2 REPEATS=30 \
-      BENCH_LIMIT=${BENCH_LIMIT:-300} bench gather --prefill 0 --first-call-layers 0 --no-dispatch
+  gather)  # the write with its attention issuing its prologue's reads first (SEGC_ATTENTION_GATHER=1), rotating the
+    # offset's row by a call (SEGC_ATTENTION_OUTLINE=1) and fencing once a block (SEGC_MERGE_FENCE=lead): the CUDA
+    # attention and write tests, the steps' kernels with and without (carry .gpu/cupti), twice, then the decode, each
+    # variant a process, two rounds (about 9 minutes; GATHERDECODE=0: the tests and kernels alone, about 4;
+    # GATHERKERNELS=0: the decode alone, about 5)
+    if [ "${GATHERKERNELS:-1}" = 1 ]; then
+      attn_tests gather 16
+      for r in 1 2; do
+        NOUVM=1 BYLAYER=${BYLAYER:-kv_attention|78_} \
+          STEPS=${STEPS:-eager,segc,segcgather,segcoutline,segclead,segcinplace,segcinplacegather,segcinplaceoutline,segcinplacelead} \
+          bash "$0" timeline && mv "$OUT/timeline.txt" "$OUT/timeline_gather$r.txt"
+      done
+      grep -H "calls; span\|each call's sum" "$OUT"/timeline_gather*.txt | cut -c1-300
+    fi
+    if [ "${GATHERDECODE:-1}" = 1 ]; then
+      VARIANTS=${VARIANTS:-eager,frozen+inplace,frozen+inplace+gather,frozen+inplace+outline,frozen+inplace+lead,frozen+outline} \
+        ROUNDS=2 REPEATS=30 BENCH_LIMIT=${BENCH_LIMIT:-300} bench gather --prefill 0 --first-call-layers 0 --no-dispatch
+    fi
     ;;
   pool)  # does the decode step's slow mode follow CUDA's pool handing memory back? (benchmarks/mempool.py): STEPS'
     # kernels (default segc,segcinplace; each call's attention kernels summed, the pool's bytes after each call),
@@ -305,13 +318,19 @@ for p in $parts; do
     done
     grep -H "calls; span\|by layer\|each call's sum" "$OUT"/timeline_layers*.txt "$OUT"/timeline_nocache*.txt 2>/dev/null | cut -c1-300
     ;;
-  stamps)  # the write with its attention part by part inside the step, from its blocks' own stamps, three processes
+  stamps)  # the write with its attention part by part inside the step, from its blocks' own stamps (and their SMs'
+    # clock), three processes; nvidia-smi's clocks, power and throttle reasons every 200 ms beside them ($OUT/clocks.csv)
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active \
+      --format=csv -lms 200 >"$OUT/clocks.csv" 2>&1 &
+    smi=$!
     for r in 1 2 3; do
       MLX_MAX_OPS_PER_BUFFER=100000 MLX_MAX_MB_PER_BUFFER=1000000 timeout 200 $PY benchmarks/kvattn_stamps.py \
         --steps "${STEPS:-segc,segcinplace,segcqrope,segcinplaceqrope}" --calls 30 >"$OUT/stamps$r.txt" 2>&1
       echo "stamps $r: rc=$?"
     done
-    grep -H "calls, \| fast \| slow \|  call \|Error" "$OUT"/stamps*.txt | cut -c1-200
+    kill "$smi" 2>/dev/null
+    grep -H "calls, \| fast \| slow \|  call \|Error" "$OUT"/stamps*.txt | cut -c1-220
+    cut -d, -f2,3,6 "$OUT/clocks.csv" | sort | uniq -c | sort -rn | head -12  # how often each clock and reason
     if [ -n "${DECODE:-}" ]; then  # then the decode with the queries rotated first, each variant a process, one round
       VARIANTS=eager,frozen+inplace,frozen+inplace+qrope,frozen,frozen+qrope REPEATS=30 BENCH_LIMIT=240 \
         bench qrope --prefill 0 --first-call-layers 0 --no-dispatch

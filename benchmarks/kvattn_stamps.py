@@ -4,13 +4,14 @@ calls at a time; which part grows?).
 
 Each step (``device_time.py``'s variants: ``segc``, ``segcinplace``, ...; a reference
 llama at context 1024) is lowered with ``SEGC_KERNEL_STAMPS=1`` (``segc.lower.cuda_stamps``):
-every block of every layer's kernel writes the GPU's clock at ten points and its SM.
+every block of every layer's kernel writes the GPU's clock at ten points, its SM and its
+SM's cycles from its start to its count (``mhz``: the SM's clock, cycles over ns).
 After three calls to warm up, each of ``--calls`` calls is run alone (the host waits for
 it) and its stamps copied. Per call, averaged over the layers: the kernel's span (first
 block's start to the last stamp), the spread of the blocks' starts, and each part's
 median over the blocks (the offset read, a query element read, the queries rotated, the chunk's values written and staged, keys'
 products, softmax, weighted values, the count past the fence; the merge, the groups'
-last blocks); then the calls
+last blocks), the SM's clock (the blocks' median); then the calls
 split into fast and slow by their span (the midpoint of the fastest and slowest), each
 part's mean in each, and whether the slow calls run on other SMs.
 
@@ -39,10 +40,12 @@ PARTS = ("offset", "query", "queries", "staged", "keys", "softmax", "values", "c
 
 def phases(stamps: np.ndarray) -> dict[str, float]:
     """One kernel's stamps (``blocks x 12``: ten points in ns, the last only where a
-    block merged, then its SM) as µs: ``span`` (first start to last stamp), ``starts``
-    (the spread of the blocks' starts), each of :data:`PARTS` (the median over the blocks
+    block merged, then its SM and its cycles from its start to its count) as µs:
+    ``span`` (first start to last stamp), ``starts`` (the spread of the blocks'
+    starts), each of :data:`PARTS` (the median over the blocks
     of the time from the point before), ``merge`` (the median over the blocks that merged
-    in this call, from their count to the merge's end)."""
+    in this call, from their count to the merge's end); ``mhz``, the median over the
+    blocks of their SM's cycles over the ns from start to count (the SM's clock)."""
     s = stamps[:, :10].astype(np.int64)
     start = s[:, 0]
     merged = s[:, 9] > s[:, 8]  # (a block last in an earlier call keeps that call's stamp)
@@ -51,6 +54,8 @@ def phases(stamps: np.ndarray) -> dict[str, float]:
     for i, part in enumerate(PARTS, start=1):
         out[part] = float(np.median(s[:, i] - s[:, i - 1])) / 1e3
     out["merge"] = float(np.median(s[merged, 9] - s[merged, 8])) / 1e3 if merged.any() else float("nan")
+    ns = np.maximum(s[:, 8] - s[:, 0], 1)
+    out["mhz"] = float(np.median(stamps[:, 11].astype(np.float64) / ns)) * 1e3
     return out
 
 
@@ -68,7 +73,7 @@ def split(rows: list[dict[str, float]]) -> tuple[list[int], list[int]]:
 
 
 def report(name: str, rows: list[dict[str, float]], sms: list[set[int]]) -> None:
-    keys = ["span", "starts", *PARTS, "merge"]
+    keys = ["span", "starts", *PARTS, "merge", "mhz"]
     print(f"\n{name}: {len(rows)} calls, µs a layer's kernel (means over the layers)")
     print("  call " + "".join(f"{k:>9}" for k in keys))
     for i, r in enumerate(rows):

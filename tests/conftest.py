@@ -36,13 +36,18 @@ from segc.lower import PRIMS, REBUILT, replay_fn
 from segc.runtime import Executor
 from segc.staging.validate import VALIDATE_TOL
 
-# Hypothesis profiles: HYPOTHESIS_PROFILE=ci (the default, what CI runs) or deep (ten
-# times the examples of every property test, for a thorough run before a release).
+# Hypothesis profiles: HYPOTHESIS_PROFILE=ci (the default, what CI runs), deep (ten
+# times the examples of every property test, for a thorough run before a release) or
+# device (ci's examples, a failure reported as found, not shrunk: on a lent GPU a
+# failing test's shrinking took 421 s of a 1,800 s budget; benchmarks/gpu_decode.sh).
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
-if PROFILE not in ("ci", "deep"):
-    raise pytest.UsageError(f"HYPOTHESIS_PROFILE must be ci or deep, got {PROFILE!r}")
+if PROFILE not in ("ci", "deep", "device"):
+    raise pytest.UsageError(f"HYPOTHESIS_PROFILE must be ci, deep or device, got {PROFILE!r}")
 hypothesis.settings.register_profile("ci", deadline=None)
 hypothesis.settings.register_profile("deep", deadline=None, max_examples=1000)
+hypothesis.settings.register_profile(
+    "device", deadline=None, phases=[hypothesis.Phase.explicit, hypothesis.Phase.reuse, hypothesis.Phase.generate]
+)
 hypothesis.settings.load_profile(PROFILE)
 
 

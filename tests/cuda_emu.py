@@ -112,6 +112,7 @@ inline __nv_bfloat16 operator*(__nv_bfloat16 a, __nv_bfloat16 b) { return __nv_b
 inline __half operator*(__half a, __half b) { return __half(float(a) * float(b)); }
 // CUDA's products that no add may contract into an fma (the host's never does)
 inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 inline __nv_bfloat16 __hmul_rn(__nv_bfloat16 a, __nv_bfloat16 b) { return a * b; }
 inline __half __hmul_rn(__half a, __half b) { return a * b; }
 struct alignas(16) uint4 { unsigned x, y, z, w; };

@@ -11,6 +11,11 @@ cuobjdump come from PyPI's wheels, unpacked into one folder (``--cuda``)::
     pip download --no-deps "nvidia-cuda-nvrtc==13.0.*" "nvidia-cuda-runtime==13.0.*" nvidia-cuda-cuobjdump
     for w in nvidia_cuda_*.whl; do unzip -q -o "$w" -d /tmp/nvx; done
     python tests/cuda_sass.py --cuda /tmp/nvx/nvidia/cu13 [--env SEGC_ATTENTION_GATHER=1]
+
+MLX's own kernels, for the arithmetic segc's reproduce: ``cuobjdump -xelf all -arch
+sm_90a .../mlx/lib/libmlx.so`` unpacks its sm_90a cubins (MLX's CUDA wheel), and
+``cuobjdump -sass`` of the one holding ``rope_single`` shows which product of each of
+the rotation's sums is fused (the fiftieth session: ``kvwrite.sass`` against it).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from cuda_emu import generated, recording
 
-from segc.lower import cuda_attention, cuda_kvattention
+from segc.lower import cuda_attention, cuda_kvattention, cuda_kvwrite
 
 PRELUDE = r"""
 #include <cuda_bf16.h>
@@ -67,7 +72,8 @@ def compile_cubin(cuda: Path, source: str, name: str, arch: str) -> bytes:
 def forms() -> dict[str, object]:
     """The reference llama's decode attention at context 1,024 (32 query heads over 8 KV
     heads of 64, a buffer of 1,280 positions, bfloat16): the write with its attention in
-    place and copying, the one attention kernel, and the two kernels' first."""
+    place and copying, the one attention kernel, and the two kernels' first; and the
+    rotated KV write alone at float32."""
     mx.random.seed(0)
     q = mx.random.normal((1, 32, 1, 64)).astype(mx.bfloat16)
     kb, vb = (mx.random.normal((1, 8, 1280, 64)).astype(mx.bfloat16) for _ in range(2))
@@ -75,7 +81,12 @@ def forms() -> dict[str, object]:
     mask = mx.array(np.arange(1280)[None, :] <= 1024)
     ins = [kb, kn, vb, vn, mx.array(1024, dtype=mx.int32), q]
     write = cuda_kvattention.kv_attention
+    kf, nf = (mx.random.normal(s) for s in ((1, 8, 7, 64), (1, 8, 1, 64)))
+    rows = [kf, nf, kf, nf, mx.array(1, dtype=mx.int32), mx.random.normal((1, 32, 1, 64))]
     return {
+        # the rotated KV write alone at float32, where which product of a rotation's sum
+        # is fused shows in the bytes (docs/lowering.md, "Same bits, by construction")
+        "kvwrite": lambda: cuda_kvwrite.kv_write(rows, 64, False, 10000.0, 1.0, True, False),
         "inplace": lambda: write(ins, mask, 64, False, 10000.0, 1.0, False, 0.125, True),
         "copying": lambda: write(ins, mask, 64, False, 10000.0, 1.0, False, 0.125, False),
         "one": lambda: cuda_attention.cuda_attention(q, kb, vb, mask, 0.125, kernels=1),

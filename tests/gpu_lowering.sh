@@ -17,6 +17,7 @@ set -u
 cd "$(dirname "$0")/.."
 export PYTHONPATH="${PYTHONPATH:-/tmp/site:$PWD}"
 export PYTHONUNBUFFERED=1
+export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-device}"  # a GPU test's failure reported as found, not shrunk (tests/conftest.py)
 PY="${PY:-python3}"
 $PY -c "import mlx.core as mx; print('mlx', mx.__version__, mx.default_device())"
 files=(tests/test_lower_*.py tests/test_nn_layers.py)

@@ -171,19 +171,24 @@ def test_larger_chunks_keep_one_kernel_two_kernels_and_the_write_together(record
 
 
 @pytest.mark.parametrize(
-    ("setting", "define"),
-    [("SEGC_ATTENTION_GATHER", "SEGC_GATHER_PROLOGUE"), ("SEGC_ATTENTION_OUTLINE", "SEGC_OUTLINE_ROW")],
+    ("setting", "value", "define"),
+    [
+        ("SEGC_ATTENTION_GATHER", "1", "SEGC_GATHER_PROLOGUE"),
+        ("SEGC_ATTENTION_OUTLINE", "1", "SEGC_OUTLINE_ROW"),
+        ("SEGC_MERGE_FENCE", "lead", "SEGC_LEAD_FENCE"),
+    ],
 )
 @pytest.mark.parametrize("in_place", [False, True])
 @pytest.mark.parametrize(("dt", "rows"), [(mx.bfloat16, 1), (mx.float32, 2)])
-def test_the_prologue_reordered_or_the_row_outlined_changes_no_byte(
-    recorded, monkeypatch, setting, define, in_place, dt, rows
+def test_the_prologue_reordered_the_row_outlined_or_the_fence_led_changes_no_byte(
+    recorded, monkeypatch, setting, value, define, in_place, dt, rows
 ) -> None:
     """``SEGC_ATTENTION_GATHER=1`` (the write with its attention issues its prologue's
     reads, the queries' elements and the mask, before their first use and rotates the
-    queries after the chunk's write and staging) and ``SEGC_ATTENTION_OUTLINE=1`` (the
-    offset's row rotated by a call): the same outputs and buffers as the default, over a
-    mask of ``rows`` rows with a partial last chunk, copying and in place."""
+    queries after the chunk's write and staging), ``SEGC_ATTENTION_OUTLINE=1`` (the
+    offset's row rotated by a call) and ``SEGC_MERGE_FENCE=lead`` (a block's first
+    thread alone fences around the group's counter): the same outputs and buffers as the
+    default, over a mask of ``rows`` rows with a partial last chunk, copying and in place."""
     monkeypatch.delenv(setting, raising=False)
     cap, pos = 70, 45
     q, k, v, _ = _attention_inputs(8, 2, rows, cap, 64, dt, rows, pos + 1, seed=4)
@@ -193,7 +198,7 @@ def test_the_prologue_reordered_or_the_row_outlined_changes_no_byte(
     cuda_kvattention.kv_attention(ins, mask, 64, False, 10000.0, 1.0, False, 0.125, in_place)
     made, call = recorded[0]
     assert f"#define {define}\n" not in expand(made["header"])
-    monkeypatch.setenv(setting, "1")
+    monkeypatch.setenv(setting, value)
     recorded.clear()
     cuda_kvattention.kv_attention(ins, mask, 64, False, 10000.0, 1.0, False, 0.125, in_place)
     smade, scall = recorded[0]

@@ -13,6 +13,7 @@ too, whose headers from MLX's CUDA build it stands in for)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import mlx.core as mx
@@ -88,3 +89,16 @@ def test_a_broken_kernel_does_not_compile(recorded) -> None:
     assert broken["source"] != source
     with pytest.raises(AssertionError, match="threadfence_typo"):
         _compile(generated(broken, call))
+
+
+def test_the_rotation_spells_out_the_products_mlx_fuses() -> None:
+    """MLX's ``rope_single`` as its CUDA build compiled it (the wheel's SASS, every dtype,
+    both layouts, with and without frequencies) computes ``fma(x1, cos, -(x2 * sin))`` and
+    ``fma(x1, sin, x2 * cos)``. Written ``x1 * sin + x2 * cos``, which product is fused is
+    the compiler's choice, and NVRTC's changed with the code around it (float32 rows one
+    ulp from MLX's on an H100); the emulator computes without contraction and cannot see
+    it, so the rotation's text is held to MLX's form here."""
+    text = cuda_kvwrite._HEADER
+    assert "__fmaf_rn(x1, costheta, -__fmul_rn(x2, sintheta))" in text
+    assert "__fmaf_rn(x1, sintheta, __fmul_rn(x2, costheta))" in text
+    assert not re.search(r"x[12] \* (cos|sin)theta", text)

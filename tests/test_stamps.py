@@ -20,7 +20,12 @@ def test_the_stamps_are_the_only_change() -> None:
     lines = text.splitlines(keepends=True)
     stamps = [line for line in lines if "SEGC_STAMP(" in line]
     assert sorted(s.strip() for s in stamps) == [f"SEGC_STAMP({i});" for i in range(10)]
-    rest = "".join(line for line in lines if "SEGC_STAMP(" not in line and "SEGC_READ_" not in line)
+    # the SM's cycles counted from just before the first stamp (the stamp at the count
+    # writes their difference)
+    (clock,) = [i for i, line in enumerate(lines) if "segc_c0" in line]
+    assert lines[clock].strip() == "const long long segc_c0 = clock64();" and "SEGC_STAMP(0);" in lines[clock + 1]
+    added = ("SEGC_STAMP(", "SEGC_READ_", "segc_c0")
+    rest = "".join(line for line in lines if not any(a in line for a in added))
     assert rest == SOURCE + "    __syncthreads();\n"  # the merge's end waits for its block
 
 

@@ -39,7 +39,7 @@ from .cuda_attention import (
 from .cuda_kernel import cuda_kernel
 from .cuda_kvwrite import _HEADER as _ROTATE
 from .cuda_kvwrite import _bits, rope_bits
-from .cuda_merge import FAST_TAIL
+from .cuda_merge import FAST_TAIL, lead_fence
 from .cuda_stage import stage_header, staged
 from .env import env_choice
 
@@ -187,7 +187,8 @@ def gathered() -> bool:
     """``SEGC_ATTENTION_GATHER``: ``0`` (the default) or ``1``, the kernel's prologue with
     every read issued before its first use (the queries' elements, the mask, the chunk's
     write and staging; then the queries' rotations), where each waited for the one
-    before (docs/lowering.md). The same arithmetic: the same bytes. Off until measured."""
+    before (docs/lowering.md). The same arithmetic: the same bytes. Off: no faster on
+    an H100 (docs/performance-log.md, fiftieth session)."""
     return env_choice("SEGC_ATTENTION_GATHER", ("0", "1"), "0") == "1"
 
 
@@ -195,7 +196,8 @@ def outlined() -> bool:
     """``SEGC_ATTENTION_OUTLINE``: ``0`` (the default) or ``1``, the offset's row rotated
     by a call (``segc_rotated_outlined``) where the kernel writes or reads it, not inlined
     at each place: the kernel about a third as long (docs/lowering.md). The same
-    arithmetic: the same bytes. Off until measured."""
+    arithmetic: the same bytes. Off: no faster on an H100 (docs/performance-log.md,
+    fiftieth session)."""
     return env_choice("SEGC_ATTENTION_OUTLINE", ("0", "1"), "0") == "1"
 
 
@@ -212,6 +214,7 @@ def _kernel(
     reads: bool = False,
     gather: bool = False,
     outline: bool = False,
+    lead: bool = False,
 ) -> Any:
     ins = ["q", "knew", "k", "vnew", "v", "off", "mask", "count", *(["freqs"] if freqs else [])]
     ins += ["stamp"] if stamps else []
@@ -220,6 +223,7 @@ def _kernel(
         + stage_header(stage)
         + ("#define SEGC_GATHER_PROLOGUE\n" if gather else "")
         + ("#define SEGC_OUTLINE_ROW\n" if outline else "")
+        + ("#define SEGC_LEAD_FENCE\n" if lead else "")
         + f"#define SEGC_LOG2_BASE (__int_as_float(0x{log2_base_bits:08x}))\n"
         + f"#define SEGC_SCALE (__int_as_float(0x{rope_scale_bits:08x}))\n"
         + f"#define SCALE (__int_as_float(0x{scale_bits:08x}))\n"
@@ -234,6 +238,7 @@ def _kernel(
     name += ("_str" if reads else "_st") if stamps else ""
     name += "_g" if gather else ""
     name += "_o" if outline else ""
+    name += "_l" if lead else ""
     outs = ["out", *([] if in_place else ["ko", "vo"]), "ps"]
     source = PACKED + _PARTIAL + FAST_TAIL
     return cuda_kernel(name, ins, outs, cuda_stamps.stamped(source) if stamps else source, header)
@@ -298,6 +303,7 @@ def kv_attention(
         reads,
         gathered(),
         outlined(),
+        lead_fence(),
     )
     if rotated:  # MLX's rope_single, whose arithmetic the kernel's rotation is (cuda_kvwrite.py)
         f = ins[6] if freqs else None

@@ -62,11 +62,14 @@ __device__ T segc_rotation_apply(T a, T b, int d, int32_t offset, const float* f
   float sintheta = sin(theta);
   float x1 = static_cast<float>(a);
   float x2 = static_cast<float>(b);
+  // rope_single's sums as MLX's build compiled them (its SASS, every dtype and form):
+  // the first product fused, the second rounded; spelled out, so that no NVRTC contracts
+  // them another way (one did, on an H100: float32 rows one ulp apart)
   float r;
   if (first) {
-    r = x1 * costheta - x2 * sintheta;
+    r = __fmaf_rn(x1, costheta, -__fmul_rn(x2, sintheta));
   } else {
-    r = x1 * sintheta + x2 * costheta;
+    r = __fmaf_rn(x1, sintheta, __fmul_rn(x2, costheta));
   }
   return static_cast<T>(r);
 }

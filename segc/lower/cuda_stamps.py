@@ -1,6 +1,8 @@
 """The GPU's clock inside the write with its attention (``cuda_kvattention.py``): with
 ``SEGC_KERNEL_STAMPS=1`` when a segment is lowered, each block's first thread writes
-``%globaltimer`` at ten points of the kernel, and its SM, into a buffer made when the
+``%globaltimer`` at ten points of the kernel, its SM, and its SM's cycles (``clock64``)
+from the first point to the count's (with the nanoseconds between them: the SM's clock,
+whether a slow call runs on a slower clock), into a buffer made when the
 kernel is traced (:data:`BUFFERS`, in the order the kernels were made): one for every
 call of the compiled segment, so ``benchmarks/kvattn_stamps.py`` runs one call at a time
 and copies the stamps after each.
@@ -36,8 +38,9 @@ from .env import env_choice
 
 BUFFERS: list[mx.array] = []
 POINTS = ("start", "offset", "query", "queries", "staged", "keys", "softmax", "values", "counted", "merged")
-WORDS = 12  # a block's stamps: the ten points, its SM, one spare
+WORDS = 12  # a block's stamps: the ten points, its SM, its SM's cycles
 SM = 10  # the SM's word
+CYCLES = 11  # the word of the SM's cycles (clock64) from the start's stamp to the count's
 
 # a stamp: the clock read after every memory access before it in the text is issued (the
 # "memory" clobber: a store of a loaded value waits for the load); the offset, then the
@@ -54,6 +57,7 @@ HEADER = r"""
             asm volatile("mov.u32 %0, %%smid;" : "=r"(segc_sm)); \
             const_cast<uint64_t*>(stamp)[(size_t)blk * 12 + 10] = segc_sm; \
         } \
+        if ((i) == 8) const_cast<uint64_t*>(stamp)[(size_t)blk * 12 + 11] = clock64() - segc_c0; \
     }
 #define SEGC_READ_OFFSET \
     if (t == 0) { \
@@ -72,7 +76,7 @@ _AFTER = (
     (
         "    const int n = min(CHUNK, C - start);\n",
         1,
-        "    SEGC_STAMP(0);\n    SEGC_READ_OFFSET\n    SEGC_STAMP(1);\n    SEGC_READ_QUERY\n    SEGC_STAMP(2);\n",
+        "    const long long segc_c0 = clock64();\n    SEGC_STAMP(0);\n    SEGC_READ_OFFSET\n    SEGC_STAMP(1);\n    SEGC_READ_QUERY\n    SEGC_STAMP(2);\n",
     ),
     (") * SCALE;\n    }\n", 2, "    SEGC_STAMP(3);\n"),
     ("    __syncthreads();\n    // a warp per key", 1, "    SEGC_STAMP(4);\n"),
@@ -113,7 +117,7 @@ def stamped(source: str) -> str:
         head = "".join(anchor.splitlines(keepends=True)[:lines])
         source = replace_once(source, anchor, head + text + anchor[len(head) :])
     for anchor, text in (
-        ("    __threadfence();                     // this block's partial", "    SEGC_STAMP(7);\n"),
+        ("    // this block's partial results, seen", "    SEGC_STAMP(7);\n"),
         ("    if (!last) return;\n", "    SEGC_STAMP(8);\n"),
     ):
         source = replace_once(source, anchor, text + anchor)
