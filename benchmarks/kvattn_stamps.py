@@ -35,6 +35,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from segc.lower import cuda_stamps  # (its settings are read when a segment is lowered)
+
 PARTS = ("offset", "query", "queries", "staged", "keys", "softmax", "values", "counted")
 
 
@@ -55,7 +57,7 @@ def phases(stamps: np.ndarray) -> dict[str, float]:
         out[part] = float(np.median(s[:, i] - s[:, i - 1])) / 1e3
     out["merge"] = float(np.median(s[merged, 9] - s[merged, 8])) / 1e3 if merged.any() else float("nan")
     ns = np.maximum(s[:, 8] - s[:, 0], 1)
-    out["mhz"] = float(np.median(stamps[:, 11].astype(np.float64) / ns)) * 1e3
+    out["mhz"] = float(np.median(stamps[:, cuda_stamps.CYCLES].astype(np.float64) / ns)) * 1e3
     return out
 
 
@@ -99,8 +101,6 @@ def main() -> None:
     args = ap.parse_args()
     os.environ["SEGC_KERNEL_STAMPS"] = "reads" if args.reads else "1"
     from device_time import CUDA, step_body
-
-    from segc.lower import cuda_stamps
 
     if not CUDA:
         raise SystemExit("needs MLX's CUDA build and a GPU")

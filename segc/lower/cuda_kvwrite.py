@@ -63,8 +63,8 @@ __device__ T segc_rotation_apply(T a, T b, int d, int32_t offset, const float* f
   float x1 = static_cast<float>(a);
   float x2 = static_cast<float>(b);
   // rope_single's sums as MLX's build compiled them (its SASS, every dtype and form):
-  // the first product fused, the second rounded; spelled out, so that no NVRTC contracts
-  // them another way (one did, on an H100: float32 rows one ulp apart)
+  // the first product fused, the second rounded; spelled out, as NVRTC's own choice
+  // changed once this was split in two functions (float32 rows one ulp from MLX's)
   float r;
   if (first) {
     r = __fmaf_rn(x1, costheta, -__fmul_rn(x2, sintheta));
