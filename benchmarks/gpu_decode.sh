@@ -6,7 +6,7 @@
 #
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_decode.sh [PARTS]
 #
-# PARTS: any of  ab gather pool dense quant moe concat chain chaintests isolated runtime kernels select products check generate device ablate modes commits census kv attn kvattn kvattndev timeline stage tail bank layers stamps stagedecode inplace prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
+# PARTS: any of  teststamps ab gather pool dense quant moe concat chain chaintests isolated runtime kernels select products check generate device ablate modes commits census kv attn kvattn kvattndev timeline stage tail bank layers stamps stagedecode inplace prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
 # (default: dense runtime). chain: a layer's MLP, and a decode layer, as one kernel
 # (segc.lower.cuda_chain, cuda_layer; off by default): chain_device.py (device time against
 # the separate kernels, several grids, the tickets alone) and chain_stages.py (each stage's
@@ -256,6 +256,12 @@ for p in $parts; do
           BENCH_LIMIT=${BENCH_LIMIT:-150} bench "ab_old$r" --prefill 0 --first-call-layers 0 --no-dispatch
       done
     fi
+    ;;
+  teststamps)  # the CUDA attention and write tests (the rotation's fused products pinned to MLX's since the
+    # fiftieth session: the float32 test must pass), then the stamps with each block's SM clock and nvidia-smi's
+    # clocks beside them (does a slow call run on a slower clock?); about 5 minutes, carry .gpu/two
+    attn_tests teststamps 16
+    bash "$0" stamps
     ;;
   gather)  # the write with its attention issuing its prologue's reads first (SEGC_ATTENTION_GATHER=1), rotating the
     # offset's row by a call (SEGC_ATTENTION_OUTLINE=1) and fencing once a block (SEGC_MERGE_FENCE=lead): the CUDA
