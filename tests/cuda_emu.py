@@ -255,9 +255,17 @@ def _main(made: dict[str, Any], call: dict[str, Any], launches: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(made: dict[str, Any], call: dict[str, Any], launches: int = 1, inputs: bool = False) -> list[list[np.ndarray]]:
+def run(
+    made: dict[str, Any],
+    call: dict[str, Any],
+    launches: int = 1,
+    inputs: bool = False,
+    flags: tuple[str, ...] = (),
+) -> list[list[np.ndarray]]:
     """Each launch's outputs (numpy arrays; bfloat16 as its uint16 bits); with
-    ``inputs``, followed by the inputs as the launch left them."""
+    ``inputs``, followed by the inputs as the launch left them. ``flags``: more of the
+    host compiler's (``CONTRACTED``: a product and a sum made one FMA wherever the
+    compiler likes, as NVRTC may; without, it never does)."""
     assert GXX is not None
     header = "".join(
         x
@@ -266,10 +274,10 @@ def run(made: dict[str, Any], call: dict[str, Any], launches: int = 1, inputs: b
     )
     text = generated(dict(made, header=header), call, EMULATED) + _main(made, call, launches)
     CACHE.mkdir(exist_ok=True)
-    exe = CACHE / hashlib.sha1(text.encode()).hexdigest()[:16]
+    exe = CACHE / hashlib.sha1((text + " ".join(flags)).encode()).hexdigest()[:16]
     if not exe.exists():  # compiled under another name, then moved: processes may race
         tmp = exe.with_suffix(f".{os.getpid()}")
-        cmd = [GXX, "-std=c++20", "-O1", "-pthread", "-w", "-x", "c++", "-", "-o", str(tmp)]
+        cmd = [GXX, "-std=c++20", "-O1", "-pthread", "-w", *flags, "-x", "c++", "-", "-o", str(tmp)]
         res = subprocess.run(cmd, input=text, capture_output=True, text=True, timeout=120)
         assert res.returncode == 0, res.stderr[-3000:]
         os.replace(tmp, exe)
@@ -294,6 +302,11 @@ def run(made: dict[str, Any], call: dict[str, Any], launches: int = 1, inputs: b
                     for i, x in enumerate(call["inputs"])
                 ]
         return got
+
+
+# the host compiler contracting products into sums as it likes (x86's FMA instructions;
+# GCC contracts from -O2)
+CONTRACTED = ("-O2", "-mfma", "-ffp-contract=fast")
 
 
 def recorder() -> tuple[Any, list[tuple[dict[str, Any], dict[str, Any]]]]:

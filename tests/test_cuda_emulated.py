@@ -16,7 +16,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from conftest import examples
-from cuda_emu import GXX, NP, recording, run
+from cuda_emu import CONTRACTED, GXX, NP, recording, run
 from hypothesis import given, settings
 from hypothesis import strategies as hst
 from test_attention_cuda import _inputs as _attention_inputs
@@ -241,6 +241,30 @@ def test_the_rotated_write_copies_bytes_and_rotates_as_mlx(recorded, dt, d, dims
     if queries:
         got_q = np.array(_as_mx(outs[2], dt).astype(mx.float32))
         np.testing.assert_allclose(got_q, np.array(rope(q).astype(mx.float32)), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("trad", [False, True])
+def test_the_rotation_keeps_its_bytes_whatever_the_compiler_contracts(recorded, trad) -> None:
+    """The rotated write at float32, compiled with every product the compiler likes
+    contracted into its sum (``CONTRACTED``: as NVRTC may) and with none: the same
+    bytes, as the rotation's two sums are spelled out as MLX's build compiled them
+    (which product each fuses; docs/lowering.md). The check can fail: the same kernel
+    with its sums written plainly, ``x1 * cos - x2 * sin``, differs between the two."""
+    mx.random.seed(3)
+    d, cap, pos = 64, 12, 7
+    kb, vb = (mx.random.normal((1, 2, cap, d)) * 4 for _ in range(2))
+    k, v, q = (mx.random.normal((1, h, 1, d)) * 4 for h in (2, 2, 8))
+    cuda_kvwrite.kv_write([kb, k, vb, v, mx.array(pos, dtype=mx.int32), q], d, trad, 10000.0, 1.0, True, False)
+    ((made, call),) = recorded
+    (plain,), (fused,) = run(made, call), run(made, call, flags=CONTRACTED)
+    assert [a.tobytes() for a in fused] == [a.tobytes() for a in plain]
+    pinned = expand(made["header"])
+    loose = pinned.replace("__fmaf_rn(x1, costheta, -__fmul_rn(x2, sintheta))", "x1 * costheta - x2 * sintheta")
+    loose = loose.replace("__fmaf_rn(x1, sintheta, __fmul_rn(x2, costheta))", "x1 * sintheta + x2 * costheta")
+    assert loose != pinned
+    made = dict(made, header=loose)
+    (plain,), (fused,) = run(made, call), run(made, call, flags=CONTRACTED)
+    assert [a.tobytes() for a in fused] != [a.tobytes() for a in plain]
 
 
 @settings(max_examples=examples(4), deadline=None)

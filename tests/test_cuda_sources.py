@@ -96,8 +96,8 @@ def test_the_rotation_spells_out_the_products_mlx_fuses() -> None:
     both layouts, with and without frequencies) computes ``fma(x1, cos, -(x2 * sin))`` and
     ``fma(x1, sin, x2 * cos)``. Written ``x1 * sin + x2 * cos``, which product is fused is
     the compiler's choice, and NVRTC's changed with the code around it (float32 rows one
-    ulp from MLX's on an H100); the emulator computes without contraction and cannot see
-    it, so the rotation's text is held to MLX's form here."""
+    ulp from MLX's on an H100). ``tests/test_cuda_emulated.py`` checks that the bytes
+    do not depend on contraction; here, that the products fused are MLX's."""
     text = cuda_kvwrite._HEADER
     assert "__fmaf_rn(x1, costheta, -__fmul_rn(x2, sintheta))" in text
     assert "__fmaf_rn(x1, sintheta, __fmul_rn(x2, costheta))" in text
