@@ -995,8 +995,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get("SEGC_BENCH_POOL_KEEP") == "1":  # the +poolkeep suffix (SETTINGS): before any timed call
         import mempool
 
-        mx.eval(model.parameters())  # the driver initialised by MLX first
-        print(f"CUDA's default pool keeps what it reserves: {mempool.keep()}")
+        mempool.keep()
     cfg = dict(PRESETS[a.preset])
     if a.layers:
         cfg["num_hidden_layers"] = a.layers

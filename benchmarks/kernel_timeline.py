@@ -170,7 +170,7 @@ def record(rec: Recorder, body: Any, calls: int) -> list[list[tuple[str, int, in
         pool.append(mempool.reserved())  # read after the window: not in any call's records
     records = rec.take()
     if pool and None not in pool:  # did CUDA's pool hand memory back (or take more) between calls?
-        mb = [b / 2**20 for b in pool if b is not None]
+        mb = [b / 2**20 for b in pool]
         moves = sum(a != b for a, b in itertools.pairwise(pool))
         print(f"  (CUDA's pool after each call: {min(mb):.1f}-{max(mb):.1f} MiB reserved, {moves} changes)")
     return [[r for r in records if a <= r[1] <= b] for a, b in windows]
@@ -278,8 +278,7 @@ def main() -> None:
     if args.cache_limit >= 0:
         mx.set_cache_limit(args.cache_limit)
     if args.pool_keep:
-        mx.eval(mx.zeros((1,)) + 1)  # the driver initialised by MLX first
-        print(f"CUDA's default pool keeps what it reserves: {mempool.keep()}")
+        mempool.keep()
     rec = Recorder()
     rec.start()
     bodies = {name: step_body(name, args.layers, None, args.moving) for name in args.steps.split(",")}

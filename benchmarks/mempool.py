@@ -15,7 +15,9 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-RELEASE_THRESHOLD, RESERVED_CURRENT, USED_CURRENT = 4, 5, 7  # CUmemPool_attribute
+import mlx.core as mx
+
+RELEASE_THRESHOLD, RESERVED_CURRENT = 4, 5  # CUmemPool_attribute
 
 
 _FOUND: list[tuple[Any, ctypes.c_void_p]] = []  # the driver and device 0's default pool, once found
@@ -35,31 +37,23 @@ def _pool() -> tuple[Any, ctypes.c_void_p] | None:
     return _FOUND[0]
 
 
-def _get(attr: int) -> int | None:
+def keep() -> bool:
+    """The pool's release threshold raised to the most: it keeps every byte it has
+    reserved (MLX runs an op first, which initialises the driver); True where set, and
+    said on the standard output (a benchmark's log)."""
+    mx.eval(mx.zeros((1,)) + 1)
+    got = _pool()
+    v = ctypes.c_uint64(2**64 - 1)
+    kept = got is not None and got[0].cuMemPoolSetAttribute(got[1], RELEASE_THRESHOLD, ctypes.byref(v)) == 0
+    print(f"CUDA's default pool keeps what it reserves: {kept}")
+    return kept
+
+
+def reserved() -> int | None:
+    """The bytes the pool holds now (reserved from the driver), or None."""
     got = _pool()
     if got is None:
         return None
     lib, pool = got
     v = ctypes.c_uint64()
-    return int(v.value) if lib.cuMemPoolGetAttribute(pool, attr, ctypes.byref(v)) == 0 else None
-
-
-def keep() -> bool:
-    """The pool's release threshold raised to the most: it keeps every byte it has
-    reserved. After MLX's first GPU work (the driver initialised); True where set."""
-    got = _pool()
-    if got is None:
-        return False
-    lib, pool = got
-    v = ctypes.c_uint64(2**64 - 1)
-    return bool(lib.cuMemPoolSetAttribute(pool, RELEASE_THRESHOLD, ctypes.byref(v)) == 0)
-
-
-def reserved() -> int | None:
-    """The bytes the pool holds now (reserved from the driver), or None."""
-    return _get(RESERVED_CURRENT)
-
-
-def used() -> int | None:
-    """The bytes of the pool's memory allocated now, or None."""
-    return _get(USED_CURRENT)
+    return int(v.value) if lib.cuMemPoolGetAttribute(pool, RESERVED_CURRENT, ctypes.byref(v)) == 0 else None
