@@ -196,12 +196,6 @@ SETTINGS = {  # a variant's "+suffix" (--isolate only)
     # the decode attention's chunks of 64 and 128 keys, not 32 (SEGC_ATTENTION_CHUNK)
     "c64": {"SEGC_ATTENTION_CHUNK": "64"},
     "c128": {"SEGC_ATTENTION_CHUNK": "128"},
-    # the write with its attention issuing its prologue's reads first (SEGC_ATTENTION_GATHER)
-    "gather": {"SEGC_ATTENTION_GATHER": "1"},
-    # the offset's row rotated by a call, not inlined (SEGC_ATTENTION_OUTLINE)
-    "outline": {"SEGC_ATTENTION_OUTLINE": "1"},
-    # a block's first thread alone fences around the group's counter (SEGC_MERGE_FENCE)
-    "lead": {"SEGC_MERGE_FENCE": "lead"},
     # CUDA's default memory pool keeping what it reserves (benchmarks/mempool.py), in any variant
     "poolkeep": {"SEGC_BENCH_POOL_KEEP": "1"},
 }

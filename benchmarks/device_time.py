@@ -290,15 +290,6 @@ ENV_STEPS: dict[str, tuple[str, dict[str, str]]] = {
     # the write in place with its attention over chunks of 64 and 128 keys (SEGC_ATTENTION_CHUNK)
     "segcinplacec64": ("segc", {"SEGC_KV_IN_PLACE": "1", "SEGC_ATTENTION_CHUNK": "64"}),
     "segcinplacec128": ("segc", {"SEGC_KV_IN_PLACE": "1", "SEGC_ATTENTION_CHUNK": "128"}),
-    # the write with its attention issuing its prologue's reads first, copying and in place (SEGC_ATTENTION_GATHER)
-    "segcgather": ("segc", {"SEGC_ATTENTION_GATHER": "1"}),
-    "segcinplacegather": ("segc", {"SEGC_KV_IN_PLACE": "1", "SEGC_ATTENTION_GATHER": "1"}),
-    # the offset's row rotated by a call (SEGC_ATTENTION_OUTLINE), copying and in place
-    "segcoutline": ("segc", {"SEGC_ATTENTION_OUTLINE": "1"}),
-    "segcinplaceoutline": ("segc", {"SEGC_KV_IN_PLACE": "1", "SEGC_ATTENTION_OUTLINE": "1"}),
-    # a block's first thread alone fences around the group's counter (SEGC_MERGE_FENCE)
-    "segclead": ("segc", {"SEGC_MERGE_FENCE": "lead"}),
-    "segcinplacelead": ("segc", {"SEGC_KV_IN_PLACE": "1", "SEGC_MERGE_FENCE": "lead"}),
 }
 # short names for segc's step with bench_llama.py's suffixes (its SETTINGS): chains
 # (segc.lower.cuda_chain, cuda_layer; off by default), a layer as one kernel or the MLP

@@ -6,7 +6,7 @@
 #
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_decode.sh [PARTS]
 #
-# PARTS: any of  teststamps ab gather pool dense quant moe concat chain chaintests isolated runtime kernels select products check generate device ablate modes commits census kv attn kvattn kvattndev timeline stage tail bank layers stamps stagedecode inplace prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
+# PARTS: any of  teststamps testsdecode ab pool dense quant moe concat chain chaintests isolated runtime kernels select products check generate device ablate modes commits census kv attn kvattn kvattndev timeline stage tail bank layers stamps stagedecode inplace prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
 # (default: dense runtime). chain: a layer's MLP, and a decode layer, as one kernel
 # (segc.lower.cuda_chain, cuda_layer; off by default): chain_device.py (device time against
 # the separate kernels, several grids, the tickets alone) and chain_stages.py (each stage's
@@ -263,24 +263,13 @@ for p in $parts; do
     attn_tests teststamps 16
     bash "$0" stamps
     ;;
-  gather)  # the write with its attention issuing its prologue's reads first (SEGC_ATTENTION_GATHER=1), rotating the
-    # offset's row by a call (SEGC_ATTENTION_OUTLINE=1) and fencing once a block (SEGC_MERGE_FENCE=lead): the CUDA
-    # attention and write tests, the steps' kernels with and without (carry .gpu/cupti), twice, then the decode, each
-    # variant a process, two rounds (about 9 minutes; GATHERDECODE=0: the tests and kernels alone, about 4;
-    # GATHERKERNELS=0: the decode alone, about 5)
-    if [ "${GATHERKERNELS:-1}" = 1 ]; then
-      attn_tests gather 16
-      for r in 1 2; do
-        NOUVM=1 BYLAYER=${BYLAYER:-kv_attention|78_} \
-          STEPS=${STEPS:-eager,segc,segcgather,segcoutline,segclead,segcinplace,segcinplacegather,segcinplaceoutline,segcinplacelead} \
-          bash "$0" timeline && mv "$OUT/timeline.txt" "$OUT/timeline_gather$r.txt"
-      done
-      grep -H "calls; span\|each call's sum" "$OUT"/timeline_gather*.txt | cut -c1-300
-    fi
-    if [ "${GATHERDECODE:-1}" = 1 ]; then
-      VARIANTS=${VARIANTS:-eager,frozen+inplace,frozen+inplace+gather,frozen+inplace+outline,frozen+inplace+lead,frozen+outline} \
-        ROUNDS=2 REPEATS=30 BENCH_LIMIT=${BENCH_LIMIT:-300} bench gather --prefill 0 --first-call-layers 0 --no-dispatch
-    fi
+  testsdecode)  # the CUDA attention and write tests (the fifty-first session's tree: three kernel forms removed,
+    # the default's preprocessed text unchanged), then the reference llama's decode, VARIANTS (default
+    # eager,compile,frozen,frozen+inplace,frozenhead+inplace), each a process, two rounds; about 8 minutes
+    attn_tests testsdecode 16
+    VARIANTS=${VARIANTS:-eager,compile,frozen,frozen+inplace,frozenhead+inplace} ROUNDS=2 REPEATS=30 \
+      BENCH_LIMIT=${BENCH_LIMIT:-420} bench testsdecode --prefill 0 --first-call-layers 0 --no-dispatch
+    grep -A9 "=== isolated" "$OUT/testsdecode.txt"
     ;;
   pool)  # does the decode step's slow mode follow CUDA's pool handing memory back? (benchmarks/mempool.py): STEPS'
     # kernels (default segc,segcinplace; each call's attention kernels summed, the pool's bytes after each call),
@@ -325,13 +314,14 @@ for p in $parts; do
     grep -H "calls; span\|by layer\|each call's sum" "$OUT"/timeline_layers*.txt "$OUT"/timeline_nocache*.txt 2>/dev/null | cut -c1-300
     ;;
   stamps)  # the write with its attention part by part inside the step, from its blocks' own stamps (and their SMs'
-    # clock), three processes; nvidia-smi's clocks, power and throttle reasons every 200 ms beside them ($OUT/clocks.csv)
+    # clock), three processes; nvidia-smi's clocks, power and throttle reasons every 200 ms beside them ($OUT/clocks.csv);
+    # WHERE=1: each call's input addresses and whether each is device, managed or host memory (--where)
     nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active \
       --format=csv -lms 200 >"$OUT/clocks.csv" 2>&1 &
     smi=$!
     for r in 1 2 3; do
       MLX_MAX_OPS_PER_BUFFER=100000 MLX_MAX_MB_PER_BUFFER=1000000 timeout 200 $PY benchmarks/kvattn_stamps.py \
-        --steps "${STEPS:-segc,segcinplace,segcqrope,segcinplaceqrope}" --calls 30 >"$OUT/stamps$r.txt" 2>&1
+        --steps "${STEPS:-segc,segcinplace,segcqrope,segcinplaceqrope}" --calls 30 ${WHERE:+--where} >"$OUT/stamps$r.txt" 2>&1
       echo "stamps $r: rc=$?"
     done
     kill "$smi" 2>/dev/null

@@ -16,7 +16,14 @@ split into fast and slow by their span (the midpoint of the fastest and slowest)
 part's mean in each, and whether the slow calls run on other SMs.
 
     MLX_MAX_OPS_PER_BUFFER=100000 MLX_MAX_MB_PER_BUFFER=1000000 \\
-      python benchmarks/kvattn_stamps.py [--steps segc,segcinplace] [--calls 30]
+      python benchmarks/kvattn_stamps.py [--steps segc,segcinplace] [--calls 30] [--where]
+
+With ``--where``, each call's kernels' input addresses too (the first block writes them,
+``cuda_stamps.ADDRESSES``), each asked of CUDA's driver right after the call: device,
+managed or host memory (MLX moves a buffer the host reads into managed memory for good,
+and its cache hands such a buffer to the device again); per call, how many layers read
+each input from managed memory, and layer 0's addresses; per mode, how many distinct
+addresses each input had.
 
 Needs MLX's CUDA build and a GPU.
 """
@@ -88,6 +95,56 @@ def report(name: str, rows: list[dict[str, float]], sms: list[set[int]]) -> None
             print(f"  {label:>4} {means}   ({len(idx)} calls, {len(used)} SMs)")
 
 
+def memory_kind(address: int) -> str:
+    """``device``, ``managed``, ``host`` or ``?<error>``: where ``address`` lives, by
+    CUDA's driver (``cuPointerGetAttribute``)."""
+    import ctypes
+
+    cuda = ctypes.CDLL("libcuda.so.1")
+    flag, kind = ctypes.c_uint(0), ctypes.c_uint(0)
+    ptr = ctypes.c_uint64(address)
+    err = cuda.cuPointerGetAttribute(ctypes.byref(flag), 8, ptr)  # CU_POINTER_ATTRIBUTE_IS_MANAGED
+    if err:
+        return f"?{err}"
+    if flag.value:
+        return "managed"
+    err = cuda.cuPointerGetAttribute(ctypes.byref(kind), 2, ptr)  # CU_POINTER_ATTRIBUTE_MEMORY_TYPE
+    return f"?{err}" if err else {1: "host", 2: "device"}.get(kind.value, f"type{kind.value}")
+
+
+def where_row(addresses: np.ndarray, kinds: list[list[str]]) -> str:
+    """A call's line: per input, how many layers read it from memory other than the
+    device's (``addresses``, ``kinds``: a row a layer, a column an input), then layer 0's
+    addresses by their 4-KB page."""
+    names = cuda_stamps.ADDRESSES
+    off = [sum(k[j] != "device" for k in kinds) for j in range(len(names))]
+    return (
+        " ".join(f"{n}:{o}" for n, o in zip(names, off, strict=True))
+        + "  | "
+        + " ".join(f"{int(a) >> 12:x}" for a in addresses[0])
+    )
+
+
+def where_report(rows: list[dict[str, float]], where: list[tuple[np.ndarray, list[list[str]]]]) -> None:
+    fast, slow = split(rows)
+    names = cuda_stamps.ADDRESSES
+    print("  call  mode  inputs not in device memory (of the layers)  | layer 0's input addresses (4-KB pages)")
+    for i, (a, k) in enumerate(where):
+        print(f"  {i:4d}  {'fast' if i in fast else 'slow'}  {where_row(a, k)}")
+    kinds = sorted({x for _, k in where for row in k for x in row})
+    print(f"  kinds seen: {', '.join(kinds)}")
+    for label, idx in (("fast", fast), ("slow", slow)):
+        if idx:
+            distinct = [
+                len({int(where[i][0][layer, j]) for i in idx for layer in range(where[i][0].shape[0])})
+                for j in range(len(names))
+            ]
+            print(
+                f"  {label}: distinct addresses over the layers: "
+                + " ".join(f"{n}:{d}" for n, d in zip(names, distinct, strict=True))
+            )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", default="segc,segcinplace")
@@ -98,6 +155,7 @@ def main() -> None:
         help="the first thread reads the offset and a query element alone before their stamps "
         "(SEGC_KERNEL_STAMPS=reads: ten times slower on an H100, it measures the probe)"
     )  # fmt: skip
+    ap.add_argument("--where", action="store_true", help="each call's input addresses and their memory")
     args = ap.parse_args()
     os.environ["SEGC_KERNEL_STAMPS"] = "reads" if args.reads else "1"
     from device_time import CUDA, step_body
@@ -116,18 +174,27 @@ def main() -> None:
         for _ in range(3):
             mx.eval(body(x))
         snaps: list[list[Any]] = []
+        held: list[mx.array] = []  # read on the host, so managed for good: kept, never handed out again
+        where: list[tuple[np.ndarray, list[list[str]]]] = []
+        n = len(cuda_stamps.ADDRESSES)
         for _ in range(args.calls):
             mx.eval(body(x))
             mx.synchronize()
             copies = [b + 0 for b in bufs]  # the buffers as this call left them
             mx.eval(copies)
             snaps.append(copies)
+            if args.where:
+                held.append(mx.concatenate([c[-n:] for c in copies]).reshape(-1, n))
+                addresses = np.array(held[-1])
+                where.append((addresses, [[memory_kind(int(a)) for a in row] for row in addresses]))
         rows, sms = [], []
         for copies in snaps:
-            kernels = [np.array(c).reshape(-1, cuda_stamps.WORDS) for c in copies]
+            kernels = [np.array(c)[:-n].reshape(-1, cuda_stamps.WORDS) for c in copies]
             rows.append(call_row(kernels))
             sms.append({int(v) for k in kernels for v in k[:, cuda_stamps.SM]})
         report(name, rows, sms)
+        if where:
+            where_report(rows, where)
 
 
 if __name__ == "__main__":

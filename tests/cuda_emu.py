@@ -37,9 +37,10 @@ CTYPES = {
     mx.bool_: "bool",
     mx.int32: "int32_t",
     mx.uint32: "uint32_t",
+    mx.uint64: "uint64_t",
 }
 NP = {mx.bfloat16: np.uint16, mx.float16: np.float16, mx.float32: np.float32, mx.bool_: np.bool_}
-NP.update({mx.int32: np.int32, mx.uint32: np.uint32})
+NP.update({mx.int32: np.int32, mx.uint32: np.uint32, mx.uint64: np.uint64})
 
 # CUDA's built-ins, emulated (a run; compiled alone, a syntax and type check)
 EMULATED = r"""

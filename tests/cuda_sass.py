@@ -10,7 +10,7 @@ cuobjdump come from PyPI's wheels, unpacked into one folder (``--cuda``)::
 
     pip download --no-deps "nvidia-cuda-nvrtc==13.0.*" "nvidia-cuda-runtime==13.0.*" nvidia-cuda-cuobjdump
     for w in nvidia_cuda_*.whl; do unzip -q -o "$w" -d /tmp/nvx; done
-    python tests/cuda_sass.py --cuda /tmp/nvx/nvidia/cu13 [--env SEGC_ATTENTION_GATHER=1]
+    python tests/cuda_sass.py --cuda /tmp/nvx/nvidia/cu13 [--env SEGC_KV_IN_PLACE=1]
 
 MLX's own kernels, for the arithmetic segc's reproduce: ``cuobjdump -xelf all -arch
 sm_90a .../mlx/lib/libmlx.so`` unpacks its sm_90a cubins (MLX's CUDA wheel), and

@@ -674,6 +674,34 @@ def test_kvattn_stamps_reads_hand_made_stamps() -> None:
     assert split([{"span": 10.0}, {"span": 30.0}, {"span": 19.0}, {"span": 21.0}]) == ([0, 2], [1, 3])
 
 
+def test_kvattn_stamps_where_counts_what_is_not_device_memory(capsys) -> None:
+    """``kvattn_stamps.py --where``'s lines from addresses and kinds written by hand: per
+    input, the layers whose buffer is not device memory; layer 0's addresses by 4-KB page;
+    per mode, the distinct addresses over the layers."""
+    import numpy as np
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from kvattn_stamps import where_report, where_row
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    names = ("q", "knew", "k", "vnew", "v", "off", "mask", "count")
+    a = np.array([[0x1000 * (j + 1) for j in range(8)], [0x1000 * (j + 1) for j in range(8)]], dtype=np.uint64)
+    kinds = [["device"] * 8, ["device"] * 5 + ["managed", "device", "host"]]
+    line = where_row(a, kinds)
+    assert line.split("  | ")[0] == " ".join(f"{n}:{int(n in ('off', 'count'))}" for n in names)
+    assert line.split("  | ")[1] == "1 2 3 4 5 6 7 8"
+    b = a.copy()
+    b[1, 0] = 0x9000  # another q in layer 1
+    where_report([{"span": 10.0}, {"span": 30.0}], [(a, kinds), (b, [["device"] * 8] * 2)])
+    out = capsys.readouterr().out
+    assert "     0  fast  q:0 knew:0 k:0 vnew:0 v:0 off:1 mask:0 count:1" in out
+    assert "     1  slow  q:0 knew:0 k:0 vnew:0 v:0 off:0 mask:0 count:0" in out
+    assert "kinds seen: device, host, managed" in out
+    assert "fast: distinct addresses over the layers: q:1 knew:1" in out
+    assert "slow: distinct addresses over the layers: q:2 knew:1" in out
+
+
 def test_kvattn_device_runs_eagers_form_on_the_cpu() -> None:
     """``benchmarks/kvattn_device.py`` on the CPU: segc's forms need CUDA, eager's runs
     (on the wall clock) and prints a positive time a layer."""

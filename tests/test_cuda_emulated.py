@@ -170,43 +170,6 @@ def test_larger_chunks_keep_one_kernel_two_kernels_and_the_write_together(record
     _write_with_attention_against_apart(recorded, mx.bfloat16, 8, 2, 200, 130, 64, False, False)
 
 
-@pytest.mark.parametrize(
-    ("setting", "value", "define"),
-    [
-        ("SEGC_ATTENTION_GATHER", "1", "SEGC_GATHER_PROLOGUE"),
-        ("SEGC_ATTENTION_OUTLINE", "1", "SEGC_OUTLINE_ROW"),
-        ("SEGC_MERGE_FENCE", "lead", "SEGC_LEAD_FENCE"),
-    ],
-)
-@pytest.mark.parametrize("in_place", [False, True])
-@pytest.mark.parametrize(("dt", "rows"), [(mx.bfloat16, 1), (mx.float32, 2)])
-def test_the_prologue_reordered_the_row_outlined_or_the_fence_led_changes_no_byte(
-    recorded, monkeypatch, setting, value, define, in_place, dt, rows
-) -> None:
-    """``SEGC_ATTENTION_GATHER=1`` (the write with its attention issues its prologue's
-    reads, the queries' elements and the mask, before their first use and rotates the
-    queries after the chunk's write and staging), ``SEGC_ATTENTION_OUTLINE=1`` (the
-    offset's row rotated by a call) and ``SEGC_MERGE_FENCE=lead`` (a block's first
-    thread alone fences around the group's counter): the same outputs and buffers as the
-    default, over a mask of ``rows`` rows with a partial last chunk, copying and in place."""
-    monkeypatch.delenv(setting, raising=False)
-    cap, pos = 70, 45
-    q, k, v, _ = _attention_inputs(8, 2, rows, cap, 64, dt, rows, pos + 1, seed=4)
-    mask = mx.array(np.arange(cap)[None, :] <= pos + np.arange(rows)[:, None] - rows + 1)
-    kn, vn = (mx.random.normal((1, 2, rows, 64)).astype(dt) for _ in range(2))
-    ins = [k, kn[:, :, :1], v, vn[:, :, :1], mx.array(pos, dtype=mx.int32), q]
-    cuda_kvattention.kv_attention(ins, mask, 64, False, 10000.0, 1.0, False, 0.125, in_place)
-    made, call = recorded[0]
-    assert f"#define {define}\n" not in expand(made["header"])
-    monkeypatch.setenv(setting, value)
-    recorded.clear()
-    cuda_kvattention.kv_attention(ins, mask, 64, False, 10000.0, 1.0, False, 0.125, in_place)
-    smade, scall = recorded[0]
-    assert f"#define {define}\n" in expand(smade["header"]) and smade["name"] != made["name"]
-    plain, changed = run(made, call, inputs=True), run(smade, scall, inputs=True)
-    assert [a.tobytes() for a in changed[0]] == [a.tobytes() for a in plain[0]]
-
-
 def test_a_counter_left_at_its_count_is_seen(recorded) -> None:
     """The check can fail: started from a counter that was not set back, no block of a
     group is the last, and the output is never written."""

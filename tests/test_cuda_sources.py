@@ -78,6 +78,28 @@ def test_the_rotated_write_kernel_compiles(recorded, queries, freqs, dt, d, trad
     _compile(generated(made, call))
 
 
+@pytest.mark.parametrize("setting", ["1", "reads"])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_the_stamped_write_with_its_attention_compiles(recorded, monkeypatch, setting, in_place) -> None:
+    """The clock's stamps (``SEGC_KERNEL_STAMPS``, a diagnostic run only on a GPU) with
+    the inputs' addresses after the blocks' words: the kernel still compiles, takes its
+    stamps' buffer last, sized for its blocks and addresses."""
+    from segc.lower import cuda_kvattention, cuda_stamps
+
+    monkeypatch.setenv("SEGC_KERNEL_STAMPS", setting)
+    kb = vb = mx.zeros((1, 8, 300, 64), dtype=mx.bfloat16)
+    k = v = mx.zeros((1, 8, 1, 64), dtype=mx.bfloat16)
+    q = mx.zeros((1, 32, 1, 64), dtype=mx.bfloat16)
+    ins = [kb, k, vb, v, mx.array(5, dtype=mx.int32), q]
+    cuda_kvattention.kv_attention(ins, mx.zeros((1, 300), mx.bool_), 64, False, 10000.0, 1.0, False, 0.125, in_place)
+    ((made, call),) = recorded
+    assert made["input_names"][-1] == "stamp"
+    assert set(cuda_stamps.ADDRESSES) <= set(made["input_names"])
+    blocks = call["grid"][0] // call["threadgroup"][0]
+    assert call["inputs"][-1].shape == (blocks * cuda_stamps.WORDS + len(cuda_stamps.ADDRESSES),)
+    _compile(generated(made, call))
+
+
 def test_a_broken_kernel_does_not_compile(recorded) -> None:
     """The check can fail: a kernel with an undeclared name is refused."""
     cuda_attention.cuda_attention(

@@ -136,27 +136,6 @@ def test_a_decode_keeps_its_bits_with_the_chunk_staged(in_place, monkeypatch) ->
 
 
 @pytest.mark.parametrize(
-    ("setting", "on", "off"),
-    [("SEGC_ATTENTION_GATHER", "1", "0"), ("SEGC_ATTENTION_OUTLINE", "1", "0"), ("SEGC_MERGE_FENCE", "lead", "thread")],
-)
-@pytest.mark.parametrize("in_place", ["0", "1"])
-def test_a_decode_keeps_its_bits_with_the_prologue_reordered_the_row_outlined_or_the_fence_led(
-    setting, on, off, in_place, monkeypatch
-) -> None:
-    """``SEGC_ATTENTION_GATHER=1`` (the write with its attention issues the queries' and
-    the mask's reads first and rotates the queries after the chunk's write),
-    ``SEGC_ATTENTION_OUTLINE=1`` (the offset's row rotated by a call) and
-    ``SEGC_MERGE_FENCE=lead`` (a block's first thread alone fences around the group's
-    counter) against the default: logits and caches byte for byte, copying and in place."""
-    monkeypatch.setenv("SEGC_KV_IN_PLACE", in_place)
-    model = build("llama", num_hidden_layers=2, hidden_size=256, intermediate_size=512, head_dim=64, dtype=mx.bfloat16)
-
-    changed = _with_env({setting: on}, segc.jit(model, validate=False, concat_projections=True))
-    default = _with_env({setting: off}, segc.jit(model, validate=False, concat_projections=True))
-    assert_decodes_agree(model, changed, default)
-
-
-@pytest.mark.parametrize(
     "env",
     [
         {},

@@ -94,27 +94,6 @@ _PARTIAL = (
 #define SEGC_PROLOGUE
 #endif
     SEGC_PROLOGUE
-#ifdef SEGC_QLOAD
-    // (SEGC_ATTENTION_GATHER=1) every read of the prologue issued before its first use:
-    // the queries' elements and the mask here, then the chunk's write and staging, and only
-    // then the queries' rotations and the mask's stores; the same arithmetic
-    constexpr int QN = (R * D + NT - 1) / NT, MN = (M * CHUNK + NT - 1) / NT;
-    T qa[QN], qb[QN];
-    bool ma[MN];
-    #pragma unroll
-    for (int k2 = 0; k2 < QN; ++k2) {
-        const int i = t + k2 * NT;
-        if (i < R * D) {
-            const int r = i / D, d = i % D;
-            SEGC_QLOAD((b * HQ + hk * REP + r / L) * L + r % L, d, qa[k2], qb[k2]);
-        }
-    }
-    #pragma unroll
-    for (int k2 = 0; k2 < MN; ++k2) {
-        const int i = t + k2 * NT, j = i % CHUNK;
-        ma[k2] = i < M * CHUNK && j < n && mask[(size_t)(i / CHUNK) * C + start + j];
-    }
-#else
     // the chunk's mask first, its loads beside the queries' (read where each key's score
     // is written, a warp would wait for memory once a key)
     for (int i = t; i < M * CHUNK; i += NT) {
@@ -127,26 +106,10 @@ _PARTIAL = (
         int hq = hk * REP + h;
         qs[r][d] = static_cast<float>(SEGC_Q((b * HQ + hq) * L + l, d)) * SCALE;
     }
-#endif
     SEGC_VALUES
 """
     + STAGE_LOAD
-    + r"""#ifdef SEGC_QLOAD
-    #pragma unroll
-    for (int k2 = 0; k2 < QN; ++k2) {
-        const int i = t + k2 * NT;
-        if (i < R * D) {
-            const int r = i / D, d = i % D;
-            qs[r][d] = static_cast<float>(SEGC_QAPPLY(qa[k2], qb[k2], d)) * (SCALE);
-        }
-    }
-    #pragma unroll
-    for (int k2 = 0; k2 < MN; ++k2) {
-        const int i = t + k2 * NT;
-        if (i < M * CHUNK) mk[i / CHUNK][i % CHUNK] = ma[k2];
-    }
-#endif
-    __syncthreads();
+    + r"""    __syncthreads();
     // a warp per key: its lanes read the key's row together (coalesced), one product per
     // query row of the group, summed across the warp; unrolled (the same arithmetic in
     // the same order)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -39,41 +40,26 @@ from .cuda_attention import (
 from .cuda_kernel import cuda_kernel
 from .cuda_kvwrite import _HEADER as _ROTATE
 from .cuda_kvwrite import _bits, rope_bits
-from .cuda_merge import FAST_TAIL, lead_fence
+from .cuda_merge import FAST_TAIL
 from .cuda_stage import stage_header, staged
 from .env import env_choice
 
-# what both forms share: where the offset's row is rotated (inline, or by a call with
-# SEGC_OUTLINE_ROW), the offset read once and the reads through it, and the queries'
-# loads apart from their rotations (SEGC_GATHER_PROLOGUE)
-_ROW = r"""
-#ifdef SEGC_OUTLINE_ROW
-#define segc_row_rotated segc_rotated_outlined
-#else
-#define segc_row_rotated segc_rotated
-#endif
-"""
+# what both forms share: the offset read once and the reads through it
 _MACROS = r"""#define SEGC_PROLOGUE const int32_t segc_pos = off[0];  // the offset read once, into a register
 #define SEGC_Q(row, d) segc_rotated<T, TRAD, DIMS, D, FREQS>(q, (row), (d), segc_pos, FREQ_PTR)
 #define SEGC_KEY(kr, krow, d) segc_key<T, TRAD, DIMS, D, FREQS>((kr), knew, (krow), (d), bh, C, segc_pos, FREQ_PTR)
 #define SEGC_VAL(e, p, d) ((p) == segc_pos ? vnew[(size_t)bh * D + (d)] : v[e])
 #define SEGC_ROW segc_pos
 """
-_QUERIES = r"""// the queries' loads apart from their rotations, with SEGC_GATHER_PROLOGUE
-#ifdef SEGC_GATHER_PROLOGUE
-#define SEGC_QLOAD(row, d, a, b) segc_rotation_loads<T, TRAD, DIMS, D>(q, (row), (d), a, b)
-#define SEGC_QAPPLY(a, b, d) segc_rotation_apply<T, TRAD, DIMS, FREQS>((a), (b), (d), segc_pos, FREQ_PTR)
-#endif
-#define SEGC_LD(p) __ldcg(p)
-"""
+_LD = "#define SEGC_LD(p) __ldcg(p)\n"
 
 _READS = (
-    _ROW
-    + r"""template <typename T, bool TRAD, int DIMS, int DK, bool FREQS>
+    r"""
+template <typename T, bool TRAD, int DIMS, int DK, bool FREQS>
 __device__ T segc_key(const T* kr, const T* knew, size_t krow, int d, int bh, int C, int32_t pos, const float* freqs) {
   // a key's element: the old buffer's, or at the offset the new key rotated
   return (krow - static_cast<size_t>(bh) * C) == static_cast<size_t>(pos)
-      ? segc_row_rotated<T, TRAD, DIMS, DK, FREQS>(knew, bh, d, pos, freqs) : kr[d];
+      ? segc_rotated<T, TRAD, DIMS, DK, FREQS>(knew, bh, d, pos, freqs) : kr[d];
 }
 template <typename T, bool TRAD, int DIMS, int DK, bool FREQS, int NT>
 __device__ void segc_copy_chunk(const T* k, T* ko, const T* v, T* vo, const T* knew, const T* vnew, int bh, int C,
@@ -118,7 +104,7 @@ __device__ void segc_copy_chunk(const T* k, T* ko, const T* v, T* vo, const T* k
       if (e / DK == prow) {
         for (int j = 0; j < w; ++j) {
           const int d = e % DK + j;
-          const T z = key ? segc_row_rotated<T, TRAD, DIMS, DK, FREQS>(knew, bh, d, pos, freqs) : vnew[static_cast<size_t>(bh) * DK + d];
+          const T z = key ? segc_rotated<T, TRAD, DIMS, DK, FREQS>(knew, bh, d, pos, freqs) : vnew[static_cast<size_t>(bh) * DK + d];
           dst[e + j] = z;
           if (st != nullptr) st[e + j] = z;
         }
@@ -140,20 +126,20 @@ __device__ void segc_copy_chunk(const T* k, T* ko, const T* v, T* vo, const T* k
 #define SEGC_COPY_STAGES  // the copy stages the chunk: no second read
 #define SEGC_VBUF vo
 """
-    + _QUERIES
+    + _LD
 )
 
 # in place (``SEGC_KV_IN_PLACE=1``): the row at the offset written into the old buffers,
 # nothing copied; the block whose chunk holds the offset writes it before it reads it
 _IN_PLACE = (
-    _ROW
-    + r"""template <typename T, bool TRAD, int DIMS, int DK, bool FREQS>
+    r"""
+template <typename T, bool TRAD, int DIMS, int DK, bool FREQS>
 __device__ T segc_key(const T* kr, const T* knew, size_t krow, int d, int bh, int C, int32_t pos, const float* freqs) {
   // a key's element: the buffer's, or at the offset the new key rotated, written into the buffer
   if ((krow - static_cast<size_t>(bh) * C) != static_cast<size_t>(pos)) {
     return kr[d];
   }
-  T x = segc_row_rotated<T, TRAD, DIMS, DK, FREQS>(knew, bh, d, pos, freqs);
+  T x = segc_rotated<T, TRAD, DIMS, DK, FREQS>(knew, bh, d, pos, freqs);
   const_cast<T*>(kr)[d] = x;
   return x;
 }
@@ -167,12 +153,12 @@ __device__ T segc_key(const T* kr, const T* knew, size_t krow, int d, int bh, in
     }
 #define SEGC_VBUF v
 """
-    + _QUERIES
+    + _LD
 )
 
 
 # SEGC_FUSED_QUERY_ROPE=mlx: the queries come rotated (by MLX's kernel), read plainly
-_ROTATED_QUERIES = "#undef SEGC_Q\n#undef SEGC_QLOAD\n#define SEGC_Q(row, d) q[(size_t)(row) * D + (d)]\n"
+_ROTATED_QUERIES = "#undef SEGC_Q\n#define SEGC_Q(row, d) q[(size_t)(row) * D + (d)]\n"
 
 
 def queries_apart() -> bool:
@@ -183,65 +169,54 @@ def queries_apart() -> bool:
     return env_choice("SEGC_FUSED_QUERY_ROPE", ("kernel", "mlx"), "kernel") == "mlx"
 
 
-def gathered() -> bool:
-    """``SEGC_ATTENTION_GATHER``: ``0`` (the default) or ``1``, the kernel's prologue with
-    every read issued before its first use (the queries' elements, the mask, the chunk's
-    write and staging; then the queries' rotations), where each waited for the one
-    before (docs/lowering.md). The same arithmetic: the same bytes. Off: no faster on
-    an H100 (docs/performance-log.md, fiftieth session)."""
-    return env_choice("SEGC_ATTENTION_GATHER", ("0", "1"), "0") == "1"
+@dataclass(frozen=True)
+class Form:
+    """What a lowering asks of the kernel beyond its rotation's and scale's constants,
+    read once from the settings (:meth:`from_settings`): the write in place or copying,
+    the chunk staged in shared memory, the GPU's clock stamped (and the two reads made
+    alone), the queries rotated by MLX first. A key of the kernels' cache; each choice
+    off the default adds to the kernel's name."""
 
+    in_place: bool = False
+    stage: bool = False
+    stamps: bool = False
+    reads: bool = False
+    rotated: bool = False
 
-def outlined() -> bool:
-    """``SEGC_ATTENTION_OUTLINE``: ``0`` (the default) or ``1``, the offset's row rotated
-    by a call (``segc_rotated_outlined``) where the kernel writes or reads it, not inlined
-    at each place: the kernel about a third as long (docs/lowering.md). The same
-    arithmetic: the same bytes. Off: no faster on an H100 (docs/performance-log.md,
-    fiftieth session)."""
-    return env_choice("SEGC_ATTENTION_OUTLINE", ("0", "1"), "0") == "1"
+    @classmethod
+    def from_settings(cls, in_place: bool) -> Form:
+        stamps = cuda_stamps.wanted()
+        return cls(
+            in_place=in_place,
+            stage=staged(in_place),
+            stamps=stamps,
+            reads=stamps and cuda_stamps.reads_alone(),
+            rotated=queries_apart(),
+        )
 
 
 @functools.cache
-def _kernel(
-    freqs: bool,
-    log2_base_bits: int,
-    rope_scale_bits: int,
-    scale_bits: int,
-    in_place: bool = False,
-    stage: bool = False,
-    stamps: bool = False,
-    rotated: bool = False,
-    reads: bool = False,
-    gather: bool = False,
-    outline: bool = False,
-    lead: bool = False,
-) -> Any:
+def _kernel(freqs: bool, log2_base_bits: int, rope_scale_bits: int, scale_bits: int, form: Form = Form()) -> Any:
     ins = ["q", "knew", "k", "vnew", "v", "off", "mask", "count", *(["freqs"] if freqs else [])]
-    ins += ["stamp"] if stamps else []
+    ins += ["stamp"] if form.stamps else []
     header = (
         _HEADER
-        + stage_header(stage)
-        + ("#define SEGC_GATHER_PROLOGUE\n" if gather else "")
-        + ("#define SEGC_OUTLINE_ROW\n" if outline else "")
-        + ("#define SEGC_LEAD_FENCE\n" if lead else "")
+        + stage_header(form.stage)
         + f"#define SEGC_LOG2_BASE (__int_as_float(0x{log2_base_bits:08x}))\n"
         + f"#define SEGC_SCALE (__int_as_float(0x{rope_scale_bits:08x}))\n"
         + f"#define SCALE (__int_as_float(0x{scale_bits:08x}))\n"
         + f"#define FREQ_PTR {'freqs' if freqs else 'nullptr'}\n"
         + _ROTATE
-        + (_IN_PLACE if in_place else _READS)
-        + (_ROTATED_QUERIES if rotated else "")
-        + (cuda_stamps.header(reads) if stamps else "")
+        + (_IN_PLACE if form.in_place else _READS)
+        + (_ROTATED_QUERIES if form.rotated else "")
+        + (cuda_stamps.header(form.reads) if form.stamps else "")
     )
-    name = f"segc_kv_attention{'_f' if freqs else ''}{'_i' if in_place else ''}"
-    name += f"_{log2_base_bits:08x}_{rope_scale_bits:08x}_{scale_bits:08x}{'_q' if rotated else ''}"
-    name += ("_str" if reads else "_st") if stamps else ""
-    name += "_g" if gather else ""
-    name += "_o" if outline else ""
-    name += "_l" if lead else ""
-    outs = ["out", *([] if in_place else ["ko", "vo"]), "ps"]
+    name = f"segc_kv_attention{'_f' if freqs else ''}{'_i' if form.in_place else ''}"
+    name += f"_{log2_base_bits:08x}_{rope_scale_bits:08x}_{scale_bits:08x}{'_q' if form.rotated else ''}"
+    name += ("_str" if form.reads else "_st") if form.stamps else ""
+    outs = ["out", *([] if form.in_place else ["ko", "vo"]), "ps"]
     source = PACKED + _PARTIAL + FAST_TAIL
-    return cuda_kernel(name, ins, outs, cuda_stamps.stamped(source) if stamps else source, header)
+    return cuda_kernel(name, ins, outs, cuda_stamps.stamped(source) if form.stamps else source, header)
 
 
 def kv_attention(
@@ -290,22 +265,9 @@ def kv_attention(
         ("FREQS", freqs),
     ]
     rows = hq * lq
-    stamps, rotated = cuda_stamps.wanted(), queries_apart()
-    reads = stamps and cuda_stamps.reads_alone()  # an argument, so that the cached kernel follows the setting
-    kernel = _kernel(
-        freqs,
-        *rope_bits(base, rope_scale),
-        _bits(scale),
-        in_place,
-        staged(in_place),
-        stamps,
-        rotated,
-        reads,
-        gathered(),
-        outlined(),
-        lead_fence(),
-    )
-    if rotated:  # MLX's rope_single, whose arithmetic the kernel's rotation is (cuda_kvwrite.py)
+    form = Form.from_settings(in_place)
+    kernel = _kernel(freqs, *rope_bits(base, rope_scale), _bits(scale), form)
+    if form.rotated:  # MLX's rope_single, whose arithmetic the kernel's rotation is (cuda_kvwrite.py)
         f = ins[6] if freqs else None
         q = mx.fast.rope(q, dims, traditional=traditional, base=base, scale=rope_scale, offset=off, freqs=f)
     if in_place:
@@ -314,7 +276,7 @@ def kv_attention(
     outs = kernel(
         inputs=[
             *[q, k, kb, v, vb, off, m, counter(hkv), *ins[6:7]],
-            *([cuda_stamps.buffer(hkv * nchunks)] if stamps else []),
+            *([cuda_stamps.buffer(hkv * nchunks)] if form.stamps else []),
         ],
         template=tmpl,
         grid=(hkv * nchunks * THREADS, 1, 1),

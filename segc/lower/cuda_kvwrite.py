@@ -82,13 +82,6 @@ __device__ T segc_rotated(const T* x, int row, int d, int32_t offset, const floa
   return segc_rotation_apply<T, TRAD, DIMS, FREQS>(a, b, d, offset, freqs);
 }
 
-template <typename T, bool TRAD, int DIMS, int DK, bool FREQS>
-__device__ __noinline__ T segc_rotated_outlined(const T* x, int row, int d, int32_t offset, const float* freqs) {
-  // segc_rotated as a call, not inlined: for the one row a decode writes, where each
-  // inlined copy (its sines' and cosines' slow paths with it) lengthens the kernel
-  return segc_rotated<T, TRAD, DIMS, DK, FREQS>(x, row, d, offset, freqs);
-}
-
 template <typename T, int VEC>
 __device__ void segc_copy(const T* src, T* dst, int64_t e) {
   if (VEC > 1 && (reinterpret_cast<uintptr_t>(src) % 16) == 0 && (reinterpret_cast<uintptr_t>(dst) % 16) == 0) {

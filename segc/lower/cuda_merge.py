@@ -22,48 +22,24 @@ values, as there.
 
 from __future__ import annotations
 
-from .env import env_choice
-
 # the group's blocks count themselves done on its counter; all but the last return, and
 # the last sets the counter back to zero (a counter handed to launch after launch stays
 # ready; segc's own are fresh at each call, scratch.py); both tails begin so. Every
-# thread fences (the default) or, with SEGC_LEAD_FENCE (``lead_fence``), the block's
-# first thread alone after the barrier, as cooperative groups' grid barrier does: the
-# barrier orders the other threads' writes before its fence (PTX's causality order), and
-# the last block's reads go to L2 (``__ldcg``), past an L1 the fence would invalidate
+# thread fences (a fence a block by its first thread alone, as cooperative groups' grid
+# barrier does, measured no faster on two H100s and removed: docs/performance-log.md,
+# fiftieth session)
 LAST_BLOCK = r"""
     // this block's partial results, seen device-wide
-#ifndef SEGC_LEAD_FENCE
     __threadfence();
-#endif
     __shared__ bool last;
     __syncthreads();
     uint32_t* cnt = const_cast<uint32_t*>(count);
-#ifdef SEGC_LEAD_FENCE
-    if (t == 0) {
-        __threadfence();
-        last = atomicAdd(cnt + bh, 1u) == (uint32_t)(S - 1);
-        if (last) __threadfence();
-    }
-#else
     if (t == 0) last = atomicAdd(cnt + bh, 1u) == (uint32_t)(S - 1);
-#endif
     __syncthreads();
     if (!last) return;
-#ifndef SEGC_LEAD_FENCE
     __threadfence();
-#endif
     if (t == 0) cnt[bh] = 0u;            // ready for the next call
 """
-
-
-def lead_fence() -> bool:
-    """``SEGC_MERGE_FENCE``: ``thread`` (the default: every thread of a block fences before
-    the group's counter, and after it in the last block) or ``lead`` (the block's first
-    thread alone, after the barrier: a fence a block, not a warp's each; the write with
-    its attention, ``cuda_kvattention.py``). The same arithmetic: the same bytes. Off: no
-    faster on an H100 (docs/performance-log.md, fiftieth session)."""
-    return env_choice("SEGC_MERGE_FENCE", ("thread", "lead"), "thread") == "lead"
 
 
 # after the first kernel's body (``cuda_attention._PARTIAL``): ``pm``, ``pl``, ``po`` the

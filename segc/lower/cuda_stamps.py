@@ -3,7 +3,9 @@
 ``%globaltimer`` at ten points of the kernel, its SM, and its SM's cycles (``clock64``)
 from the first point to the count's (with the nanoseconds between them: the SM's clock,
 whether a slow call runs on a slower clock), into a buffer made when the
-kernel is traced (:data:`BUFFERS`, in the order the kernels were made): one for every
+kernel is traced (:data:`BUFFERS`, in the order the kernels were made), after which the
+first block writes its inputs' addresses (:data:`ADDRESSES`: which memory each call's
+buffers are); one for every
 call of the compiled segment, so ``benchmarks/kvattn_stamps.py`` runs one call at a time
 and copies the stamps after each.
 
@@ -41,6 +43,9 @@ POINTS = ("start", "offset", "query", "queries", "staged", "keys", "softmax", "v
 WORDS = 12  # a block's stamps: the ten points, its SM, its SM's cycles
 SM = 10  # the SM's word
 CYCLES = 11  # the word of the SM's cycles (clock64) from the start's stamp to the count's
+# after every block's words, the kernel's inputs' addresses, written by the first block at
+# its start (which memory each call's buffers are: benchmarks/kvattn_stamps.py --where)
+ADDRESSES = ("q", "knew", "k", "vnew", "v", "off", "mask", "count")
 
 # a stamp: the clock read after every memory access before it in the text is issued (the
 # "memory" clobber: a store of a loaded value waits for the load); the offset, then the
@@ -56,6 +61,11 @@ HEADER = r"""
             unsigned segc_sm; \
             asm volatile("mov.u32 %0, %%smid;" : "=r"(segc_sm)); \
             const_cast<uint64_t*>(stamp)[(size_t)blk * 12 + 10] = segc_sm; \
+            if (blk == 0) { \
+                uint64_t* segc_a = const_cast<uint64_t*>(stamp) + (size_t)gridDim.x * 12; \
+                const void* segc_in[@N@] = {@ADDRESSES@}; \
+                for (int segc_j = 0; segc_j < @N@; ++segc_j) segc_a[segc_j] = reinterpret_cast<uintptr_t>(segc_in[segc_j]); \
+            } \
         } \
         if ((i) == 8) const_cast<uint64_t*>(stamp)[(size_t)blk * 12 + 11] = clock64() - segc_c0; \
     }
@@ -69,7 +79,7 @@ HEADER = r"""
         const unsigned segc_q = *reinterpret_cast<const volatile unsigned char*>(q + (size_t)(b * HQ + hk * REP) * L * D); \
         asm volatile("" :: "r"(segc_q) : "memory"); \
     }
-"""
+""".replace("@ADDRESSES@", ", ".join(ADDRESSES)).replace("@N@", str(len(ADDRESSES)))
 
 # (a text, how many of its lines the stamps follow, what goes there)
 _AFTER = (
@@ -125,9 +135,9 @@ def stamped(source: str) -> str:
 
 
 def buffer(blocks: int) -> mx.array:
-    """A zeroed buffer for a kernel of ``blocks`` blocks, evaluated now (a constant of the
-    segment being traced) and kept in :data:`BUFFERS`."""
-    b = mx.zeros((blocks * WORDS,), dtype=mx.uint64)
+    """A zeroed buffer for a kernel of ``blocks`` blocks and its inputs' addresses,
+    evaluated now (a constant of the segment being traced) and kept in :data:`BUFFERS`."""
+    b = mx.zeros((blocks * WORDS + len(ADDRESSES),), dtype=mx.uint64)
     mx.eval(b)
     BUFFERS.append(b)
     return b
