@@ -23,7 +23,8 @@ With ``--where``, each call's kernels' input addresses too (the first block writ
 managed or host memory (MLX moves a buffer the host reads into managed memory for good,
 and its cache hands such a buffer to the device again); per call, how many layers read
 each input from managed memory, and layer 0's addresses; per mode, how many distinct
-addresses each input had.
+addresses each input had. ``--clear-cache`` empties MLX's buffer cache after each step's
+warm-up (a control: no buffer left there by earlier work is handed to the step).
 
 Needs MLX's CUDA build and a GPU.
 """
@@ -156,6 +157,10 @@ def main() -> None:
         "(SEGC_KERNEL_STAMPS=reads: ten times slower on an H100, it measures the probe)"
     )  # fmt: skip
     ap.add_argument("--where", action="store_true", help="each call's input addresses and their memory")
+    ap.add_argument(
+        "--clear-cache", action="store_true",
+        help="MLX's buffer cache emptied after each step's warm-up (no managed buffer left in it to hand out)"
+    )  # fmt: skip
     args = ap.parse_args()
     os.environ["SEGC_KERNEL_STAMPS"] = "reads" if args.reads else "1"
     from device_time import CUDA, step_body
@@ -173,6 +178,11 @@ def main() -> None:
             continue
         for _ in range(3):
             mx.eval(body(x))
+        if args.clear_cache:  # what the lowering and earlier steps left in MLX's cache, freed
+            mx.synchronize()
+            mx.clear_cache()
+            for _ in range(3):
+                mx.eval(body(x))
         snaps: list[list[Any]] = []
         held: list[mx.array] = []  # read on the host, so managed for good: kept, never handed out again
         where: list[tuple[np.ndarray, list[list[str]]]] = []

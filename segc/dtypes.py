@@ -47,13 +47,46 @@ def itemsize(name: str) -> int:
     return to_mx(name).size
 
 
+_UNSIGNED = {1: mx.uint8, 2: mx.uint16, 4: mx.uint32, 8: mx.uint64}
+
+
 def to_bytes(a: mx.array) -> bytes:
-    """Raw little-endian bytes of an evaluated array (bf16 as its 16-bit patterns)."""
+    """Raw little-endian bytes of an evaluated array (bf16 as its 16-bit patterns). On
+    CUDA, the bytes of a copy (:func:`read_apart`): ``a`` itself is never read by the
+    host, and no buffer the host read is left for MLX to hand out again."""
     if a.size == 0:  # MLX 0.32.4's CUDA build segfaults turning some empty arrays to numpy
         return b""
     if a.dtype == mx.bfloat16:
         a = a.view(mx.uint16)
+    if _reads_move_buffers():
+        return read_apart(a)
     return np.ascontiguousarray(np.array(a, copy=False)).tobytes()
+
+
+def read_apart(a: mx.array) -> bytes:
+    """``a``'s bytes, read from a copy made for the purpose, whose buffer is then freed
+    and MLX's buffer cache emptied.
+
+    Why: MLX's CUDA build moves any buffer the host reads into CUDA managed memory for
+    good (``Buffer::raw_ptr``), and its buffer cache hands a freed buffer to the next
+    request of its size whatever memory it is. A device check that read its products on
+    the host (``lower/concat.py``'s twelve draws) left twelve managed buffers of a decode
+    layer's query, key and value size in the cache, and the decode's kernels then wrote
+    and read 12 of 16 layers' queries in managed memory at every call (an H100,
+    fifty-first session, ``benchmarks/kvattn_stamps.py --where``). Bit for bit: the copy
+    is an integer OR with zero over the bytes' unsigned view (a float copy could turn
+    -0.0 into 0.0)."""
+    c = mx.bitwise_or(a.view(_UNSIGNED[a.dtype.size]), 0)
+    mx.eval(c)
+    raw = np.ascontiguousarray(np.array(c, copy=False)).tobytes()
+    del c
+    mx.clear_cache()
+    return raw
+
+
+def _reads_move_buffers() -> bool:
+    """Whether a host read moves a buffer into managed memory: MLX's CUDA build, on the GPU."""
+    return mx.default_device() == mx.gpu and mx.cuda.is_available()
 
 
 def from_bytes(raw: bytes, shape: tuple[int, ...], name: str) -> mx.array:

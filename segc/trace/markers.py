@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 import mlx.core as mx
-import numpy as np
 
+from .. import dtypes
 from ..errors import TraceError
 from .pytree import flatten, unflatten
 
@@ -41,5 +41,5 @@ def marker_name(value: mx.array) -> str | None:
     """The boundary name a traced constant spells, or None for an ordinary constant."""
     if value.dtype != mx.uint8 or value.ndim != 1 or value.size < len(_MAGIC):
         return None
-    raw = bytes(np.array(value, copy=False).tobytes())
+    raw = dtypes.to_bytes(value)  # (on CUDA from a copy: the constant stays out of managed memory)
     return raw[len(_MAGIC) :].decode() if raw.startswith(_MAGIC) else None

@@ -1,0 +1,100 @@
+"""segc's host reads of arrays (``dtypes.to_bytes``): on MLX's CUDA build each reads a
+copy made for the purpose and then empties MLX's buffer cache, so that no buffer the host
+read (which MLX moves into managed memory for good) is handed to a later kernel
+(docs/gpu.md, "Host reads and managed memory"). The copy must have the array's bytes
+exactly; these compare against NumPy's own reading of the array. The CUDA path itself is
+taken here on the CPU by saying it is CUDA (the copy and the cache's emptying are the
+same calls there); that the buffers then stay in device memory is measured on a GPU
+(``benchmarks/kvattn_stamps.py --where``)."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from conftest import examples
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from segc import dtypes
+from segc.ir import Var
+from segc.lower import concat
+
+_WORDS = {1: (mx.uint8, np.uint8), 2: (mx.uint16, np.uint16), 4: (mx.uint32, np.uint32), 8: (mx.uint64, np.uint64)}
+_TYPES = [mx.float32, mx.float16, mx.bfloat16, mx.int8, mx.int32, mx.uint8, mx.bool_, mx.int64, mx.complex64]
+
+
+def _numpy_bytes(a: mx.array) -> bytes:
+    """The bytes as NumPy reads them (bfloat16 through its 16-bit view), not segc's code."""
+    if a.dtype == mx.bfloat16:
+        a = a.view(mx.uint16)
+    return np.ascontiguousarray(np.array(a)).tobytes()
+
+
+def _patterned(dtype: mx.Dtype, shape: tuple[int, ...], seed: int) -> mx.array:
+    """Arbitrary bit patterns of ``dtype`` (NaNs with payloads, -0.0, infinities
+    included), made as unsigned words and viewed."""
+    word, npword = _WORDS[dtype.size]
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, np.iinfo(npword).max, size=shape, dtype=npword, endpoint=True)
+    if dtype == mx.bool_:
+        raw = raw & 1
+    return mx.array(raw).astype(word).view(dtype) if dtype != mx.bool_ else mx.array(raw.astype(np.bool_))
+
+
+@settings(max_examples=examples(60), deadline=None)
+@given(
+    dtype=st.sampled_from(_TYPES),
+    shape=st.lists(st.integers(1, 5), min_size=1, max_size=3),
+    seed=st.integers(0, 2**16),
+    strided=st.booleans(),
+)
+def test_the_copy_has_the_arrays_bytes(dtype: mx.Dtype, shape: list[int], seed: int, strided: bool) -> None:
+    a = _patterned(dtype, tuple(shape), seed)
+    if strided:
+        a = a[..., ::2]  # a view with strides: the copy is contiguous, in row order
+    want = _numpy_bytes(a)
+    b = a.view(mx.uint16) if a.dtype == mx.bfloat16 else a
+    assert dtypes.read_apart(b) == want
+
+
+def test_negative_zero_and_a_nan_payload_survive() -> None:
+    """The cases a float copy would lose: -0.0 and a NaN's payload bits."""
+    a = mx.array(np.array([0x80000000, 0x7FC00001, 0xFFA00000], dtype=np.uint32)).view(mx.float32)
+    assert dtypes.read_apart(a) == np.array([0x80000000, 0x7FC00001, 0xFFA00000], dtype="<u4").tobytes()
+
+
+@pytest.fixture(name="cuda_reads")
+def _cuda_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """``to_bytes`` as on MLX's CUDA build; the cache's emptyings counted."""
+    emptied: list[int] = []
+    clear = mx.clear_cache
+    monkeypatch.setattr(dtypes, "_reads_move_buffers", lambda: True)
+    monkeypatch.setattr(dtypes.mx, "clear_cache", lambda: (emptied.append(1), clear())[1])
+    return emptied
+
+
+def test_on_cuda_to_bytes_reads_a_copy_and_empties_the_cache(cuda_reads: list[int]) -> None:
+    for i, dtype in enumerate(_TYPES):
+        a = _patterned(dtype, (3, 4), i)
+        assert dtypes.to_bytes(a) == _numpy_bytes(a)
+    assert len(cuda_reads) == len(_TYPES)
+
+
+def test_elsewhere_to_bytes_reads_the_array_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check can fail: off CUDA no copy is made and the cache is kept."""
+    emptied: list[int] = []
+    monkeypatch.setattr(dtypes, "_reads_move_buffers", lambda: False)
+    monkeypatch.setattr(dtypes.mx, "clear_cache", lambda: emptied.append(1))
+    a = _patterned(mx.float32, (2, 3), 5)
+    assert dtypes.to_bytes(a) == _numpy_bytes(a) and emptied == []
+
+
+def test_the_projections_check_reads_through_it(cuda_reads: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``concat.same_bits``'s draws (a decode layer's query, key and value products, the
+    check whose buffers were left in MLX's cache): every product it reads is read
+    through ``to_bytes``'s copy, and the verdict is the same."""
+    monkeypatch.setattr(concat, "_KNOWN", {})
+    x = Var("x", (1, 1, 64), "bf16")
+    assert concat.same_bits("Matmul", x, [[(64, 64)], [(16, 64)], [(16, 64)]], ["bf16"], ()) is True
+    assert len(cuda_reads) == 2 * 3 * concat.DRAWS  # each draw: three slices and three products
