@@ -6,7 +6,7 @@
 #
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_decode.sh [PARTS]
 #
-# PARTS: any of  teststamps testsdecode ab pool dense quant moe concat chain chaintests isolated runtime kernels select products check generate device ablate modes commits census kv attn kvattn kvattndev timeline stage tail bank layers stamps stagedecode inplace prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
+# PARTS: any of  teststamps testsdecode managed ab pool dense quant moe concat chain chaintests isolated runtime kernels select products check generate device ablate modes commits census kv attn kvattn kvattndev timeline stage tail bank layers stamps stagedecode inplace prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
 # (default: dense runtime). chain: a layer's MLP, and a decode layer, as one kernel
 # (segc.lower.cuda_chain, cuda_layer; off by default): chain_device.py (device time against
 # the separate kernels, several grids, the tickets alone) and chain_stages.py (each stage's
@@ -263,13 +263,22 @@ for p in $parts; do
     attn_tests teststamps 16
     bash "$0" stamps
     ;;
-  testsdecode)  # the CUDA attention and write tests (the fifty-first session's tree: three kernel forms removed,
-    # the default's preprocessed text unchanged), then the reference llama's decode, VARIANTS (default
-    # eager,compile,frozen,frozen+inplace,frozenhead+inplace), each a process, two rounds; about 8 minutes
+  testsdecode)  # the CUDA attention and write tests, then the reference llama's decode, VARIANTS (default
+    # eager,compile,frozen,frozen+inplace,frozenhead+inplace), each a process, two rounds; about 6 minutes
     attn_tests testsdecode 16
     VARIANTS=${VARIANTS:-eager,compile,frozen,frozen+inplace,frozenhead+inplace} ROUNDS=2 REPEATS=30 \
       BENCH_LIMIT=${BENCH_LIMIT:-420} bench testsdecode --prefill 0 --first-call-layers 0 --no-dispatch
     grep -A9 "=== isolated" "$OUT/testsdecode.txt"
+    ;;
+  managed)  # is the step out of managed memory now (segc's host reads copy and empty MLX's cache, fifty-first
+    # session), and are the slow calls gone? the CUDA attention and write tests, the stamps with the kernel's input
+    # addresses (STEPS default segc,segcinplace; STAMPRUNS processes, default 2), then the decode as testsdecode's,
+    # VARIANTS each a process, two rounds (about 7 minutes; carry .gpu/two)
+    attn_tests managed 16
+    STAMPRUNS=${STAMPRUNS:-2} WHERE=1 STEPS=${STEPS:-segc,segcinplace} bash "$0" stamps | grep -v "  q:"
+    VARIANTS=${VARIANTS:-eager,compile,frozen,frozen+inplace,frozenhead+inplace} ROUNDS=2 REPEATS=30 \
+      BENCH_LIMIT=${BENCH_LIMIT:-300} bench managed --prefill 0 --first-call-layers 0 --no-dispatch
+    grep -A9 "=== isolated" "$OUT/managed.txt"
     ;;
   pool)  # does the decode step's slow mode follow CUDA's pool handing memory back? (benchmarks/mempool.py): STEPS'
     # kernels (default segc,segcinplace; each call's attention kernels summed, the pool's bytes after each call),
@@ -319,13 +328,13 @@ for p in $parts; do
     nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active \
       --format=csv -lms 200 >"$OUT/clocks.csv" 2>&1 &
     smi=$!
-    for r in 1 2 3; do
+    for r in $(seq "${STAMPRUNS:-3}"); do
       MLX_MAX_OPS_PER_BUFFER=100000 MLX_MAX_MB_PER_BUFFER=1000000 timeout 200 $PY benchmarks/kvattn_stamps.py \
         --steps "${STEPS:-segc,segcinplace,segcqrope,segcinplaceqrope}" --calls 30 ${WHERE:+--where} >"$OUT/stamps$r.txt" 2>&1
       echo "stamps $r: rc=$?"
     done
     kill "$smi" 2>/dev/null
-    grep -H "calls, \| fast \| slow \|  call \|Error" "$OUT"/stamps*.txt | cut -c1-220
+    grep -H "calls, \| fast \| slow \|  call \|Error\|kinds seen\|distinct" "$OUT"/stamps*.txt | cut -c1-220
     cut -d, -f2,3,6 "$OUT/clocks.csv" | sort | uniq -c | sort -rn | head -12  # how often each clock and reason
     if [ -n "${DECODE:-}" ]; then  # then the decode with the queries rotated first, each variant a process, one round
       VARIANTS=eager,frozen+inplace,frozen+inplace+qrope,frozen,frozen+qrope REPEATS=30 BENCH_LIMIT=240 \
