@@ -6,7 +6,7 @@
 #
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_decode.sh [PARTS]
 #
-# PARTS: any of  teststamps testsdecode managed ab pool dense quant moe concat chain chaintests isolated runtime kernels select products check generate device ablate modes commits census kv attn kvattn kvattndev timeline stage tail bank layers stamps stagedecode inplace prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
+# PARTS: any of  teststamps managed ab pool dense quant moe concat chain chaintests isolated runtime kernels select products check generate device ablate modes commits census kv attn kvattn kvattndev timeline stage tail bank layers stamps stagedecode inplace prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
 # (default: dense runtime). chain: a layer's MLP, and a decode layer, as one kernel
 # (segc.lower.cuda_chain, cuda_layer; off by default): chain_device.py (device time against
 # the separate kernels, several grids, the tickets alone) and chain_stages.py (each stage's
@@ -263,17 +263,11 @@ for p in $parts; do
     attn_tests teststamps 16
     bash "$0" stamps
     ;;
-  testsdecode)  # the CUDA attention and write tests, then the reference llama's decode, VARIANTS (default
-    # eager,compile,frozen,frozen+inplace,frozenhead+inplace), each a process, two rounds; about 6 minutes
-    attn_tests testsdecode 16
-    VARIANTS=${VARIANTS:-eager,compile,frozen,frozen+inplace,frozenhead+inplace} ROUNDS=2 REPEATS=30 \
-      BENCH_LIMIT=${BENCH_LIMIT:-420} bench testsdecode --prefill 0 --first-call-layers 0 --no-dispatch
-    grep -A9 "=== isolated" "$OUT/testsdecode.txt"
-    ;;
   managed)  # is the step out of managed memory now (segc's host reads copy and empty MLX's cache, fifty-first
     # session), and are the slow calls gone? the CUDA attention and write tests, the stamps with the kernel's input
-    # addresses (STEPS default segc,segcinplace; STAMPRUNS processes, default 2), then the decode as testsdecode's,
-    # VARIANTS each a process, two rounds (about 7 minutes; carry .gpu/two)
+    # addresses (STEPS default segc,segcinplace; STAMPRUNS processes, default 2), then the reference llama's
+    # decode, VARIANTS (default eager,compile,frozen,frozen+inplace,frozenhead+inplace) each a process, two rounds
+    # (about 7 minutes; carry .gpu/two)
     attn_tests managed 16
     STAMPRUNS=${STAMPRUNS:-2} WHERE=1 STEPS=${STEPS:-segc,segcinplace} bash "$0" stamps | grep -v "  q:"
     VARIANTS=${VARIANTS:-eager,compile,frozen,frozen+inplace,frozenhead+inplace} ROUNDS=2 REPEATS=30 \

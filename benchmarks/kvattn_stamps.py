@@ -32,6 +32,8 @@ Needs MLX's CUDA build and a GPU.
 from __future__ import annotations
 
 import argparse
+import ctypes
+import functools
 import os
 import statistics
 import sys
@@ -96,12 +98,15 @@ def report(name: str, rows: list[dict[str, float]], sms: list[set[int]]) -> None
             print(f"  {label:>4} {means}   ({len(idx)} calls, {len(used)} SMs)")
 
 
+@functools.cache
+def _driver() -> Any:
+    return ctypes.CDLL("libcuda.so.1")
+
+
 def memory_kind(address: int) -> str:
     """``device``, ``managed``, ``host`` or ``?<error>``: where ``address`` lives, by
     CUDA's driver (``cuPointerGetAttribute``)."""
-    import ctypes
-
-    cuda = ctypes.CDLL("libcuda.so.1")
+    cuda = _driver()
     flag, kind = ctypes.c_uint(0), ctypes.c_uint(0)
     ptr = ctypes.c_uint64(address)
     err = cuda.cuPointerGetAttribute(ctypes.byref(flag), 8, ptr)  # CU_POINTER_ATTRIBUTE_IS_MANAGED
