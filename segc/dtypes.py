@@ -5,6 +5,8 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from .backend import on_cuda
+
 # short name -> (mlx dtype, numpy dtype used to hold its raw bytes)
 _TABLE: dict[str, tuple[mx.Dtype, type]] = {
     "bool": (mx.bool_, np.bool_),
@@ -58,14 +60,24 @@ def to_bytes(a: mx.array) -> bytes:
         return b""
     if a.dtype == mx.bfloat16:
         a = a.view(mx.uint16)
-    if _reads_move_buffers():
-        return read_apart(a)
+    if on_cuda():
+        return read_apart([a])[0]
     return np.ascontiguousarray(np.array(a, copy=False)).tobytes()
 
 
-def read_apart(a: mx.array) -> bytes:
-    """``a``'s bytes, read from a copy made for the purpose, whose buffer is then freed
-    and MLX's buffer cache emptied.
+def to_bytes_many(arrays: list[mx.array]) -> list[bytes]:
+    """:func:`to_bytes` of each array; on CUDA their copies made, read and freed together
+    (one evaluation and one emptying of MLX's cache, not one per array)."""
+    if not on_cuda():
+        return [to_bytes(a) for a in arrays]
+    some = [a.view(mx.uint16) if a.dtype == mx.bfloat16 else a for a in arrays if a.size]
+    raws = iter(read_apart(some))
+    return [next(raws) if a.size else b"" for a in arrays]
+
+
+def read_apart(arrays: list[mx.array]) -> list[bytes]:
+    """The arrays' bytes, read from copies made for the purpose, whose buffers are then
+    freed and MLX's buffer cache emptied.
 
     Why: MLX's CUDA build moves any buffer the host reads into CUDA managed memory for
     good (``Buffer::raw_ptr``), and its buffer cache hands a freed buffer to the next
@@ -76,17 +88,12 @@ def read_apart(a: mx.array) -> bytes:
     fifty-first session, ``benchmarks/kvattn_stamps.py --where``). Bit for bit: the copy
     is an integer OR with zero over the bytes' unsigned view (a float copy could turn
     -0.0 into 0.0)."""
-    c = mx.bitwise_or(a.view(_UNSIGNED[a.dtype.size]), 0)
-    mx.eval(c)
-    raw = np.ascontiguousarray(np.array(c, copy=False)).tobytes()
-    del c
+    cs = [mx.bitwise_or(a.view(_UNSIGNED[a.dtype.size]), 0) for a in arrays]
+    mx.eval(cs)
+    raws = [np.ascontiguousarray(np.array(c, copy=False)).tobytes() for c in cs]
+    del cs
     mx.clear_cache()
-    return raw
-
-
-def _reads_move_buffers() -> bool:
-    """Whether a host read moves a buffer into managed memory: MLX's CUDA build, on the GPU."""
-    return mx.default_device() == mx.gpu and mx.cuda.is_available()
+    return raws
 
 
 def from_bytes(raw: bytes, shape: tuple[int, ...], name: str) -> mx.array:

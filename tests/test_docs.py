@@ -241,7 +241,7 @@ def test_layout_table_is_the_enforced_one() -> None:
 
     text = (ROOT / "docs/concepts.md").read_text().split("## Layout", 1)[1]
     table: dict[str, int] = {}
-    for row in re.findall(r"^\| *(\d+) *\|([^|]*)\|", text, re.M):
+    for row in re.findall(r"^\| *(-?\d+) *\|([^|]*)\|", text, re.M):
         for p in re.findall(r"`(segc/[\w/.]*)`", row[1]):
             mod = p.removesuffix("/").removesuffix(".py").removesuffix("/__init__").replace("/", ".")
             table[mod] = int(row[0])

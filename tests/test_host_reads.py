@@ -55,13 +55,13 @@ def test_the_copy_has_the_arrays_bytes(dtype: mx.Dtype, shape: list[int], seed: 
         a = a[..., ::2]  # a view with strides: the copy is contiguous, in row order
     want = _numpy_bytes(a)
     b = a.view(mx.uint16) if a.dtype == mx.bfloat16 else a
-    assert dtypes.read_apart(b) == want
+    assert dtypes.read_apart([b]) == [want]
 
 
 def test_negative_zero_and_a_nan_payload_survive() -> None:
     """The cases a float copy would lose: -0.0 and a NaN's payload bits."""
     a = mx.array(np.array([0x80000000, 0x7FC00001, 0xFFA00000], dtype=np.uint32)).view(mx.float32)
-    assert dtypes.read_apart(a) == np.array([0x80000000, 0x7FC00001, 0xFFA00000], dtype="<u4").tobytes()
+    assert dtypes.read_apart([a])[0] == np.array([0x80000000, 0x7FC00001, 0xFFA00000], dtype="<u4").tobytes()
 
 
 @pytest.fixture(name="cuda_reads")
@@ -69,7 +69,7 @@ def _cuda_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """``to_bytes`` as on MLX's CUDA build; the cache's emptyings counted."""
     emptied: list[int] = []
     clear = mx.clear_cache
-    monkeypatch.setattr(dtypes, "_reads_move_buffers", lambda: True)
+    monkeypatch.setattr(dtypes, "on_cuda", lambda: True)
     monkeypatch.setattr(dtypes.mx, "clear_cache", lambda: (emptied.append(1), clear())[1])
     return emptied
 
@@ -81,10 +81,30 @@ def test_on_cuda_to_bytes_reads_a_copy_and_empties_the_cache(cuda_reads: list[in
     assert len(cuda_reads) == len(_TYPES)
 
 
+@settings(max_examples=examples(30), deadline=None)
+@given(
+    picks=st.lists(st.tuples(st.sampled_from(_TYPES), st.integers(0, 4), st.integers(0, 2**16)), max_size=6),
+    cuda=st.booleans(),
+)
+def test_to_bytes_many_reads_each_and_on_cuda_empties_the_cache_once(
+    picks: list[tuple[mx.Dtype, int, int]], cuda: bool
+) -> None:
+    """Empty arrays (no copy, no bytes) between others keep their places."""
+    arrays = [_patterned(d, (n, 3), seed) for d, n, seed in picks]
+    emptied: list[int] = []
+    clear = mx.clear_cache
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(dtypes, "on_cuda", lambda: cuda)
+        m.setattr(dtypes.mx, "clear_cache", lambda: (emptied.append(1), clear())[1])
+        got = dtypes.to_bytes_many(arrays)
+    assert got == [_numpy_bytes(a) if a.size else b"" for a in arrays]
+    assert len(emptied) == (1 if cuda else 0)
+
+
 def test_elsewhere_to_bytes_reads_the_array_itself(monkeypatch: pytest.MonkeyPatch) -> None:
     """The check can fail: off CUDA no copy is made and the cache is kept."""
     emptied: list[int] = []
-    monkeypatch.setattr(dtypes, "_reads_move_buffers", lambda: False)
+    monkeypatch.setattr(dtypes, "on_cuda", lambda: False)
     monkeypatch.setattr(dtypes.mx, "clear_cache", lambda: emptied.append(1))
     a = _patterned(mx.float32, (2, 3), 5)
     assert dtypes.to_bytes(a) == _numpy_bytes(a) and emptied == []

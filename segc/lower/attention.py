@@ -23,6 +23,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from ..backend import on_cuda
 from ..errors import UsageError
 from ..ir import Eqn
 from .env import env_choice
@@ -280,7 +281,7 @@ def attention_kernel(setting: str | Kernel = "auto") -> Kernel | None:
         return setting
     if setting not in ATTENTION:
         raise UsageError(f"attention must be one of {ATTENTION}, not {setting!r}")
-    cuda = mx.default_device() == mx.gpu and mx.cuda.is_available()
+    cuda = on_cuda()
     if setting == "auto":
         off = env_choice("SEGC_FUSED_ATTENTION", ("1", "0"), "1") == "0"  # a bad value refused on any device
         if not cuda or off:

@@ -56,18 +56,18 @@ HEADER = r"""
     if (t == 0) { \
         unsigned long long segc_g; \
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(segc_g) :: "memory"); \
-        const_cast<uint64_t*>(stamp)[(size_t)blk * 12 + (i)] = segc_g; \
+        const_cast<uint64_t*>(stamp)[(size_t)blk * @WORDS@ + (i)] = segc_g; \
         if ((i) == 0) { \
             unsigned segc_sm; \
             asm volatile("mov.u32 %0, %%smid;" : "=r"(segc_sm)); \
-            const_cast<uint64_t*>(stamp)[(size_t)blk * 12 + 10] = segc_sm; \
+            const_cast<uint64_t*>(stamp)[(size_t)blk * @WORDS@ + @SM@] = segc_sm; \
             if (blk == 0) { \
-                uint64_t* segc_a = const_cast<uint64_t*>(stamp) + (size_t)gridDim.x * 12; \
+                uint64_t* segc_a = const_cast<uint64_t*>(stamp) + (size_t)gridDim.x * @WORDS@; \
                 const void* segc_in[@N@] = {@ADDRESSES@}; \
                 for (int segc_j = 0; segc_j < @N@; ++segc_j) segc_a[segc_j] = reinterpret_cast<uintptr_t>(segc_in[segc_j]); \
             } \
         } \
-        if ((i) == 8) const_cast<uint64_t*>(stamp)[(size_t)blk * 12 + 11] = clock64() - segc_c0; \
+        if ((i) == 8) const_cast<uint64_t*>(stamp)[(size_t)blk * @WORDS@ + @CYCLES@] = clock64() - segc_c0; \
     }
 #define SEGC_READ_OFFSET \
     if (t == 0) { \
@@ -79,7 +79,15 @@ HEADER = r"""
         const unsigned segc_q = *reinterpret_cast<const volatile unsigned char*>(q + (size_t)(b * HQ + hk * REP) * L * D); \
         asm volatile("" :: "r"(segc_q) : "memory"); \
     }
-""".replace("@ADDRESSES@", ", ".join(ADDRESSES)).replace("@N@", str(len(ADDRESSES)))
+"""
+for _k, _v in {
+    "ADDRESSES": ", ".join(ADDRESSES),
+    "N": len(ADDRESSES),
+    "WORDS": WORDS,
+    "SM": SM,
+    "CYCLES": CYCLES,
+}.items():
+    HEADER = HEADER.replace(f"@{_k}@", str(_v))
 
 # (a text, how many of its lines the stamps follow, what goes there)
 _AFTER = (

@@ -48,6 +48,7 @@ from typing import Any
 import mlx.core as mx
 
 from .. import dtypes
+from ..backend import on_cuda
 from ..errors import UsageError
 from .env import env_choice
 from .product_match import DTYPES as DTYPES
@@ -160,7 +161,7 @@ def cuda_wanted(setting: str, name: str) -> bool:
     if setting != "auto":
         raise UsageError(f"{name} must be 'auto', 'never' or a kernel, not {setting!r}")
     off = env_choice(f"SEGC_{name}", ("1", "0"), "1") == "0"  # a bad value refused on any device
-    cuda = mx.default_device() == mx.gpu and mx.cuda.is_available()
+    cuda = on_cuda()
     if not cuda or off:
         return False
     return str(getattr(mx, "__version__", "")).startswith(MLX_SERIES)

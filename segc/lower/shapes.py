@@ -11,6 +11,7 @@ import mlx.core as mx
 import numpy as np
 
 from .. import dtypes
+from ..backend import on_cuda
 from ..ir import Eqn
 from .prim import no_flops, rule
 
@@ -143,7 +144,7 @@ def _select_write(x: mx.array, u: mx.array, axes: Sequence[int]) -> int | None:
     """The axis of a one-position write that ``_dynamic_slice_update`` makes a select."""
     if SELECT_WRITE == "never" or len(axes) != 1 or x.nbytes > SELECT_WRITE_BYTES or u.ndim != x.ndim:
         return None
-    if SELECT_WRITE == "auto" and not (mx.default_device() == mx.gpu and mx.cuda.is_available()):
+    if SELECT_WRITE == "auto" and not on_cuda():
         return None
     a = axes[0] % x.ndim
     if u.shape[a] != 1 or any(u.shape[i] != x.shape[i] for i in range(x.ndim) if i != a):

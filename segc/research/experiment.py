@@ -164,7 +164,8 @@ class Progress:
 
 def _bits(x: Any) -> list[tuple]:
     xs = x if isinstance(x, list | tuple) else [x]
-    return [(tuple(a.shape), dtypes.short(a.dtype), dtypes.to_bytes(a)) for a in xs]
+    raws = dtypes.to_bytes_many(list(xs))  # on CUDA read together
+    return [(tuple(a.shape), dtypes.short(a.dtype), r) for a, r in zip(xs, raws, strict=True)]
 
 
 def run_experiment(exp: Experiment) -> Results:

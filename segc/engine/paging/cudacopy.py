@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from ...backend import on_cuda
 from ...errors import PagingError, WaitTimeout
 
 _NOT_READY = 600  # CUDA_ERROR_NOT_READY
@@ -60,13 +61,7 @@ def _driver() -> Any:
 
 def available() -> bool:
     """MLX runs on a CUDA GPU and the driver library loads."""
-    import mlx.core as mx
-
-    try:
-        on_gpu = mx.default_device().type == mx.DeviceType.gpu and mx.cuda.is_available()
-    except AttributeError:  # an MLX without the CUDA module (Metal, CPU)
-        return False
-    return on_gpu and _driver() is not None
+    return on_cuda() and _driver() is not None
 
 
 class CudaCopier:
