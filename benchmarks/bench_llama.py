@@ -196,6 +196,8 @@ SETTINGS = {  # a variant's "+suffix" (--isolate only)
     # the decode attention's chunks of 64 and 128 keys, not 32 (SEGC_ATTENTION_CHUNK)
     "c64": {"SEGC_ATTENTION_CHUNK": "64"},
     "c128": {"SEGC_ATTENTION_CHUNK": "128"},
+    # the KV caches' offset made on the device, not in MLX's managed scalar pool (SEGC_DEVICE_POSITION)
+    "devpos": {"SEGC_DEVICE_POSITION": "1"},
     # CUDA's default memory pool keeping what it reserves (benchmarks/mempool.py), in any variant
     "poolkeep": {"SEGC_BENCH_POOL_KEEP": "1"},
 }

@@ -6,7 +6,7 @@
 #
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_decode.sh [PARTS]
 #
-# PARTS: any of  teststamps managed ab pool dense quant moe concat chain chaintests isolated runtime kernels select products check generate device ablate modes commits census kv attn kvattn kvattndev timeline stage tail bank layers stamps stagedecode inplace prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
+# PARTS: any of  teststamps managed devpos ab pool dense quant moe concat chain chaintests isolated runtime kernels select products check generate device ablate modes commits census kv attn kvattn kvattndev timeline stage tail bank layers stamps stagedecode inplace prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
 # (default: dense runtime). chain: a layer's MLP, and a decode layer, as one kernel
 # (segc.lower.cuda_chain, cuda_layer; off by default): chain_device.py (device time against
 # the separate kernels, several grids, the tickets alone) and chain_stages.py (each stage's
@@ -273,6 +273,23 @@ for p in $parts; do
     VARIANTS=${VARIANTS:-eager,compile,frozen,frozen+inplace,frozenhead+inplace} ROUNDS=2 REPEATS=30 \
       BENCH_LIMIT=${BENCH_LIMIT:-300} bench managed --prefill 0 --first-call-layers 0 --no-dispatch
     grep -A9 "=== isolated" "$OUT/managed.txt"
+    ;;
+  devpos)  # does the caches' offset made on the device (SEGC_DEVICE_POSITION=1: not MLX's managed scalar pool, which
+    # the host writes) end the slow calls? fifty-second session: the inputs all in device memory but the offset, the
+    # slow mode kept. The stamps with the input addresses (STEPS default segcinplace), the offset off and on, each a
+    # process (DEVPOSRUNS, default 2, alternating), then the decode, VARIANTS (default
+    # eager,frozenhead+inplace,frozenhead+inplace+devpos) each a process, two rounds (about 4 minutes; carry .gpu/two)
+    for r in $(seq "${DEVPOSRUNS:-2}"); do
+      for on in 0 1; do
+        SEGC_DEVICE_POSITION=$on STAMPRUNS=1 WHERE=1 STEPS=${STEPS:-segcinplace} bash "$0" stamps >/dev/null
+        mv "$OUT/stamps1.txt" "$OUT/stamps_devpos${on}_$r.txt"
+      done
+    done
+    grep -H "^  fast \|^  slow \|kinds seen" "$OUT"/stamps_devpos*.txt | cut -c1-200
+    grep -h " off:" "$OUT"/stamps_devpos1_*.txt | awk '{print $2, $8}' | sort | uniq -c  # the offset's kind, calls by mode
+    VARIANTS=${VARIANTS:-eager,frozenhead+inplace,frozenhead+inplace+devpos} ROUNDS=2 REPEATS=30 \
+      BENCH_LIMIT=${BENCH_LIMIT:-240} bench devpos --prefill 0 --first-call-layers 0 --no-dispatch
+    grep -A7 "=== isolated" "$OUT/devpos.txt"
     ;;
   pool)  # does the decode step's slow mode follow CUDA's pool handing memory back? (benchmarks/mempool.py): STEPS'
     # kernels (default segc,segcinplace; each call's attention kernels summed, the pool's bytes after each call),

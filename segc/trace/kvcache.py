@@ -16,11 +16,13 @@ in exact mode.
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any
 
 import mlx.core as mx
 
-from ..errors import StateError
+from ..backend import on_cuda
+from ..errors import StateError, UsageError
 from .state import (
     Commit,
     NeedsExact,
@@ -68,13 +70,26 @@ def position(n: int) -> mx.array:
     """``n`` as an ``int32`` array, one object for every cache of a call: a decode step's
     caches share their offset, so a model of many layers makes one array per call
     instead of one per cache (each is a host allocation and, on a GPU, a transfer).
-    Arrays are immutable, so sharing them changes nothing; a few are kept."""
+    Arrays are immutable, so sharing them changes nothing; a few are kept.
+
+    With ``SEGC_DEVICE_POSITION=1`` on CUDA the array is element 0 of a 16-byte array
+    made on the device, not a host-made scalar: MLX's CUDA build keeps arrays of 8 bytes
+    or fewer in a managed-memory pool the host writes, and every decode layer's kernel
+    reads the offset (``docs/gpu.md``, "Host reads and managed memory")."""
     a = _POSITIONS.get(n)
-    if a is None:
+    if a is None:  # the setting read here, once an offset: not for every cache of a call
         if len(_POSITIONS) >= 8:
             _POSITIONS.clear()
-        a = _POSITIONS[n] = mx.array(n, dtype=mx.int32)
+        # on the device: a view of a 16-byte device buffer, not MLX's scalar pool
+        a = _POSITIONS[n] = mx.full((4,), n, dtype=mx.int32)[0] if _device_position() else mx.array(n, dtype=mx.int32)
     return a
+
+
+def _device_position() -> bool:
+    text = os.environ.get("SEGC_DEVICE_POSITION", "0").strip() or "0"
+    if text not in ("0", "1"):
+        raise UsageError(f"SEGC_DEVICE_POSITION must be 0 or 1, not {text!r}")
+    return text == "1" and on_cuda()
 
 
 def _kv_slot(index: int, obj: Any, grown: dict[str, Any] | None) -> Slot | None:

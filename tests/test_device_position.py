@@ -1,0 +1,67 @@
+"""``SEGC_DEVICE_POSITION=1``: the KV caches' offset as element 0 of a 16-byte array made
+on the device rather than a host-made scalar (which MLX's CUDA build keeps in a managed
+pool the host writes; docs/gpu.md, "Host reads and managed memory"). The setting acts
+on CUDA only; here it is taken on the CPU by saying it is CUDA, and a decode through it
+must keep eager's bits and the caches' offsets."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import pytest
+from conftest import same_bits
+
+pytest.importorskip("mlx_lm", reason="the mlx-lm models need the lm extra (pip install segc[lm])")
+from mlx_lm.models.cache import make_prompt_cache
+
+import segc
+from segc.errors import UsageError
+from segc.models import tiny_llama
+from segc.trace import kvcache
+
+
+@pytest.fixture(name="on_device")
+def _on_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SEGC_DEVICE_POSITION", "1")
+    monkeypatch.setattr(kvcache, "on_cuda", lambda: True)
+    monkeypatch.setattr(kvcache, "_POSITIONS", {})
+
+
+@pytest.mark.parametrize("n", [0, 7, 1023, 2**31 - 1])
+def test_the_position_is_an_int32_scalar_of_the_offset(on_device: None, n: int) -> None:
+    a = kvcache.position(n)
+    assert a.shape == () and a.dtype == mx.int32 and a.item() == n
+    assert kvcache.position(n) is a  # one object for every cache of a call
+
+
+def test_a_bad_value_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SEGC_DEVICE_POSITION", "yes")
+    monkeypatch.setattr(kvcache, "_POSITIONS", {})
+    with pytest.raises(UsageError, match="SEGC_DEVICE_POSITION"):
+        kvcache.position(3)
+
+
+def test_a_decode_through_it_keeps_eagers_bits(on_device: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[int] = []
+    full = mx.full
+    monkeypatch.setattr(kvcache.mx, "full", lambda shape, v, **k: (made.append(v), full(shape, v, **k))[1])
+    model: Any = tiny_llama(num_hidden_layers=2)
+    step = segc.jit(model, boundaries="layers.*")
+    ref = model if mx.default_device() == mx.cpu else segc.jit(model)
+    cache, ref_cache = make_prompt_cache(model), make_prompt_cache(model)
+    prompt = mx.array([[3, 1, 4, 1, 5]])
+    assert same_bits(step(prompt, cache=cache), ref(prompt, cache=ref_cache))
+    for t in range(5):
+        x = mx.array([[t + 2]])
+        assert same_bits(step(x, cache=cache), ref(x, cache=ref_cache))
+        assert [c.offset for c in cache] == [e.offset for e in ref_cache] == [6 + t] * 2
+        assert all(same_bits(c.keys[..., : c.offset, :], e.keys[..., : e.offset, :]) for c, e in zip(cache, ref_cache))
+    assert [v for v in made if isinstance(v, int)] == [
+        0,
+        5,
+        6,
+        7,
+        8,
+        9,
+    ]  # every call's offset made on the device, once for both caches
