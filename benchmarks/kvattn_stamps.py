@@ -4,12 +4,12 @@ calls at a time; which part grows?).
 
 Each step (``device_time.py``'s variants: ``segc``, ``segcinplace``, ...; a reference
 llama at context 1024) is lowered with ``SEGC_KERNEL_STAMPS=1`` (``segc.lower.cuda_stamps``):
-every block of every layer's kernel writes the GPU's clock at ten points, its SM and its
+every block of every layer's kernel writes the GPU's clock at eleven points, its SM and its
 SM's cycles from its start to its count (``mhz``: the SM's clock, cycles over ns).
 After three calls to warm up, each of ``--calls`` calls is run alone (the host waits for
 it) and its stamps copied. Per call, averaged over the layers: the kernel's span (first
 block's start to the last stamp), the spread of the blocks' starts, and each part's
-median over the blocks (the offset read, a query element read, the queries rotated, the chunk's values written and staged, keys'
+median over the blocks (the offset read, a query element read, the chunk's mask read, the queries rotated, the chunk's values written and staged, keys'
 products, softmax, weighted values, the count past the fence; the merge, the groups'
 last blocks), the SM's clock (the blocks' median); then the calls
 split into fast and slow by their span (the midpoint of the fastest and slowest), each
@@ -47,26 +47,28 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from segc.lower import cuda_stamps  # (its settings are read when a segment is lowered)
 
-PARTS = ("offset", "query", "queries", "staged", "keys", "softmax", "values", "counted")
+PARTS = cuda_stamps.POINTS[1:-1]  # offset, query, masked, queries, staged, keys, softmax, values, counted
+_N = len(cuda_stamps.POINTS)
+_COUNTED, _MERGED = _N - 2, _N - 1
 
 
 def phases(stamps: np.ndarray) -> dict[str, float]:
-    """One kernel's stamps (``blocks x 12``: ten points in ns, the last only where a
+    """One kernel's stamps (``blocks x WORDS``: the points in ns, the last only where a
     block merged, then its SM and its cycles from its start to its count) as µs:
     ``span`` (first start to last stamp), ``starts`` (the spread of the blocks'
     starts), each of :data:`PARTS` (the median over the blocks
     of the time from the point before), ``merge`` (the median over the blocks that merged
     in this call, from their count to the merge's end); ``mhz``, the median over the
     blocks of their SM's cycles over the ns from start to count (the SM's clock)."""
-    s = stamps[:, :10].astype(np.int64)
+    s = stamps[:, :_N].astype(np.int64)
     start = s[:, 0]
-    merged = s[:, 9] > s[:, 8]  # (a block last in an earlier call keeps that call's stamp)
-    last = np.where(merged, s[:, 9], s[:, 8])
+    merged = s[:, _MERGED] > s[:, _COUNTED]  # (a block last in an earlier call keeps that call's stamp)
+    last = np.where(merged, s[:, _MERGED], s[:, _COUNTED])
     out = {"span": (last.max() - start.min()) / 1e3, "starts": (start.max() - start.min()) / 1e3}
     for i, part in enumerate(PARTS, start=1):
         out[part] = float(np.median(s[:, i] - s[:, i - 1])) / 1e3
-    out["merge"] = float(np.median(s[merged, 9] - s[merged, 8])) / 1e3 if merged.any() else float("nan")
-    ns = np.maximum(s[:, 8] - s[:, 0], 1)
+    out["merge"] = float(np.median(s[merged, _MERGED] - s[merged, _COUNTED])) / 1e3 if merged.any() else float("nan")
+    ns = np.maximum(s[:, _COUNTED] - s[:, 0], 1)
     out["mhz"] = float(np.median(stamps[:, cuda_stamps.CYCLES].astype(np.float64) / ns)) * 1e3
     return out
 

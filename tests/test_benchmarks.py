@@ -652,24 +652,27 @@ def test_kvattn_stamps_reads_hand_made_stamps() -> None:
         from kvattn_stamps import call_row, phases, split
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
-    # three blocks: starts 1000, 1500, 3000 ns; parts of 0.5, 0.25, 1, 1.5, 2, 3, 4, 5 µs from
-    # each start (the third's keys 20 µs); the second block merges, 6 µs after its count,
+    # three blocks: starts 1000, 1500, 3000 ns; parts of 0.5, 0.25, 0.75, 1, 1.5, 2, 3, 4, 5 µs
+    # from each start (the third's keys 20 µs); the second block merges, 6 µs after its count,
     # the first keeps an earlier call's merge stamp (older than its count); SMs 4, 9, 4;
     # their SMs at 2, 1.5 and 2 GHz (cycles from start to count)
     rows = []
     for j, t0 in enumerate((1000, 1500, 3000)):
         keys = 20_000 if j == 2 else 2000
-        pts = np.cumsum([t0, 500, 250, 1000, 1500, keys, 3000, 4000, 5000])
+        pts = np.cumsum([t0, 500, 250, 750, 1000, 1500, keys, 3000, 4000, 5000])
         merged = pts[-1] + 6000 if j == 1 else (500 if j == 0 else 0)
         cycles = int((pts[-1] - t0) * (2, 1.5, 2)[j])
         rows.append([*pts, merged, (4, 9, 4)[j], cycles])
     k = np.array(rows, dtype=np.uint64)
     p = phases(k)
-    assert p["starts"] == 2.0 and p["offset"] == 0.5 and p["query"] == 0.25 and p["queries"] == 1.0
+    assert p["starts"] == 2.0 and p["offset"] == 0.5 and p["query"] == 0.25 and p["masked"] == 0.75
+    assert p["queries"] == 1.0
     assert p["staged"] == 1.5
     assert p["keys"] == 2.0 and p["softmax"] == 3.0 and p["values"] == 4.0 and p["counted"] == 5.0
     assert p["merge"] == 6.0 and p["mhz"] == 2000.0
-    assert p["span"] == (3000 + 500 + 250 + 1000 + 1500 + 20_000 + 3000 + 4000 + 5000 - 1000) / 1e3  # the last count
+    assert (
+        p["span"] == (3000 + 500 + 250 + 750 + 1000 + 1500 + 20_000 + 3000 + 4000 + 5000 - 1000) / 1e3
+    )  # the last count
     assert call_row([k, k])["keys"] == 2.0
     assert split([{"span": 10.0}, {"span": 30.0}, {"span": 19.0}, {"span": 21.0}]) == ([0, 2], [1, 3])
 

@@ -1,6 +1,6 @@
 """The GPU's clock inside the write with its attention (``cuda_kvattention.py``): with
 ``SEGC_KERNEL_STAMPS=1`` when a segment is lowered, each block's first thread writes
-``%globaltimer`` at ten points of the kernel, its SM, and its SM's cycles (``clock64``)
+``%globaltimer`` at eleven points of the kernel, its SM, and its SM's cycles (``clock64``)
 from the first point to the count's (with the nanoseconds between them: the SM's clock,
 whether a slow call runs on a slower clock), into a buffer made when the
 kernel is traced (:data:`BUFFERS`, in the order the kernels were made), after which the
@@ -16,7 +16,9 @@ the first part, from the block's start to its queries read and rotated: 5–10 �
 block in a fast call, 15–19 in a slow one; the chunk's loads, products, count and merge
 hold. The points (:data:`POINTS`): the block's start; the offset read and the group's
 first query element read (the first thread reads each once more, alone, for this); its
-queries read and rotated (the first thread's); its chunk's values written and, where
+chunk's mask read (the first thread's share: whether a slow call waits on the mask or on
+the queries and the offset, fifty-second session); its queries read and rotated (the
+first thread's); its chunk's values written and, where
 staged, its keys and values read (after the block's barrier); its keys' products; its softmax; its weighted values; past its count
 (every block); the merge's end (the group's last block; a block that was last in an
 earlier call keeps that call's stamp there). The kernel writes the stamps through its
@@ -39,10 +41,10 @@ from .cuda_kernel import replace_once
 from .env import env_choice
 
 BUFFERS: list[mx.array] = []
-POINTS = ("start", "offset", "query", "queries", "staged", "keys", "softmax", "values", "counted", "merged")
-WORDS = 12  # a block's stamps: the ten points, its SM, its SM's cycles
-SM = 10  # the SM's word
-CYCLES = 11  # the word of the SM's cycles (clock64) from the start's stamp to the count's
+POINTS = ("start", "offset", "query", "masked", "queries", "staged", "keys", "softmax", "values", "counted", "merged")
+SM = len(POINTS)  # the SM's word
+CYCLES = SM + 1  # the word of the SM's cycles (clock64) from the start's stamp to the count's
+WORDS = SM + 2  # a block's stamps: the points, its SM, its SM's cycles
 # after every block's words, the kernel's inputs' addresses, written by the first block at
 # its start (which memory each call's buffers are: benchmarks/kvattn_stamps.py --where)
 ADDRESSES = ("q", "knew", "k", "vnew", "v", "off", "mask", "count")
@@ -67,7 +69,7 @@ HEADER = r"""
                 for (int segc_j = 0; segc_j < @N@; ++segc_j) segc_a[segc_j] = reinterpret_cast<uintptr_t>(segc_in[segc_j]); \
             } \
         } \
-        if ((i) == 8) const_cast<uint64_t*>(stamp)[(size_t)blk * @WORDS@ + @CYCLES@] = clock64() - segc_c0; \
+        if ((i) == @COUNTED@) const_cast<uint64_t*>(stamp)[(size_t)blk * @WORDS@ + @CYCLES@] = clock64() - segc_c0; \
     }
 #define SEGC_READ_OFFSET \
     if (t == 0) { \
@@ -86,6 +88,7 @@ for _k, _v in {
     "WORDS": WORDS,
     "SM": SM,
     "CYCLES": CYCLES,
+    "COUNTED": POINTS.index("counted"),
 }.items():
     HEADER = HEADER.replace(f"@{_k}@", str(_v))
 
@@ -96,13 +99,14 @@ _AFTER = (
         1,
         "    const long long segc_c0 = clock64();\n    SEGC_STAMP(0);\n    SEGC_READ_OFFSET\n    SEGC_STAMP(1);\n    SEGC_READ_QUERY\n    SEGC_STAMP(2);\n",
     ),
-    (") * SCALE;\n    }\n", 2, "    SEGC_STAMP(3);\n"),
-    ("    __syncthreads();\n    // a warp per key", 1, "    SEGC_STAMP(4);\n"),
-    ("    __syncthreads();\n    // a warp per row, a lane per key", 1, "    SEGC_STAMP(5);\n"),
+    ("mask[(size_t)mr * C + start + j];\n    }\n", 2, "    SEGC_STAMP(3);\n"),
+    (") * SCALE;\n    }\n", 2, "    SEGC_STAMP(4);\n"),
+    ("    __syncthreads();\n    // a warp per key", 1, "    SEGC_STAMP(5);\n"),
+    ("    __syncthreads();\n    // a warp per row, a lane per key", 1, "    SEGC_STAMP(6);\n"),
     (
         "    __syncthreads();\n    for (int i = t; i < R * D; i += NT) {\n        int r = i / D, d = i % D;\n        float acc",
         1,
-        "    SEGC_STAMP(6);\n",
+        "    SEGC_STAMP(7);\n",
     ),
 )
 
@@ -135,11 +139,11 @@ def stamped(source: str) -> str:
         head = "".join(anchor.splitlines(keepends=True)[:lines])
         source = replace_once(source, anchor, head + text + anchor[len(head) :])
     for anchor, text in (
-        ("    // this block's partial results, seen", "    SEGC_STAMP(7);\n"),
-        ("    if (!last) return;\n", "    SEGC_STAMP(8);\n"),
+        ("    // this block's partial results, seen", "    SEGC_STAMP(8);\n"),
+        ("    if (!last) return;\n", "    SEGC_STAMP(9);\n"),
     ):
         source = replace_once(source, anchor, text + anchor)
-    return source + "    __syncthreads();\n    SEGC_STAMP(9);\n"
+    return source + "    __syncthreads();\n    SEGC_STAMP(10);\n"
 
 
 def buffer(blocks: int) -> mx.array:
