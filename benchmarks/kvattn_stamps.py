@@ -49,7 +49,7 @@ from segc.lower import cuda_stamps  # (its settings are read when a segment is l
 
 PARTS = cuda_stamps.POINTS[1:-1]  # offset, query, masked, queries, staged, keys, softmax, values, counted
 _N = len(cuda_stamps.POINTS)
-_COUNTED, _MERGED = _N - 2, _N - 1
+_COUNTED, _MERGED = cuda_stamps.POINTS.index("counted"), cuda_stamps.POINTS.index("merged")
 
 
 def phases(stamps: np.ndarray) -> dict[str, float]:

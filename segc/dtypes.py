@@ -56,22 +56,18 @@ def to_bytes(a: mx.array) -> bytes:
     """Raw little-endian bytes of an evaluated array (bf16 as its 16-bit patterns). On
     CUDA, the bytes of a copy (:func:`read_apart`): ``a`` itself is never read by the
     host, and no buffer the host read is left for MLX to hand out again."""
-    if a.size == 0:  # MLX 0.32.4's CUDA build segfaults turning some empty arrays to numpy
-        return b""
-    if a.dtype == mx.bfloat16:
-        a = a.view(mx.uint16)
-    if on_cuda():
-        return read_apart([a])[0]
-    return np.ascontiguousarray(np.array(a, copy=False)).tobytes()
+    return to_bytes_many([a])[0]
 
 
 def to_bytes_many(arrays: list[mx.array]) -> list[bytes]:
     """:func:`to_bytes` of each array; on CUDA their copies made, read and freed together
     (one evaluation and one emptying of MLX's cache, not one per array)."""
-    if not on_cuda():
-        return [to_bytes(a) for a in arrays]
+    # empty arrays read as nothing: MLX 0.32.4's CUDA build segfaults turning some to numpy
     some = [a.view(mx.uint16) if a.dtype == mx.bfloat16 else a for a in arrays if a.size]
-    raws = iter(read_apart(some))
+    if some and on_cuda():
+        raws = iter(read_apart(some))
+    else:
+        raws = iter(np.ascontiguousarray(np.array(a, copy=False)).tobytes() for a in some)
     return [next(raws) if a.size else b"" for a in arrays]
 
 

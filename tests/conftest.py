@@ -71,6 +71,15 @@ def same_bits(a: mx.array, b: mx.array) -> bool:
     return bits(a) == bits(b)
 
 
+def same_caches(got: Any, want: Any) -> bool:
+    """KV caches (mlx-lm's, one a layer) with the same offsets and, up to them, the same
+    keys' bits."""
+    return len(got) == len(want) and all(
+        c.offset == e.offset and same_bits(c.keys[..., : c.offset, :], e.keys[..., : e.offset, :])
+        for c, e in zip(got, want, strict=True)
+    )
+
+
 def leaves(x: Any) -> list[mx.array]:
     if isinstance(x, mx.array):
         return [x]

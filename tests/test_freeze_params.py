@@ -8,7 +8,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
-from conftest import STATE_BIT_IDENTICAL, same_bits
+from conftest import STATE_BIT_IDENTICAL, same_bits, same_caches
 from mlx_lm.models.cache import make_prompt_cache
 
 import segc
@@ -85,8 +85,7 @@ def test_frozen_segments_capture_the_parameters_and_keep_eagers_bits(concat) -> 
     for t in (2, 7, 1, 8):
         x = mx.array([[t]])
         assert same_bits(step(x, cache=cs), ref(x, cache=ce))
-    for c, e in zip(cs, ce):
-        assert same_bits(c.keys[..., : c.offset, :], e.keys[..., : e.offset, :])
+    assert same_caches(cs, ce)
     # with concat, the decode's first call rebound the weights the prompt's entry had
     # captured: that entry captures the views at its next call (test_concat.py)
     assert same_bits(step(prompt, cache=make_prompt_cache(model)), ref(prompt, cache=make_prompt_cache(model)))

@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parent.parent / "segc"
 # pipeline order: a module may import its own package and packages of lower rank only
 LAYERS = {
     "segc.backend": -1,  # which backend MLX runs on: asked by segc.dtypes too
-    "segc.errors": 0,
+    "segc.errors": -1,  # the exception classes: raised by segc.settings too
+    "segc.settings": 0,
     "segc.dtypes": 0,
     "segc.units": 0,
     "segc.ir": 1,

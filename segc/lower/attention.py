@@ -26,7 +26,7 @@ import mlx.core as mx
 from ..backend import on_cuda
 from ..errors import UsageError
 from ..ir import Eqn
-from .env import env_choice
+from ..settings import env_choice
 from .pattern import SegmentGraph, only_reader, skippable, through
 
 MAX_ROWS = 16  # query rows (heads per KV head x query tokens) one kernel block holds

@@ -40,11 +40,11 @@ from typing import Any
 import mlx.core as mx
 
 from ..errors import UsageError
+from ..settings import env_choice
 from . import scratch
 from .cuda_kernel import cuda_kernel
 from .cuda_merge import FAST_TAIL, LAST_BLOCK
 from .cuda_stage import STAGE_DECLARE, STAGE_LOAD, stage_header, staged
-from .env import env_choice
 
 CHUNK = 32  # keys per block of the first kernel by default (the layer kernel's always)
 THREADS = 128  # four warps

@@ -35,11 +35,11 @@ import mlx.core as mx
 
 from .. import dtypes
 from ..errors import UsageError
+from ..settings import env_choice
 from . import scratch
 from .cuda_kernel import cuda_kernel, launch_bounds
 from .cuda_products import _HEADER, ROWS_PER_BLOCK
 from .cuda_tickets import CHAIN_HEADER, COUNTERS, tickets
-from .env import env_choice
 from .product_chain import aligned, shared_elems
 from .product_match import ProductMatch, norm_blocks
 

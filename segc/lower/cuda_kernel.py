@@ -33,7 +33,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from .env import env_choice
+from ..settings import env_choice
 
 _SPACES = re.compile(r"[ \t]+")
 _INCLUDED = re.compile(r'(?m)^#include "(/[^"]*/[0-9a-f]{20}\.cuh)"\n(// uses [^\n]*\n)?')  # an included()'s lines

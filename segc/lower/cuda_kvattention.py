@@ -27,6 +27,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from ..settings import env_choice
 from . import cuda_stamps
 from .cuda_attention import (
     _HEADER,
@@ -42,7 +43,6 @@ from .cuda_kvwrite import _HEADER as _ROTATE
 from .cuda_kvwrite import _bits, rope_bits
 from .cuda_merge import FAST_TAIL
 from .cuda_stage import stage_header, staged
-from .env import env_choice
 
 # what both forms share: the offset read once and the reads through it
 _MACROS = r"""#define SEGC_PROLOGUE const int32_t segc_pos = off[0];  // the offset read once, into a register

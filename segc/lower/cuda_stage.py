@@ -13,7 +13,7 @@ after is the same in the same order: the same bytes, staged or not.
 
 from __future__ import annotations
 
-from .env import env_choice
+from ..settings import env_choice
 
 # the first kernel's shared array for the chunk, where it fits beside the rest (40 KB in all)
 STAGE_DECLARE = r"""    // the chunk's keys, then its values, in shared memory where they fit beside the rest

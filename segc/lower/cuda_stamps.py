@@ -37,8 +37,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from ..settings import env_choice
 from .cuda_kernel import replace_once
-from .env import env_choice
 
 BUFFERS: list[mx.array] = []
 POINTS = ("start", "offset", "query", "masked", "queries", "staged", "keys", "softmax", "values", "counted", "merged")

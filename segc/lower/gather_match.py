@@ -27,7 +27,7 @@ import math
 
 from ..dtypes import itemsize
 from ..ir import Eqn
-from .env import env_choice
+from ..settings import env_choice
 from .pattern import SegmentGraph, skippable, through
 
 DTYPES = ("bf16", "f16", "f32")

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from ..ir import Eqn
-from .env import env_choice
+from ..settings import env_choice
 from .pattern import SegmentGraph, only_reader
 from .prim import lookup
 

@@ -50,7 +50,7 @@ import mlx.core as mx
 from .. import dtypes
 from ..backend import on_cuda
 from ..errors import UsageError
-from .env import env_choice
+from ..settings import env_choice
 from .product_match import DTYPES as DTYPES
 from .product_match import ProductMatch as ProductMatch
 from .product_match import find_products as find_products

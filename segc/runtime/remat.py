@@ -21,8 +21,8 @@ from collections.abc import Sequence
 
 from ..ir import Eqn, Graph, Segment
 from ..lower import compile_loses
-from ..lower.env import env_choice
 from ..passes.analysis import is_view
+from ..settings import env_choice
 
 REMAKE_VIEWS = env_choice("SEGC_REMAKE_VIEWS", ("1", "0"), "1") == "1"
 

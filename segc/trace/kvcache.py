@@ -16,13 +16,13 @@ in exact mode.
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
 import mlx.core as mx
 
 from ..backend import on_cuda
-from ..errors import StateError, UsageError
+from ..errors import StateError
+from ..settings import env_choice
 from .state import (
     Commit,
     NeedsExact,
@@ -86,10 +86,7 @@ def position(n: int) -> mx.array:
 
 
 def _device_position() -> bool:
-    text = os.environ.get("SEGC_DEVICE_POSITION", "0").strip() or "0"
-    if text not in ("0", "1"):
-        raise UsageError(f"SEGC_DEVICE_POSITION must be 0 or 1, not {text!r}")
-    return text == "1" and on_cuda()
+    return env_choice("SEGC_DEVICE_POSITION", ("0", "1"), "0") == "1" and on_cuda()
 
 
 def _kv_slot(index: int, obj: Any, grown: dict[str, Any] | None) -> Slot | None:

@@ -1,11 +1,12 @@
-"""The lowering's settings read from the environment (``SEGC_*``), each checked by name."""
+"""segc's settings read from the environment (``SEGC_*``), each checked by name: the
+lowering's kernels, the runtime's rematerialisation, the traced KV caches' offset."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
 
-from ..errors import UsageError
+from .errors import UsageError
 
 
 def env_choice(name: str, choices: Sequence[str], default: str) -> str:
