@@ -71,6 +71,16 @@ def to_bytes_many(arrays: list[mx.array]) -> list[bytes]:
     return [next(raws) if a.size else b"" for a in arrays]
 
 
+def same_bytes(a: mx.array, b: mx.array) -> bool:
+    """Whether two arrays have one dtype, one shape and the same raw bytes (-0.0 is not
+    0.0, NaN payloads count), both read at once (on CUDA one evaluation and one emptying of
+    MLX's cache)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    x, y = to_bytes_many([a, b])
+    return x == y
+
+
 def read_apart(arrays: list[mx.array]) -> list[bytes]:
     """The arrays' bytes, read from copies made for the purpose, whose buffers are then
     freed and MLX's buffer cache emptied.

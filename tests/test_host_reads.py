@@ -114,8 +114,44 @@ def test_elsewhere_to_bytes_reads_the_array_itself(monkeypatch: pytest.MonkeyPat
 def test_the_projections_check_reads_through_it(cuda_reads: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
     """``concat.same_bits``'s draws (a decode layer's query, key and value products, the
     check whose buffers were left in MLX's cache): every product it reads is read
-    through ``to_bytes``'s copy, and the verdict is the same."""
+    through ``to_bytes``'s copy, a slice and its product together, and the verdict is
+    the same."""
     monkeypatch.setattr(concat, "_KNOWN", {})
     x = Var("x", (1, 1, 64), "bf16")
     assert concat.same_bits("Matmul", x, [[(64, 64)], [(16, 64)], [(16, 64)]], ["bf16"], ()) is True
-    assert len(cuda_reads) == 2 * 3 * concat.DRAWS  # each draw: three slices and three products
+    assert len(cuda_reads) == 3 * concat.DRAWS  # each draw: three slices, each read with its product
+
+
+@settings(max_examples=examples(40), deadline=None)
+@given(
+    picks=st.tuples(st.sampled_from(_TYPES), st.sampled_from(_TYPES)),
+    shapes=st.tuples(st.sampled_from([(2, 3), (3, 2), (6,), (0, 3)]), st.sampled_from([(2, 3), (3, 2), (6,), (0, 3)])),
+    seeds=st.tuples(st.integers(0, 3), st.integers(0, 3)),
+    cuda=st.booleans(),
+)
+def test_same_bytes_is_dtype_shape_and_numpys_bytes(
+    picks: tuple[mx.Dtype, mx.Dtype], shapes: tuple[tuple[int, ...], ...], seeds: tuple[int, int], cuda: bool
+) -> None:
+    """Seeds drawn from four so that equal arrays come up; on CUDA one emptying of the
+    cache for the pair (none where there is nothing to read or nothing to compare)."""
+    a, b = (_patterned(d, s, seed) for d, s, seed in zip(picks, shapes, seeds, strict=True))
+    emptied: list[int] = []
+    clear = mx.clear_cache
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(dtypes, "on_cuda", lambda: cuda)
+        m.setattr(dtypes.mx, "clear_cache", lambda: (emptied.append(1), clear())[1])
+        got = dtypes.same_bytes(a, b)
+    alike = a.dtype == b.dtype and a.shape == b.shape
+    assert got == (alike and _numpy_bytes(a) == _numpy_bytes(b))
+    assert len(emptied) == (1 if cuda and alike and a.size else 0)
+
+
+def test_same_bytes_tells_negative_zero_and_nan_payloads_apart() -> None:
+    """What ``mx.array_equal`` cannot: -0.0 against 0.0, and two NaNs' payloads."""
+
+    def f32(*words: int) -> mx.array:
+        return mx.array(np.array(words, dtype=np.uint32)).view(mx.float32)
+
+    assert not dtypes.same_bytes(f32(0x80000000), f32(0))
+    assert not dtypes.same_bytes(f32(0x7FC00001), f32(0x7FC00000))
+    assert dtypes.same_bytes(f32(0x7FC00001, 5), f32(0x7FC00001, 5))

@@ -33,9 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def same(a: Any, b: Any) -> bool:
     """Bit-identical: dtype, shape and raw bytes."""
-    from ..dtypes import to_bytes
+    from ..dtypes import same_bytes
 
-    return a.dtype == b.dtype and a.shape == b.shape and to_bytes(a) == to_bytes(b)
+    return same_bytes(a, b)
 
 
 def describe(a: Any, b: Any) -> str:

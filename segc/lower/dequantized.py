@@ -110,7 +110,7 @@ def agree(key: Key, f: Product, g: Product) -> bool:
         x, w, s, b = _draw(key, seed)
         a, c = f(x, w, s, b, group_size, bits, t), g(x, w, s, b, group_size, bits, t)
         mx.eval(a, c)
-        if dtypes.to_bytes(a) != dtypes.to_bytes(c):
+        if not dtypes.same_bytes(a, c):
             return False
     return True
 

@@ -38,7 +38,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from ..dtypes import to_bytes
+from ..dtypes import same_bytes
 from ..errors import ScheduleError
 from ..lower import product_kernel
 from ..passes.costmodel import CPU, H200, MachineModel
@@ -132,7 +132,7 @@ def host_kinds(
                     hs.append(time.perf_counter() - t0)
                     mx.synchronize()
                 rows.append((s, p, e, statistics.median(hs)))
-                same.append(to_bytes(got) == to_bytes(want))  # bit-identity, not closeness
+                same.append(same_bytes(got, want))  # bit-identity, not closeness
     return HostKinds(*fit_host_kinds(rows), tuple(rows), tuple(same))
 
 

@@ -31,7 +31,7 @@ def _close(a: Any, b: Any) -> bool:
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
     if mx.default_device() == mx.cpu:  # raw bytes: -0.0 and NaN payloads count
-        return dtypes.to_bytes(a) == dtypes.to_bytes(b)
+        return dtypes.same_bytes(a, b)
     return bool(mx.allclose(a, b, rtol=VALIDATE_TOL, atol=VALIDATE_TOL, equal_nan=True).item())
 
 
