@@ -16,8 +16,8 @@ from conftest import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from segc import dtypes
-from segc.ir import Var
+from segc import dtypes, parse
+from segc.ir import Const, Graph, Var, to_text
 from segc.lower import concat
 
 _WORDS = {1: (mx.uint8, np.uint8), 2: (mx.uint16, np.uint16), 4: (mx.uint32, np.uint32), 8: (mx.uint64, np.uint64)}
@@ -155,3 +155,33 @@ def test_same_bytes_tells_negative_zero_and_nan_payloads_apart() -> None:
     assert not dtypes.same_bytes(f32(0x80000000), f32(0))
     assert not dtypes.same_bytes(f32(0x7FC00001), f32(0x7FC00000))
     assert dtypes.same_bytes(f32(0x7FC00001, 5), f32(0x7FC00001, 5))
+
+
+def _constants_graph(values: list[mx.array]) -> Graph:
+    consts = tuple(Const(Var(f"c{i}", tuple(v.shape), dtypes.short(v.dtype)), v) for i, v in enumerate(values))
+    return Graph("k", (), consts, (), tuple(c.var.name for c in consts))
+
+
+def test_printing_reads_the_constants_together(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A graph's shown constants read with one emptying of the cache on CUDA (one a
+    constant before), an elided one not read, and the text the same as off CUDA."""
+    values = [_patterned(d, (2, 3), i) for i, d in enumerate([mx.float32, mx.bfloat16, mx.int32, mx.uint8])]
+    g = _constants_graph([*values, mx.zeros((128, 256))])
+    off = to_text(g)
+    emptied: list[int] = []
+    clear = mx.clear_cache
+    monkeypatch.setattr(dtypes, "on_cuda", lambda: True)
+    monkeypatch.setattr(dtypes.mx, "clear_cache", lambda: (emptied.append(1), clear())[1])
+    assert to_text(g) == off and len(emptied) == 1
+    assert off.count("= elided") == 1
+    back = parse(off).consts
+    assert [_numpy_bytes(c.value) for c in back[: len(values)]] == [_numpy_bytes(v) for v in values]
+
+
+def test_constants_compare_by_bytes_read_once(cuda_reads: list[int]) -> None:
+    """-0.0 and 0.0 are different constants; equal bytes are one; one read for the pair."""
+    zero = mx.array(np.array([0], dtype=np.uint32)).view(mx.float32)
+    negzero = mx.array(np.array([0x80000000], dtype=np.uint32)).view(mx.float32)
+    a, b, c = (_constants_graph([v]).consts[0] for v in (zero, negzero, mx.array([0.0])))
+    assert a != b and a == c
+    assert len(cuda_reads) == 2

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import dtypes
@@ -62,15 +62,23 @@ def args_from_json(text: str) -> tuple[Any, ...]:
     return _dec_arg(json.loads(text))
 
 
-def _const_text(c: Const) -> str:
-    """``elided``, a JSON list of values (small constants whose values read back to the
-    same bytes), or ``hex:`` and the raw bytes: a NaN other than the dtype's canonical
-    one (a sign, a payload) does not survive a list, so such a constant prints as hex."""
+def _shown(c: Const) -> bool:
+    return c.value is not None and c.var.nbytes <= ELIDE_BYTES
+
+
+def _const_texts(consts: Sequence[Const]) -> list[str]:
+    """Each constant's text; the bytes of those shown read together (on CUDA one
+    evaluation and one emptying of MLX's cache for the graph, not one a constant)."""
+    shown = [c for c in consts if _shown(c)]
+    raws = iter(dtypes.to_bytes_many([c.value for c in shown]))
+    return [_const_text(c, next(raws)) if _shown(c) else "elided" for c in consts]
+
+
+def _const_text(c: Const, data: bytes) -> str:
+    """A JSON list of values (small constants whose values read back to the same bytes),
+    or ``hex:`` and the raw bytes: a NaN other than the dtype's canonical one (a sign, a
+    payload) does not survive a list, so such a constant prints as hex."""
     v = c.var
-    if c.value is None or v.nbytes > ELIDE_BYTES:
-        return "elided"
-    data = c.data()
-    assert data is not None
     if v.size <= _SMALL and v.dtype != "c64":
         vals = json.dumps(dtypes.to_numpy(data, v.shape, v.dtype).reshape(-1).tolist())
         if dtypes.from_values(json.loads(vals), v.shape, v.dtype) == data:
@@ -124,8 +132,8 @@ def to_text(
         lines = [f"graph {name_text(g.name)}({', '.join(ins)}) {{"]
     else:
         lines = [f"graph {name_text(g.name)}(", *(f"    {x}," for x in ins), ") {"]
-    for c in g.consts:
-        lines.append(f"  const %{c.var.name}: {c.var.type_str()} = {_const_text(c)}")
+    for c, text in zip(g.consts, _const_texts(g.consts), strict=True):
+        lines.append(f"  const %{c.var.name}: {c.var.type_str()} = {text}")
     starts: dict[int, Segment] = {}
     if headers:
         starts = {s.start: s for s in segments(g)}
