@@ -398,8 +398,8 @@ def assert_decodes_agree(
 ) -> None:
     """``fused`` and ``plain`` (two ways of running ``model``, each called as
     ``f(tokens, cache=...)`` on a prompt cache of its own) over a 12-token prompt and
-    ``steps`` greedy decode steps: logits and every cache buffer byte for byte after
-    each step, and the prompt's logits with ``prompt_too``."""
+    ``steps`` greedy decode steps: logits, every cache's offset and every cache buffer
+    byte for byte after each step, and the prompt's logits with ``prompt_too``."""
     from mlx_lm.models.cache import make_prompt_cache
 
     cf, cp = make_prompt_cache(model), make_prompt_cache(model)
@@ -410,7 +410,8 @@ def assert_decodes_agree(
         t = mx.argmax(lp[:, -1:], -1)
         lf, lp = fused(t, cache=cf), plain(t, cache=cp)
         assert same_bits(lf, lp), f"decode step {k}: logits"
-        for a, b in zip(cf, cp):
+        for a, b in zip(cf, cp, strict=True):
+            assert a.offset == b.offset == len(prompt[0]) + k + 1, f"decode step {k}: offsets"
             assert same_bits(a.keys, b.keys) and same_bits(a.values, b.values), f"decode step {k}: caches"
 
 

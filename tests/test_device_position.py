@@ -10,11 +10,9 @@ from typing import Any
 
 import mlx.core as mx
 import pytest
-from conftest import same_bits, same_caches
+from conftest import assert_decodes_agree
 
 pytest.importorskip("mlx_lm", reason="the mlx-lm models need the lm extra (pip install segc[lm])")
-from mlx_lm.models.cache import make_prompt_cache
-
 import segc
 from segc.errors import UsageError
 from segc.models import tiny_llama
@@ -47,21 +45,8 @@ def test_a_decode_through_it_keeps_eagers_bits(on_device: None, monkeypatch: pyt
     full = mx.full
     monkeypatch.setattr(kvcache.mx, "full", lambda shape, v, **k: (made.append(v), full(shape, v, **k))[1])
     model: Any = tiny_llama(num_hidden_layers=2)
-    step = segc.jit(model, boundaries="layers.*")
     ref = model if mx.default_device() == mx.cpu else segc.jit(model)
-    cache, ref_cache = make_prompt_cache(model), make_prompt_cache(model)
-    prompt = mx.array([[3, 1, 4, 1, 5]])
-    assert same_bits(step(prompt, cache=cache), ref(prompt, cache=ref_cache))
-    for t in range(5):
-        x = mx.array([[t + 2]])
-        assert same_bits(step(x, cache=cache), ref(x, cache=ref_cache))
-        assert [c.offset for c in cache] == [e.offset for e in ref_cache] == [6 + t] * 2
-        assert same_caches(cache, ref_cache)
-    assert [v for v in made if isinstance(v, int)] == [
-        0,
-        5,
-        6,
-        7,
-        8,
-        9,
-    ]  # every call's offset made on the device, once for both caches
+    assert_decodes_agree(model, segc.jit(model, boundaries="layers.*"), ref, steps=5)
+    # every call's offset made on the device, once for both caches: the 12-token prompt's
+    # 0, then the five decode steps'
+    assert [v for v in made if isinstance(v, int)] == [0, 12, 13, 14, 15, 16]

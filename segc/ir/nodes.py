@@ -67,9 +67,6 @@ class Const:
     var: Var
     value: Any = field(repr=False)
 
-    def data(self) -> bytes | None:
-        return None if self.value is None else dtypes.to_bytes(self.value)
-
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Const) or self.var != other.var:
             return False
