@@ -198,6 +198,8 @@ SETTINGS = {  # a variant's "+suffix" (--isolate only)
     "c128": {"SEGC_ATTENTION_CHUNK": "128"},
     # the KV caches' offset made on the device, not in MLX's managed scalar pool (SEGC_DEVICE_POSITION)
     "devpos": {"SEGC_DEVICE_POSITION": "1"},
+    # the decode attention by MLX's own kernel over the live keys, eager's call (SEGC_LIVE_ATTENTION)
+    "live": {"SEGC_LIVE_ATTENTION": "1"},
     # CUDA's default memory pool keeping what it reserves (benchmarks/mempool.py), in any variant
     "poolkeep": {"SEGC_BENCH_POOL_KEEP": "1"},
 }

@@ -6,7 +6,7 @@
 #
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_decode.sh [PARTS]
 #
-# PARTS: any of  teststamps managed devpos ab pool dense quant moe concat chain chaintests isolated runtime kernels select products check generate device ablate modes commits census kv attn kvattn kvattndev timeline stage tail bank layers stamps stagedecode inplace prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
+# PARTS: any of  teststamps managed devpos live ab pool dense quant moe concat chain chaintests isolated runtime kernels select products check generate device ablate modes commits census kv attn kvattn kvattndev timeline stage tail bank layers stamps stagedecode inplace prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
 # (default: dense runtime). chain: a layer's MLP, and a decode layer, as one kernel
 # (segc.lower.cuda_chain, cuda_layer; off by default): chain_device.py (device time against
 # the separate kernels, several grids, the tickets alone) and chain_stages.py (each stage's
@@ -290,6 +290,23 @@ for p in $parts; do
     VARIANTS=${VARIANTS:-eager,frozenhead+inplace,frozenhead+inplace+devpos} ROUNDS=2 REPEATS=30 \
       BENCH_LIMIT=${BENCH_LIMIT:-240} bench devpos --prefill 0 --first-call-layers 0 --no-dispatch
     grep -A7 "=== isolated" "$OUT/devpos.txt"
+    ;;
+  live)  # the decode attention by MLX's own kernel over the live keys (SEGC_LIVE_ATTENTION=1: eager's call, cuDNN from
+    # 256 positions): its GPU tests (a decode against eager mlx-lm byte for byte, copying and in place, 12 and 300
+    # cached positions), then the decode, VARIANTS (default eager,frozenhead+inplace,frozenhead+inplace+live,
+    # frozenhead+live) each a process, two rounds (about 5 minutes; carry .gpu/two); LIVEPROFILE="0 1": also
+    # benchmarks/live_host.py (the host time of a call, by function) off and on first
+    timeout 300 $PY -m pytest -q -p no:benchmark -p no:cacheprovider -n 4 --timeout 280 --timeout-method thread \
+      tests/test_live_cuda.py >"$OUT/live_tests.txt" 2>&1
+    echo "live tests: rc=$?"
+    tail -3 "$OUT/live_tests.txt"
+    for on in ${LIVEPROFILE:-}; do  # the host time of a call under cProfile, SEGC_LIVE_ATTENTION=$on, in place
+      SEGC_LIVE_ATTENTION=$on SEGC_KV_IN_PLACE=1 timeout 120 $PY benchmarks/live_host.py --calls 30 >"$OUT/live_host$on.txt" 2>&1
+      head -30 "$OUT/live_host$on.txt"
+    done
+    VARIANTS=${VARIANTS:-eager,frozenhead+inplace,frozenhead+inplace+live,frozenhead+live} ROUNDS=${ROUNDS:-2} REPEATS=30 \
+      BENCH_LIMIT=${BENCH_LIMIT:-300} bench live --prefill 0 --first-call-layers 0 --no-dispatch
+    grep -A8 "=== isolated" "$OUT/live.txt"
     ;;
   pool)  # does the decode step's slow mode follow CUDA's pool handing memory back? (benchmarks/mempool.py): STEPS'
     # kernels (default segc,segcinplace; each call's attention kernels summed, the pool's bytes after each call),

@@ -706,12 +706,9 @@ def test_a_chain_found_in_a_layer_runs_through_segc_s_wiring(recorded, monkeypat
         np.testing.assert_allclose(got, np.array(w).reshape(got.shape), rtol=1e-4, atol=1e-4)
 
 
-def test_the_write_in_place_hands_back_the_old_buffers_written(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``SEGC_KV_IN_PLACE``'s wiring (``kv_attention(..., in_place=True)``), the kernel
-    emulated as the GPU runs it, writing into its inputs' memory: the buffers it hands
-    back hold the copying kernel's bytes and are the caller's (a contiguous buffer
-    written in place); a buffer that is not contiguous is written through its contiguous
-    copy, and the caller's is left as it was."""
+def _writing_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``mx.fast.cuda_kernel`` replaced by the emulator, writing back into its inputs'
+    memory what the kernel left there, as the GPU's kernel writes its inputs."""
     from segc.lower import cuda_kernel
 
     def make(**made: Any) -> Any:
@@ -720,12 +717,23 @@ def test_the_write_in_place_hands_back_the_old_buffers_written(monkeypatch: pyte
             n = len(kw["output_shapes"])
             (got,) = run(made, kw, inputs=True)
             for x, after in zip(kw["inputs"], got[n:], strict=True):
-                np.asarray(memoryview(x))[...] = after  # as the GPU's kernel writes its inputs
-            return [mx.array(o) for o in got[:n]]
+                raw = x.view(mx.uint16) if x.dtype == mx.bfloat16 else x  # (no buffer format for bfloat16)
+                mx.eval(raw)
+                np.asarray(memoryview(raw))[...] = after.view(np.uint16) if x.dtype == mx.bfloat16 else after
+            return [_as_mx(o, t) for o, t in zip(got[:n], kw["output_dtypes"], strict=True)]
 
         return call
 
     monkeypatch.setattr(cuda_kernel.mx.fast, "cuda_kernel", make)
+
+
+def test_the_write_in_place_hands_back_the_old_buffers_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``SEGC_KV_IN_PLACE``'s wiring (``kv_attention(..., in_place=True)``), the kernel
+    emulated as the GPU runs it, writing into its inputs' memory: the buffers it hands
+    back hold the copying kernel's bytes and are the caller's (a contiguous buffer
+    written in place); a buffer that is not contiguous is written through its contiguous
+    copy, and the caller's is left as it was."""
+    _writing_inputs(monkeypatch)
     cuda_kvattention._kernel.cache_clear()
     try:
         cap, pos = 40, 21
@@ -754,3 +762,28 @@ def test_the_write_in_place_hands_back_the_old_buffers_written(monkeypatch: pyte
         assert attend(ins2, True) == want2 and _bits(base) == before
     finally:
         cuda_kvattention._kernel.cache_clear()
+
+
+@pytest.mark.parametrize("dt", [mx.float32, mx.bfloat16])
+@pytest.mark.parametrize(("d", "dims", "trad", "pos"), [(64, 64, False, 21), (16, 8, True, 0), (80, 80, False, 39)])
+def test_the_rows_written_in_place_are_the_copying_kernel_s(monkeypatch: pytest.MonkeyPatch, dt, d, dims, trad, pos):
+    """``kv_write_rows`` (the live attention's write in place, ``segc.lower.live``),
+    emulated as the GPU runs it, writing into its inputs' memory: the caller's buffers
+    end as the copying kernel's new buffers, byte for byte, and the rotated queries are
+    the copying kernel's."""
+    _writing_inputs(monkeypatch)
+    cuda_kvwrite._kernel.cache_clear()
+    try:
+        mx.random.seed(pos + d)
+        cap = 40
+        kb, vb = (mx.random.normal((1, 2, cap, d)).astype(dt) for _ in range(2))
+        k, v, q = (mx.random.normal((1, h, 1, d)).astype(dt) for h in (2, 2, 8))
+        off = mx.array(pos, dtype=mx.int32)
+        mx.eval(kb, vb, k, v, q)
+        want = [_bits(x) for x in cuda_kvwrite.kv_write([kb, k, vb, v, off, q], dims, trad, 10000.0, 1.0, True, False)]
+        assert _bits(kb) != want[0]  # the copy wrote buffers of its own
+        got = cuda_kvwrite.kv_write_rows([kb, k, vb, v, off, q], dims, trad, 10000.0, 1.0, False)
+        assert [_bits(x) for x in got] == want
+        assert (_bits(kb), _bits(vb)) == (want[0], want[1])  # the caller's buffers, written
+    finally:
+        cuda_kvwrite._kernel.cache_clear()

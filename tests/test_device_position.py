@@ -1,5 +1,5 @@
-"""``SEGC_DEVICE_POSITION=1``: the KV caches' offset as element 0 of a 16-byte array made
-on the device rather than a host-made scalar (which MLX's CUDA build keeps in a managed
+"""``SEGC_DEVICE_POSITION=1``: the KV caches' offset as the last element of a 16-byte array
+a kernel makes on the device rather than a host-made scalar (which MLX's CUDA build keeps in a managed
 pool the host writes; docs/gpu.md, "Host reads and managed memory"). The setting acts
 on CUDA only; here it is taken on the CPU by saying it is CUDA, and a decode through it
 must keep eager's bits and the caches' offsets."""
@@ -42,8 +42,9 @@ def test_a_bad_value_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None
 
 def test_a_decode_through_it_keeps_eagers_bits(on_device: None, monkeypatch: pytest.MonkeyPatch) -> None:
     made: list[int] = []
-    full = mx.full
-    monkeypatch.setattr(kvcache.mx, "full", lambda shape, v, **k: (made.append(v), full(shape, v, **k))[1])
+    arange = mx.arange
+    # (the positions' aranges have a start and a stop; the masks' a stop alone)
+    monkeypatch.setattr(kvcache.mx, "arange", lambda *a, **k: (made.extend(a[1:] and [a[1] - 1]), arange(*a, **k))[1])
     model: Any = tiny_llama(num_hidden_layers=2)
     ref = model if mx.default_device() == mx.cpu else segc.jit(model)
     assert_decodes_agree(model, segc.jit(model, boundaries="layers.*"), ref, steps=5)

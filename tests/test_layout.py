@@ -21,6 +21,7 @@ LAYERS = {
     "segc.settings": 0,
     "segc.dtypes": 0,
     "segc.units": 0,
+    "segc.hostints": 0,  # arrays whose value the host knows: recorded by segc.trace, read by segc.lower
     "segc.ir": 1,
     "segc.lower": 2,
     "segc.trace": 2,

@@ -134,6 +134,34 @@ _QUERIES = r"""if (i < static_cast<int64_t>(HQ) * D) {
     }"""
 
 
+# in place (the live attention's write, ``live.py``): a thread per element of the new key
+# and value rows, each written at the offset into the old buffers (made contiguous by the
+# caller, so the caller's own memory), then a thread per element of the rotated queries
+_ROWS_BODY = r"""
+    const int C = kb_shape[2];
+    const int32_t pos = off[0];
+    const int64_t nk = static_cast<int64_t>(H) * D;
+    const int64_t nv = static_cast<int64_t>(H) * DV;
+    int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < nk) {
+        int h = static_cast<int>(i / D);
+        int d = static_cast<int>(i % D);
+        const_cast<T*>(kb)[(static_cast<int64_t>(h) * C + pos) * D + d] =
+            segc_rotated<T, TRAD, DIMS, D, FREQS>(k, h, d, pos, FREQ_PTR);
+        return;
+    }
+    i -= nk;
+    if (i < nv) {
+        int h = static_cast<int>(i / DV);
+        int d = static_cast<int>(i % DV);
+        const_cast<T*>(vb)[(static_cast<int64_t>(h) * C + pos) * DV + d] = v[static_cast<int64_t>(h) * DV + d];
+        return;
+    }
+    i -= nv;
+    QUERIES
+"""
+
+
 def rope_bits(base: float | None, scale: float) -> tuple[int, int]:
     """The rotation's constants as the kernels ``#define`` them (float32 bits): log2 of
     the base, computed in float as MLX does (``std::log2`` of a float), and the scale."""
@@ -145,18 +173,61 @@ def _bits(x: float) -> int:
 
 
 @functools.cache
-def _kernel(queries: bool, freqs: bool, log2_base_bits: int, scale_bits: int) -> Any:
+def _kernel(queries: bool, freqs: bool, log2_base_bits: int, scale_bits: int, rows: bool = False) -> Any:
     """The kernel for a rotation's constants (float32 bits: they are ``#define``d, so a
-    kernel per rotation, named after them) with or without queries and frequencies."""
+    kernel per rotation, named after them) with or without queries and frequencies;
+    ``rows``: the rows written into the old buffers (queries only), nothing copied."""
     ins = ["kb", "k", "vb", "v", "off", *(["q"] if queries else []), *(["freqs"] if freqs else [])]
-    outs = ["ko", "vo", *(["qo"] if queries else [])]
-    source = _BODY.replace("QUERIES", _QUERIES if queries else "").replace("FREQ_PTR", "freqs" if freqs else "nullptr")
+    outs = [*([] if rows else ["ko", "vo"]), *(["qo"] if queries else [])]
+    body = _ROWS_BODY if rows else _BODY
+    source = body.replace("QUERIES", _QUERIES if queries else "").replace("FREQ_PTR", "freqs" if freqs else "nullptr")
     header = (
         f"#define SEGC_LOG2_BASE (__int_as_float(0x{log2_base_bits:08x}))\n"
         f"#define SEGC_SCALE (__int_as_float(0x{scale_bits:08x}))\n" + _HEADER
     )
-    name = f"segc_kv_write{'_q' if queries else ''}{'_f' if freqs else ''}_{log2_base_bits:08x}_{scale_bits:08x}"
+    form = f"{'_rows' if rows else ''}{'_q' if queries else ''}{'_f' if freqs else ''}"
+    name = f"segc_kv_write{form}_{log2_base_bits:08x}_{scale_bits:08x}"
     return cuda_kernel(name=name, input_names=ins, output_names=outs, source=source, header=header)
+
+
+def _template(kb: mx.array, vb: mx.array, hq: int, dims: int, trad: bool, freqs: bool) -> list[tuple[str, Any]]:
+    """The write kernels' template arguments: dtype, heads, head sizes, query heads, rotation."""
+    _, h, _, d = kb.shape
+    return [
+        ("T", kb.dtype),
+        ("H", h),
+        ("D", d),
+        ("DV", vb.shape[3]),
+        ("HQ", hq),
+        ("DIMS", dims),
+        ("TRAD", trad),
+        ("FREQS", freqs),
+    ]
+
+
+def kv_write_rows(
+    ins: Sequence[mx.array], dims: int, traditional: bool, base: float | None, scale: float, freqs: bool
+) -> list[mx.array]:
+    """:func:`kv_write` with the queries, in place: the offset's rows written into the old
+    key and value buffers (made contiguous first, which shares a contiguous buffer), the
+    queries rotated; ``[key buffer, value buffer, rotated queries]``, the buffers ordered
+    after the kernel by ``mx.depends`` (MLX's kernels cannot alias an output with an
+    input). Only for buffers nothing else reads (``KVWriteMatch.alone``)."""
+    kb, k, vb, v, off, q = ins[:6]
+    kb, vb = mx.contiguous(kb), mx.contiguous(vb)
+    h, d, dv, hq = kb.shape[1], kb.shape[3], vb.shape[3], q.shape[1]
+    threads = h * d + h * dv + hq * d
+    kernel = _kernel(True, freqs, *rope_bits(base, scale), rows=True)
+    (qo,) = kernel(
+        inputs=[kb, k, vb, v, off.reshape(()) if off.ndim else off, q, *ins[6:7]],
+        template=_template(kb, vb, hq, dims, traditional, freqs),
+        grid=(-(-threads // THREADS) * THREADS, 1, 1),
+        threadgroup=(THREADS, 1, 1),
+        output_shapes=[q.shape],
+        output_dtypes=[q.dtype],
+    )
+    ko, vo = mx.depends([kb, vb], [qo])
+    return [ko, vo, qo]
 
 
 def kv_write(
@@ -173,17 +244,7 @@ def kv_write(
     vec = vec if d % vec == 0 and dv % vec == 0 else 1
     hq = q.shape[1] if q is not None else 0
     threads = h * c * d // vec + h * c * dv // vec + hq * d
-    tmpl: list[tuple[str, Any]] = [
-        ("T", kb.dtype),
-        ("H", h),
-        ("D", d),
-        ("DV", dv),
-        ("HQ", hq),
-        ("DIMS", dims),
-        ("TRAD", traditional),
-        ("FREQS", freqs),
-        ("VEC", vec),
-    ]
+    tmpl = [*_template(kb, vb, hq, dims, traditional, freqs), ("VEC", vec)]
     shapes = [kb.shape, vb.shape, *([q.shape] if q is not None else [])]
     kernel = _kernel(queries, freqs, *rope_bits(base, scale))
     return list(

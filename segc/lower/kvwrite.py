@@ -33,6 +33,7 @@ import mlx.core as mx
 
 from ..ir import Eqn
 from ..settings import env_choice
+from .live import live_wanted
 from .pattern import SegmentGraph, only_reader
 from .prim import lookup
 
@@ -249,7 +250,8 @@ def kv_write_kernel(
         return None
     if not (own_attention and kv_attention_wanted()):
         return cuda_kv_write
-    return cuda_kv_write_with_attention if in_place is None else _paired(in_place)
+    paired = cuda_kv_write_with_attention if in_place is None else _paired(in_place)
+    return _live(paired, in_place) if live_wanted() else paired
 
 
 def kv_attention_wanted() -> bool:
@@ -314,6 +316,27 @@ def _paired(in_place: bool) -> Kernel:
         return cuda_kv_write(m, ins)
 
     kernel.with_attention = functools.partial(_with_attention, setting=in_place)  # type: ignore[attr-defined]
+    return kernel
+
+
+def _live(paired: Kernel, in_place: bool | None) -> Kernel:
+    """``paired`` with a ``live`` write (``SEGC_LIVE_ATTENTION=1``, ``live.py``): the new
+    buffers and rotated queries (in place where :func:`written_in_place`), after which the
+    replay runs MLX's attention over the live keys, where the mask is one query's causal
+    row; ``with_attention`` elsewhere."""
+
+    def kernel(m: KVWriteMatch, ins: Sequence[mx.array]) -> list[mx.array]:
+        return cuda_kv_write(m, ins)
+
+    def write(m: KVWriteMatch, ins: Sequence[mx.array]) -> list[mx.array]:
+        if written_in_place(m, in_place):
+            from .cuda_kvwrite import kv_write_rows
+
+            return kv_write_rows(ins, m.dims, m.traditional, m.base, m.scale, m.freqs)
+        return cuda_kv_write(m, ins)
+
+    kernel.with_attention = paired.with_attention  # type: ignore[attr-defined]
+    kernel.live = write  # type: ignore[attr-defined]
     return kernel
 
 

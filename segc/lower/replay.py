@@ -15,7 +15,7 @@ import mlx.core as mx
 
 from ..errors import UnsupportedPrimitive
 from ..ir import Const, Eqn, Graph, Segment
-from . import dequantized, experts, scratch
+from . import dequantized, experts, live, scratch
 from .attention import AttentionMatch, rows_mask
 from .attention import Kernel as Attention
 from .fused import find_all
@@ -133,6 +133,14 @@ def _pair_rule(w: KVWriteMatch, m: AttentionMatch, kernel: WithAttention) -> Rul
     return run
 
 
+def _live_rule(scale: float) -> Rule:
+    def run(ins: list[mx.array], args: tuple, e: Eqn) -> mx.array:
+        q, k, v, off = ins
+        return live.attend(q, k, v, off, scale)
+
+    return run
+
+
 Step = tuple[Rule, Eqn, Sequence[str], tuple[str, ...]]
 
 
@@ -203,9 +211,17 @@ def replay_fn(
     rewrites, lifts = experts.find(eqns, out_names, av) if dense_experts else ({}, set())
     if (set(rewrites) | lifts) & (skip | set(pair_at) | set(write_at) | set(at) | set(prod_at)):
         rewrites, lifts = {}, set()  # a fused kernel took part of it: MLX's products stay
+    live_write: KVWrite | None = getattr(kv_write, "live", None)  # SEGC_LIVE_ATTENTION (live.py)
+    live_rules: set[int] = set()
     plan: list[Step] = []
     for e in eqns:
-        if e.id in pair_at:
+        if e.id in pair_at and live_write is not None and live.causal_row(pair_at[e.id][1].mask, [*context, *eqns]):
+            w, m = pair_at[e.id]  # the write (compiled with the rest), then MLX's attention over the live keys
+            plan.append((_kv_rule(w, live_write), w.eqns[-1], w.ins, w.outs))
+            rule = _live_rule(m.scale)
+            live_rules.add(id(rule))
+            plan.append((rule, e, (w.outs[2], w.outs[0], w.outs[1], w.ins[4]), (m.out,)))
+        elif e.id in pair_at:
             w, m = pair_at[e.id]
             assert with_attention is not None
             plan.append((_pair_rule(w, m, with_attention), e, (*w.ins, m.mask), (w.outs[0], w.outs[1], m.out)))
@@ -233,6 +249,10 @@ def replay_fn(
                 plan.append((r, e, lifted, tuple(o.name + experts.SUFFIX for o in e.outs)))
     if writes:
         plan = _in_order(plan, {*consts, *in_names})
+    if live_rules:  # steps that read the host's offset at each call: compiled around, not in
+        return live.staged(
+            plan, {i for i, st in enumerate(plan) if id(st[0]) in live_rules}, consts, in_names, out_names
+        )
 
     def run(*xs: mx.array) -> list[mx.array]:
         env: dict[str, Any] = dict(consts)

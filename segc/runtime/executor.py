@@ -43,6 +43,7 @@ from ..lower import (
     check_supported,
     check_types,
     compile_loses,
+    compile_segment,
     dequantized_wanted,
     experts_wanted,
     kv_write_kernel,
@@ -210,7 +211,7 @@ class Executor:
             opts = {"dequantize": dequantize, "dense_experts": dense_experts}
             fn = segment_fn(g, s, used, kernel, products, kv_write, **opts, inputs=ins, prologue=again)
             if compile and not _touches_empty(g, s, vs):
-                fn = mx.compile(fn)
+                fn = compile_segment(fn)  # a segment with live steps: its stretches (lower/live.py)
             for o in s.outputs:
                 cell[o] = len(cell)
             fns.append(fn)

@@ -20,6 +20,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from .. import hostints
 from ..backend import on_cuda
 from ..errors import StateError
 from ..settings import env_choice
@@ -72,16 +73,21 @@ def position(n: int) -> mx.array:
     instead of one per cache (each is a host allocation and, on a GPU, a transfer).
     Arrays are immutable, so sharing them changes nothing; a few are kept.
 
-    With ``SEGC_DEVICE_POSITION=1`` on CUDA the array is element 0 of a 16-byte array
-    made on the device, not a host-made scalar: MLX's CUDA build keeps arrays of 8 bytes
+    With ``SEGC_DEVICE_POSITION=1`` on CUDA the array is the last element of a 16-byte
+    array a kernel makes on the device (``arange``), not a host-made scalar: MLX's CUDA build keeps arrays of 8 bytes
     or fewer in a managed-memory pool the host writes, and every decode layer's kernel
     reads the offset (``docs/gpu.md``, "Host reads and managed memory")."""
     a = _POSITIONS.get(n)
     if a is None:  # the setting read here, once an offset: not for every cache of a call
         if len(_POSITIONS) >= 8:
+            for old in _POSITIONS.values():
+                hostints.forget(old)
             _POSITIONS.clear()
-        # on the device: a view of a 16-byte device buffer, not MLX's scalar pool
-        a = _POSITIONS[n] = mx.full((4,), n, dtype=mx.int32)[0] if _device_position() else mx.array(n, dtype=mx.int32)
+        # on the device: the last of 16 bytes a kernel writes, not MLX's scalar pool (mx.full
+        # would broadcast a host scalar, whose buffer is the pool's: measured so, 2026-12-07)
+        dev = _device_position()
+        a = _POSITIONS[n] = mx.arange(n - 3, n + 1, dtype=mx.int32)[3] if dev else mx.array(n, dtype=mx.int32)
+        hostints.remember(a, n)  # the live attention reads n here, not from the device
     return a
 
 

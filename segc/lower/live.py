@@ -1,0 +1,171 @@
+"""A decode step's attention over the live keys, by MLX's own kernel (``SEGC_LIVE_ATTENTION=1``).
+
+A dynamic KV cache's graph (``segc/trace/kvcache.py``) attends over the whole buffer with
+a mask made from the offset, so that one graph serves every position. Eager mlx-lm
+attends over the live keys instead, ``keys[..., :offset + 1, :]``, and from 256 cached
+positions MLX's CUDA build runs that with cuDNN's fused kernel, which no kernel of segc's
+reproduces (docs/models.md). Here each one-token write paired with its attention
+(``fused.py``) becomes the write (segc's kernel: eager's bytes), then MLX's
+``scaled_dot_product_attention`` over the buffers sliced to ``offset + 1`` positions, the
+call eager makes: eager's bytes on the GPU too, and eager's kernel.
+
+The slice's length is the host's: the offset is an array made from a host integer
+(``hostints``), so the length is read there, not from the device. A length cannot live
+in a compiled graph (``mx.compile`` would bake it in), so a segment holding such a step
+runs as compiled *stretches* between its live steps (:func:`staged`): the graph is still
+traced once per buffer capacity, never per position.
+
+Taken only where the mask is the causal row of one query at an offset (``causal_row``):
+``offset + arange(1) >= arange(capacity)``, nothing else (no window). The write stays in
+the compiled stretch before the step: only the slices and the attention run eagerly."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any, cast
+
+import mlx.core as mx
+
+from .. import hostints
+from ..ir import Eqn
+from ..settings import env_choice
+from . import scratch
+
+Step = tuple[Callable[..., Any], Eqn, Sequence[str], tuple[str, ...]]
+_VIEWS = frozenset({"Broadcast", "Unflatten", "Reshape", "ExpandDims", "Squeeze", "Flatten", "AsType"})
+
+
+def live_wanted() -> bool:
+    """The environment's ``SEGC_LIVE_ATTENTION``: ``0`` (the default) or ``1``; read when
+    segments are built (``kvwrite.kv_write_kernel``)."""
+    return env_choice("SEGC_LIVE_ATTENTION", ("0", "1"), "0") == "1"
+
+
+def offset_value(off: mx.array) -> int:
+    """The host's value of a cache's offset: recorded by its maker (``hostints``), else
+    read from the array (a wait for the device, for an offset segc did not make)."""
+    n = hostints.known(off)
+    return int(cast(int, off.item())) if n is None else n
+
+
+def attend(q: mx.array, keys: mx.array, values: mx.array, off: mx.array, scale: float) -> mx.array:
+    """MLX's attention of the rotated queries ``q`` over the first ``offset + 1`` positions
+    of the written buffers, as eager mlx-lm's one-token call makes it (no mask)."""
+    n = offset_value(off) + 1
+    return mx.fast.scaled_dot_product_attention(q, keys[:, :, :n], values[:, :, :n], scale=scale)
+
+
+def causal_row(mask: str, context: Sequence[Eqn]) -> bool:
+    """Whether ``mask`` is one query's causal row at an offset: ``GreaterEqual`` of an
+    offset plus ``arange(1)`` (through views) and ``arange(capacity)``, nothing else."""
+    made = {o.name: e for e in context for o in e.outs}
+
+    def through_views(v: str) -> Eqn | None:
+        e = made.get(v)
+        while e is not None and e.prim in _VIEWS:
+            e = made.get(e.ins[0])
+        return e
+
+    top = through_views(mask)
+    if top is None or top.prim != "GreaterEqual":
+        return False
+    row, keys = (through_views(v) for v in top.ins)
+    if keys is None or keys.prim != "Arange" or tuple(keys.args[:1]) != (0.0,) or tuple(keys.args[2:3]) != (1.0,):
+        return False
+    if row is None:  # the offset itself, a graph input
+        return top.ins[0] not in made
+    if row.prim != "Add":
+        return False
+    parts = [(v, through_views(v)) for v in row.ins]
+    ranges = [e for _, e in parts if e is not None and e.prim == "Arange"]
+    inputs = [v for v, e in parts if e is None and _root(v, made) not in made]
+    return len(ranges) == 1 and tuple(ranges[0].args) == (0.0, 1.0, 1.0) and len(inputs) == 1
+
+
+def _root(v: str, made: Mapping[str, Eqn]) -> str:
+    e = made.get(v)
+    while e is not None and e.prim in _VIEWS:
+        v = e.ins[0]
+        e = made.get(v)
+    return v
+
+
+def staged(
+    plan: Sequence[Step],
+    live: Collection[int],
+    consts: Mapping[str, Any],
+    in_names: Sequence[str],
+    out_names: Sequence[str],
+) -> Callable[..., list[mx.array]]:
+    """A segment's function whose steps at the indices ``live`` run eagerly (their rules
+    read host values at each call) and whose other steps run as stretches between them;
+    ``fn.compiled()`` is the same function with each stretch ``mx.compile``d (what the
+    executor calls instead of compiling the whole)."""
+    parts: list[tuple[bool, list[Step]]] = []
+    for i, step in enumerate(plan):
+        if i in live:
+            parts.append((True, [step]))
+        elif parts and not parts[-1][0]:
+            parts[-1][1].append(step)
+        else:
+            parts.append((False, [step]))
+    needed: set[str] = set(out_names)
+    shapes: list[tuple[bool, list[Step], tuple[str, ...], tuple[str, ...]]] = []
+    for is_live, steps in reversed(parts):
+        made = {v for _, _, _, outs in steps for v in outs}
+        reads = {v for _, _, ins, _ in steps for v in ins} - made - set(consts)
+        outs = tuple(sorted(made & needed))
+        needed = (needed - made) | reads
+        shapes.append((is_live, steps, tuple(sorted(reads)), outs))
+    shapes.reverse()
+
+    def stretch(steps: list[Step], ins: tuple[str, ...], outs: tuple[str, ...]) -> Callable[..., list[mx.array]]:
+        def run(*xs: mx.array) -> list[mx.array]:
+            env: dict[str, Any] = dict(consts)
+            env.update(zip(ins, xs))
+            with scratch.per_call():
+                for r, e, i, o in steps:
+                    _apply(env, r([env[v] for v in i], e.args, e), o)
+            return [env[v] for v in outs]
+
+        return run
+
+    def build(compile: bool) -> Callable[..., list[mx.array]]:
+        fns = [
+            None if is_live or not outs else (mx.compile if compile else _same)(stretch(steps, ins, outs))
+            for is_live, steps, ins, outs in shapes
+        ]
+
+        def run(*xs: mx.array) -> list[mx.array]:
+            env: dict[str, Any] = dict(consts)
+            env.update(zip(in_names, xs))
+            with scratch.per_call():
+                for fn, (is_live, steps, ins, outs) in zip(fns, shapes, strict=True):
+                    if is_live:
+                        r, e, i, o = steps[0]
+                        _apply(env, r([env[v] for v in i], e.args, e), o)
+                    elif fn is not None:
+                        env.update(zip(outs, fn(*[env[v] for v in ins])))
+            return [env[v] for v in out_names]
+
+        run.compiled = lambda: build(True)  # type: ignore[attr-defined]
+        return run
+
+    return build(False)
+
+
+def _same(f: Callable[..., Any]) -> Callable[..., Any]:
+    return f
+
+
+def _apply(env: dict[str, Any], res: Any, outs: Sequence[str]) -> None:
+    if isinstance(res, mx.array):
+        env[outs[0]] = res
+    else:
+        env.update(zip(outs, res))
+
+
+def compile_segment(fn: Callable[..., list[mx.array]]) -> Callable[..., list[mx.array]]:
+    """``mx.compile(fn)``, or for a staged segment (:func:`staged`) its stretches compiled."""
+    parts = getattr(fn, "compiled", None)
+    return parts() if parts is not None else mx.compile(fn)

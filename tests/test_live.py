@@ -1,0 +1,214 @@
+"""The attention over the live keys (``segc.lower.live``, ``SEGC_LIVE_ATTENTION=1``): a
+rotated write paired with its attention becomes the write, then MLX's own attention over
+the buffers sliced to ``offset + 1`` positions, the call eager mlx-lm makes; the length
+read from the host (``segc.hostints``), the segment run as compiled stretches around it.
+On the CPU the write is its reference (``kvwrite.reference_kv_write``) and the graph is
+built as a GPU trace records it (``test_kvwrite._layer``, the mask made from the offset);
+every result is compared with eager MLX's ops, byte for byte. The GPU's end-to-end
+decode against eager mlx-lm: ``tests/test_live_cuda.py``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from conftest import assert_env_setting, same_bits
+from hypothesis import given, settings
+from hypothesis import strategies as hst
+from test_kvattention import _attention_eqns
+from test_kvwrite import _layer, _values
+
+from segc import hostints
+from segc.ir import Eqn, Var
+from segc.lower import kvwrite, live
+from segc.lower.attention import reference_attention
+from segc.lower.kvwrite import reference_kv_write
+from segc.lower.replay import replay_fn
+from segc.trace import kvcache
+
+pytestmark = pytest.mark.timeout(120)
+C = 16
+
+
+def _mask_eqns(window: bool = False, reversed_: bool = False) -> list[Eqn]:
+    """The dynamic cache's mask for one query (``kvcache._dyn_mask``) as the trace
+    records it: ``offset + arange(1) >= arange(C)``, through its broadcasts."""
+    b = lambda n, shape, dt="i32": Var(n, shape, dt)  # noqa: E731
+    eqns = [
+        Eqn(200, "Broadcast", ("off",), (b("m_off", (1, 1)),), ((1, 1),)),
+        Eqn(201, "Arange", (), (b("m_r", (1,)),), (0.0, 1.0, 1.0)),
+        Eqn(202, "ExpandDims", ("m_r",), (b("m_r2", (1, 1)),), ((1,),)),
+        Eqn(203, "Add", ("m_off", "m_r2"), (b("m_q", (1, 1)),)),
+        Eqn(204, "Broadcast", ("m_q",), (b("m_qb", (1, C)),), ((1, C),)),
+        Eqn(205, "Arange", (), (b("m_k", (C,)),), (0.0, float(C), 1.0)),
+        Eqn(206, "ExpandDims", ("m_k",), (b("m_k2", (1, C)),), ((0,),)),
+    ]
+    ge = ("m_k2", "m_qb") if reversed_ else ("m_qb", "m_k2")
+    eqns.append(Eqn(207, "GreaterEqual", ge, (b("m_ge", (1, C), "bool"),)))
+    if window:
+        eqns.append(Eqn(208, "Less", ("m_k2", "m_qb"), (b("m_lt", (1, C), "bool"),)))
+        eqns.append(Eqn(209, "LogicalAnd", ("m_ge", "m_lt"), (b("mask", (1, C), "bool"),)))
+    else:
+        eqns.append(Eqn(208, "Broadcast", ("m_ge",), (b("mask", (1, C), "bool"),), ((1, C),)))
+    return eqns
+
+
+def _graph(dt: str = "bf16", **mask: bool):
+    eqns, avals, ins, _ = _layer(h=2, hq=4, c=C, d=8, dv=8, dims=8, dt=dt)
+    eqns = [e for e in eqns if e.prim != "Multiply"]  # the queries read by the attention alone
+    att, consts, out = _attention_eqns("qr", "ko", "vo", "mask", avals)
+    me = _mask_eqns(**mask)
+    for e in [*att, *me]:
+        avals.update({o.name: (o.shape, o.dtype) for o in e.outs})
+    avals["mask"] = ((1, C), "bool")
+    avals.update({n: (tuple(v.shape), {mx.bfloat16: "bf16"}.get(v.dtype, "f32")) for n, v in consts.items()})
+    return [*me, *eqns, *att], avals, ins, [out, "ko", "vo"], consts
+
+
+class Live:
+    """The reference write as the kernel, ``with_attention`` (its references) and ``live``
+    (the write the live attention follows), counting the pairs and the attentions."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.pairs: list[Any] = []
+        self.lives: list[int] = []
+        real = live.offset_value
+        monkeypatch.setattr(live, "offset_value", lambda off: self.lives.append(1) or real(off))
+
+    def live(self, m, ins):
+        return reference_kv_write(m, ins)
+
+    def __call__(self, m, ins):
+        return reference_kv_write(m, ins)
+
+    def with_attention(self, m, scale, ins):
+        self.pairs.append(m)
+        ko, vo, qr = reference_kv_write(m, ins[:-1])
+        return [ko, vo, reference_attention(qr, ko, vo, ins[-1], scale)]
+
+
+def _fn(eqns, avals, ins, outs, consts, kernel):
+    shapes = {n: a[0] for n, a in avals.items()}
+    return replay_fn(eqns, ins, outs, consts, reference_attention, shapes, eqns, None, avals, kernel)
+
+
+def _eager(env: dict[str, mx.array], n: int) -> list[mx.array]:
+    """Eager mlx-lm's one-token step over this layer: the rotations, the writes, and
+    MLX's attention over the first ``n`` positions, no mask."""
+    rope = lambda x: mx.fast.rope(x, 8, traditional=False, base=10000.0, scale=1.0, offset=env["off"])  # noqa: E731
+    ko = mx.slice_update(env["kb"], rope(env["k"]), env["off"], [2])
+    vo = mx.slice_update(env["vb"], env["v"], env["off"], [2])
+    out = mx.fast.scaled_dot_product_attention(rope(env["q"]), ko[:, :, :n], vo[:, :, :n], scale=8**-0.5)
+    return [out, ko, vo]
+
+
+def _offset(n: int, known: bool) -> mx.array:
+    if known:
+        return kvcache.position(n)  # what a traced cache's offset is: made from a host integer
+    a = mx.array(n, dtype=mx.int32)
+    mx.eval(a)
+    return a
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    offsets=hst.lists(hst.integers(0, C - 1), min_size=1, max_size=4),
+    dt=hst.sampled_from(["bf16", "f32"]),
+    compiled=hst.booleans(),
+    known=hst.booleans(),
+)
+def test_the_live_attention_is_eager_mlx_lm_s_step_at_every_offset(offsets, dt, compiled, known) -> None:
+    """One function (compiled stretches or not) called at several offsets: each call eager
+    MLX's bytes for the attention and both buffers, so no length is baked into it."""
+    eqns, avals, ins, outs, consts = _graph(dt)
+    with pytest.MonkeyPatch.context() as mp:
+        k = Live(mp)
+        _at_every_offset(_fn(eqns, avals, ins, outs, consts, k), k, offsets, avals, ins, outs, compiled, known)
+
+
+def _at_every_offset(fn, k, offsets, avals, ins, outs, compiled, known) -> None:
+    fn = fn.compiled() if compiled else fn  # type: ignore[attr-defined]
+    for i, off in enumerate(offsets):
+        vals = _values(avals, ins, off, seed=i)
+        vals[ins.index("off")] = _offset(off, known)
+        got = fn(*vals)
+        want = _eager(dict(zip(ins, vals, strict=True)), off + 1)
+        for name, a, b in zip(outs, got, want, strict=True):
+            assert same_bits(a, b), f"offset {off}: {name}"
+    assert len(k.lives) == len(offsets) and not k.pairs
+
+
+@pytest.mark.parametrize("mask", [{"window": True}, {"reversed_": True}])
+def test_a_mask_that_is_not_the_causal_row_keeps_the_paired_kernel(mask, monkeypatch: pytest.MonkeyPatch) -> None:
+    eqns, avals, ins, outs, consts = _graph("f32", **mask)
+    assert not live.causal_row("mask", eqns)
+    k = Live(monkeypatch)
+    vals = _values(avals, ins, 5)
+    _fn(eqns, avals, ins, outs, consts, k)(*vals)
+    assert len(k.pairs) == 1 and not k.lives
+
+
+def test_the_causal_row_is_recognised_and_a_mask_given_as_input_is_not() -> None:
+    eqns, *_ = _graph()
+    assert live.causal_row("mask", eqns)
+    assert not live.causal_row("mask", [e for e in eqns if e.id < 200])  # an input: unknown
+
+
+def test_the_offset_comes_from_the_host_not_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A position made by the trace's cache is read from the registry (no ``item()``, so
+    no wait for the device); an array nobody registered is read from the array."""
+    reads: list[int] = []
+    real = mx.array.item
+    monkeypatch.setattr(mx.array, "item", lambda a: reads.append(1) or real(a))
+    assert live.offset_value(kvcache.position(1234)) == 1234 and not reads
+    assert live.offset_value(mx.array(77, dtype=mx.int32)) == 77 and reads == [1]
+
+
+def test_the_registry_is_by_identity_and_forgets_what_positions_drop() -> None:
+    a, b = mx.array(5, dtype=mx.int32), mx.array(5, dtype=mx.int32)
+    hostints.remember(a, 5)
+    assert hostints.known(a) == 5 and hostints.known(b) is None
+    hostints.forget(a)
+    assert hostints.known(a) is None
+    first = kvcache.position(900_001)
+    for n in range(900_002, 900_012):  # more than the positions kept: the first is dropped
+        kvcache.position(n)
+    assert hostints.known(first) is None and hostints.known(kvcache.position(900_011)) == 900_011
+
+
+def test_the_staged_function_runs_its_stretches_around_the_live_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``compiled()`` compiles each stretch, never the live step (whose length a compiled
+    graph would freeze): the stretches handed to ``mx.compile`` leave the attention out."""
+    eqns, avals, ins, outs, consts = _graph("f32")
+    compiled: list[Any] = []
+    real = mx.compile
+    monkeypatch.setattr(mx, "compile", lambda f: compiled.append(f) or real(f))
+    fn = live.compile_segment(_fn(eqns, avals, ins, outs, consts, Live(monkeypatch)))
+    assert compiled and all(f.__name__ == "run" for f in compiled)
+    vals = _values(avals, ins, 9)
+    vals[ins.index("off")] = kvcache.position(9)
+    for a, b in zip(fn(*vals), _eager(dict(zip(ins, vals, strict=True)), 10), strict=True):
+        assert same_bits(a, b)
+    plain = live.compile_segment(lambda x: [x + 1])  # a segment without live steps: mx.compile
+    # one stretch (the mask, the rotations' inputs) before the live step, none after it
+    assert len(compiled) == 1 + 1 and np.array(plain(mx.array([1.0]))[0]).tolist() == [2.0]
+
+
+@pytest.mark.parametrize(("value", "want"), [(None, False), ("0", False), ("1", True), ("", False), ("2", None)])
+def test_the_setting_is_read_and_checked(monkeypatch: pytest.MonkeyPatch, value, want) -> None:
+    assert_env_setting(monkeypatch, "SEGC_LIVE_ATTENTION", value, live.live_wanted, want)
+
+
+def test_the_kernel_carries_the_live_rule_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kvwrite, "FUSED_KV_WRITE", "auto")
+    monkeypatch.setattr(kvwrite, "cuda_wanted", lambda *a: True, raising=False)
+    from segc.lower import products
+
+    monkeypatch.setattr(products, "cuda_wanted", lambda *a: True)
+    monkeypatch.setenv("SEGC_LIVE_ATTENTION", "1")
+    k = kvwrite.kv_write_kernel()
+    assert k is not None and callable(getattr(k, "live", None)) and callable(getattr(k, "with_attention", None))
+    monkeypatch.setenv("SEGC_LIVE_ATTENTION", "0")
+    assert getattr(kvwrite.kv_write_kernel(), "live", None) is None
