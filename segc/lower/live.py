@@ -110,14 +110,14 @@ def staged(
         else:
             parts.append((False, [step]))
     needed: set[str] = set(out_names)
-    shapes: list[tuple[bool, list[Step], tuple[str, ...], tuple[str, ...]]] = []
+    layout: list[tuple[bool, list[Step], tuple[str, ...], tuple[str, ...]]] = []  # (live, steps, reads, outputs)
     for is_live, steps in reversed(parts):
         made = {v for _, _, _, outs in steps for v in outs}
         reads = {v for _, _, ins, _ in steps for v in ins} - made - set(consts)
         outs = tuple(sorted(made & needed))
         needed = (needed - made) | reads
-        shapes.append((is_live, steps, tuple(sorted(reads)), outs))
-    shapes.reverse()
+        layout.append((is_live, steps, tuple(sorted(reads)), outs))
+    layout.reverse()
 
     def stretch(steps: list[Step], ins: tuple[str, ...], outs: tuple[str, ...]) -> Callable[..., list[mx.array]]:
         def run(*xs: mx.array) -> list[mx.array]:
@@ -133,14 +133,14 @@ def staged(
     def build(compile: bool) -> Callable[..., list[mx.array]]:
         fns = [
             None if is_live or not outs else (mx.compile if compile else _same)(stretch(steps, ins, outs))
-            for is_live, steps, ins, outs in shapes
+            for is_live, steps, ins, outs in layout
         ]
 
         def run(*xs: mx.array) -> list[mx.array]:
             env: dict[str, Any] = dict(consts)
             env.update(zip(in_names, xs))
             with scratch.per_call():
-                for fn, (is_live, steps, ins, outs) in zip(fns, shapes, strict=True):
+                for fn, (is_live, steps, ins, outs) in zip(fns, layout, strict=True):
                     if is_live:
                         r, e, i, o = steps[0]
                         _apply(env, r([env[v] for v in i], e.args, e), o)
