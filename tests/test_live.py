@@ -203,7 +203,6 @@ def test_the_setting_is_read_and_checked(monkeypatch: pytest.MonkeyPatch, value,
 
 def test_the_kernel_carries_the_live_rule_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kvwrite, "FUSED_KV_WRITE", "auto")
-    monkeypatch.setattr(kvwrite, "cuda_wanted", lambda *a: True, raising=False)
     from segc.lower import products
 
     monkeypatch.setattr(products, "cuda_wanted", lambda *a: True)

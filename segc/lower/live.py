@@ -60,7 +60,7 @@ def causal_row(mask: str, context: Sequence[Eqn]) -> bool:
     offset plus ``arange(1)`` (through views) and ``arange(capacity)``, nothing else."""
     made = {o.name: e for e in context for o in e.outs}
 
-    def through_views(v: str) -> Eqn | None:
+    def through_views(v: str) -> Eqn | None:  # what makes v, past views; None: a graph input
         e = made.get(v)
         while e is not None and e.prim in _VIEWS:
             e = made.get(e.ins[0])
@@ -73,21 +73,12 @@ def causal_row(mask: str, context: Sequence[Eqn]) -> bool:
     if keys is None or keys.prim != "Arange" or tuple(keys.args[:1]) != (0.0,) or tuple(keys.args[2:3]) != (1.0,):
         return False
     if row is None:  # the offset itself, a graph input
-        return top.ins[0] not in made
+        return True
     if row.prim != "Add":
         return False
-    parts = [(v, through_views(v)) for v in row.ins]
-    ranges = [e for _, e in parts if e is not None and e.prim == "Arange"]
-    inputs = [v for v, e in parts if e is None and _root(v, made) not in made]
-    return len(ranges) == 1 and tuple(ranges[0].args) == (0.0, 1.0, 1.0) and len(inputs) == 1
-
-
-def _root(v: str, made: Mapping[str, Eqn]) -> str:
-    e = made.get(v)
-    while e is not None and e.prim in _VIEWS:
-        v = e.ins[0]
-        e = made.get(v)
-    return v
+    parts = [through_views(v) for v in row.ins]
+    ranges = [e for e in parts if e is not None and e.prim == "Arange"]
+    return len(ranges) == 1 and tuple(ranges[0].args) == (0.0, 1.0, 1.0) and parts.count(None) == 1
 
 
 def staged(
@@ -131,31 +122,26 @@ def staged(
         return run
 
     def build(compile: bool) -> Callable[..., list[mx.array]]:
-        fns = [
-            None if is_live or not outs else (mx.compile if compile else _same)(stretch(steps, ins, outs))
-            for is_live, steps, ins, outs in layout
-        ]
+        fns: list[Callable[..., list[mx.array]] | None] = []
+        for is_live, steps, ins, outs in layout:
+            fn = None if is_live or not outs else stretch(steps, ins, outs)
+            fns.append(mx.compile(fn) if compile and fn is not None else fn)
 
         def run(*xs: mx.array) -> list[mx.array]:
             env: dict[str, Any] = dict(consts)
             env.update(zip(in_names, xs))
-            with scratch.per_call():
-                for fn, (is_live, steps, ins, outs) in zip(fns, layout, strict=True):
-                    if is_live:
-                        r, e, i, o = steps[0]
-                        _apply(env, r([env[v] for v in i], e.args, e), o)
-                    elif fn is not None:
-                        env.update(zip(outs, fn(*[env[v] for v in ins])))
+            for fn, (is_live, steps, ins, outs) in zip(fns, layout, strict=True):
+                if is_live:  # (its rule uses no scratch bank: each stretch has its own)
+                    r, e, i, o = steps[0]
+                    _apply(env, r([env[v] for v in i], e.args, e), o)
+                elif fn is not None:
+                    env.update(zip(outs, fn(*[env[v] for v in ins])))
             return [env[v] for v in out_names]
 
         run.compiled = lambda: build(True)  # type: ignore[attr-defined]
         return run
 
     return build(False)
-
-
-def _same(f: Callable[..., Any]) -> Callable[..., Any]:
-    return f
 
 
 def _apply(env: dict[str, Any], res: Any, outs: Sequence[str]) -> None:
