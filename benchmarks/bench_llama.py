@@ -55,7 +55,9 @@ products alone); ``+chainocc`` and ``+chain4occ`` as ``+chain`` and ``+chain4`` 
 ``+inplace`` with ``SEGC_KV_IN_PLACE=1`` (what ``segc.jit(..., kv_in_place=True)`` does:
 the KV write with its attention writes into the cache's buffers, docs/lowering.md);
 ``+qrope`` with ``SEGC_FUSED_QUERY_ROPE=mlx`` (that kernel takes its queries rotated by
-MLX's ``rope``; ``+stage``, ``+nostage``: ``SEGC_ATTENTION_STAGE``).
+MLX's ``rope``; ``+stage``, ``+nostage``: ``SEGC_ATTENTION_STAGE``); ``+nolive`` with
+``SEGC_LIVE_ATTENTION=0`` (segc's write-with-attention kernel, not MLX's attention over
+the live keys after segc's write: docs/lowering.md), ``+live`` with ``1`` (the default).
 
 on two workloads: a decode step (one token; with a KV cache at ``--context`` when
 ``segc.jit`` accepts one, else a plain 1-token forward, and the output says which) and a
@@ -198,8 +200,10 @@ SETTINGS = {  # a variant's "+suffix" (--isolate only)
     "c128": {"SEGC_ATTENTION_CHUNK": "128"},
     # the KV caches' offset made on the device, not in MLX's managed scalar pool (SEGC_DEVICE_POSITION)
     "devpos": {"SEGC_DEVICE_POSITION": "1"},
-    # the decode attention by MLX's own kernel over the live keys, eager's call (SEGC_LIVE_ATTENTION)
+    # the decode attention by MLX's own kernel over the live keys, eager's call (SEGC_LIVE_ATTENTION,
+    # on by default), or segc's write-with-attention kernel
     "live": {"SEGC_LIVE_ATTENTION": "1"},
+    "nolive": {"SEGC_LIVE_ATTENTION": "0"},
     # CUDA's default memory pool keeping what it reserves (benchmarks/mempool.py), in any variant
     "poolkeep": {"SEGC_BENCH_POOL_KEEP": "1"},
 }

@@ -158,7 +158,7 @@ for p in $parts; do
   check)
     # a test past 240 s is stopped with its stack (thread: a wait inside MLX never returns
     # to Python); the slowest are listed (on an H100 the whole took more than 300 s)
-    timeout "${CHECK_LIMIT:-560}" $PY -m pytest -q -p no:benchmark -p no:cacheprovider -n 8 --timeout 240 --timeout-method thread --durations 15 tests/test_products_cuda.py tests/test_gather_cuda.py tests/test_kvwrite_cuda.py tests/test_attention_cuda.py tests/test_dequantized_cuda.py tests/test_experts_cuda.py tests/test_kvwrite.py \
+    timeout "${CHECK_LIMIT:-560}" $PY -m pytest -q -p no:benchmark -p no:cacheprovider -n 8 --timeout 240 --timeout-method thread --durations 15 tests/test_products_cuda.py tests/test_gather_cuda.py tests/test_kvwrite_cuda.py tests/test_attention_cuda.py tests/test_dequantized_cuda.py tests/test_experts_cuda.py tests/test_live_cuda.py tests/test_paging_cuda.py tests/test_kvwrite.py \
       tests/test_products.py tests/test_dequantized.py tests/test_experts.py tests/test_freeze_params.py tests/test_select_write.py tests/test_fused_attention.py \
       >"$OUT/check.txt" 2>&1
     echo "check: rc=$?"
@@ -291,10 +291,12 @@ for p in $parts; do
       BENCH_LIMIT=${BENCH_LIMIT:-240} bench devpos --prefill 0 --first-call-layers 0 --no-dispatch
     grep -A7 "=== isolated" "$OUT/devpos.txt"
     ;;
-  live)  # the decode attention by MLX's own kernel over the live keys (SEGC_LIVE_ATTENTION=1: eager's call, cuDNN from
-    # 256 positions): its GPU tests (a decode against eager mlx-lm byte for byte, copying and in place, 12 and 300
-    # cached positions), then the decode, VARIANTS (default eager,frozenhead+inplace,frozenhead+inplace+live,
-    # frozenhead+live) each a process, two rounds (about 5 minutes; carry .gpu/two); LIVEPROFILE="0 1": also
+  live)  # the decode attention by MLX's own kernel over the live keys (SEGC_LIVE_ATTENTION, on by default: eager's
+    # call, cuDNN from 256 positions): its GPU tests (a decode against eager mlx-lm byte for byte, copying and in
+    # place, 12 and 300 cached positions; one segment and a segment a layer; a validated jit keeps its graph), then
+    # the decode, VARIANTS (default eager, frozenhead+inplace and wholefrozen+inplace, each also +nolive: segc's
+    # write-with-attention kernel; a segment a layer makes two compiled stretches a layer, one segment one) each a
+    # process, two rounds (about 5 minutes; carry .gpu/two); LIVEPROFILE="0 1": also
     # benchmarks/live_host.py (the host time of a call, by function) off and on first
     timeout 300 $PY -m pytest -q -p no:benchmark -p no:cacheprovider -n 4 --timeout 280 --timeout-method thread \
       tests/test_live_cuda.py >"$OUT/live_tests.txt" 2>&1
@@ -304,9 +306,9 @@ for p in $parts; do
       SEGC_LIVE_ATTENTION=$on SEGC_KV_IN_PLACE=1 timeout 120 $PY benchmarks/live_host.py --calls 30 >"$OUT/live_host$on.txt" 2>&1
       head -30 "$OUT/live_host$on.txt"
     done
-    VARIANTS=${VARIANTS:-eager,frozenhead+inplace,frozenhead+inplace+live,frozenhead+live} ROUNDS=${ROUNDS:-2} REPEATS=30 \
+    VARIANTS=${VARIANTS:-eager,frozenhead+inplace,frozenhead+inplace+nolive,wholefrozen+inplace,wholefrozen+inplace+nolive} ROUNDS=${ROUNDS:-2} REPEATS=30 \
       BENCH_LIMIT=${BENCH_LIMIT:-300} bench live --prefill 0 --first-call-layers 0 --no-dispatch
-    grep -A8 "=== isolated" "$OUT/live.txt"
+    grep -A9 "=== isolated" "$OUT/live.txt"
     ;;
   pool)  # does the decode step's slow mode follow CUDA's pool handing memory back? (benchmarks/mempool.py): STEPS'
     # kernels (default segc,segcinplace; each call's attention kernels summed, the pool's bytes after each call),

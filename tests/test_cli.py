@@ -124,6 +124,22 @@ def test_segments_count_a_write_with_its_attention_as_one(tmp_path: Path, d: int
     assert [r["products"] for r in rows] == [want], rows
 
 
+def test_segments_name_a_decode_step_s_pair_for_the_live_attention(tmp_path: Path) -> None:
+    """A decode step's pair (the mask one query's causal row at the offset) runs as the
+    write, then MLX's attention over the live keys (``SEGC_LIVE_ATTENTION``'s default)."""
+    from test_live import _graph
+
+    from segc.ir import Const, Graph, Input, Var
+
+    eqns, avals, ins, outs, consts = _graph(d=64)
+    inputs = tuple(Input(Var(n, *avals[n]), "arg", n) for n in ins)
+    g = Graph("kv", inputs, tuple(Const(Var(n, *avals[n]), v) for n, v in consts.items()), tuple(eqns), tuple(outs))
+    path = tmp_path / "kv.segc"
+    path.write_text(g.as_text())
+    rows = list(csv.DictReader(io.StringIO(segc("segments", str(path), "--format", "csv").stdout)))
+    assert [r["products"] for r in rows] == ["kv_write+live_attention:1"], rows
+
+
 def test_a_quantized_architecture_target_counts_its_quantized_products() -> None:
     """``bits=4,group=64`` quantizes the built-in llama as mlx-lm does: its decode
     products are quantized ones (``/q4``), found as the plain ones are."""

@@ -1,7 +1,8 @@
 """The rotated KV write's CUDA kernel (``segc.lower.cuda_kvwrite``) against MLX's own
 kernels on the GPU, byte for byte: ``mx.fast.rope`` of the queries and keys (MLX's
 ``rope_single``) and ``mx.slice_update`` of both buffers at an array offset, as eager
-MLX runs them. On a machine without CUDA these tests cannot run;
+MLX runs them (with ``SEGC_LIVE_ATTENTION=0``: segc's attention kernel after the write). On a
+machine without CUDA these tests cannot run;
 ``tests/test_kvwrite.py`` checks the finder and the replay there."""
 
 from __future__ import annotations
@@ -23,6 +24,14 @@ pytestmark = [
     pytest.mark.skipif(not CUDA, reason="the kernel is a CUDA kernel: needs MLX's CUDA backend and a GPU"),
     pytest.mark.timeout(300),
 ]
+
+
+@pytest.fixture(autouse=True)
+def _segc_s_own_attention(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests check segc's write-with-attention kernel, which by default the live
+    attention replaces where a mask is one query's causal row (``SEGC_LIVE_ATTENTION``:
+    ``tests/test_live_cuda.py`` checks that form against eager mlx-lm)."""
+    monkeypatch.setenv("SEGC_LIVE_ATTENTION", "0")
 
 
 @settings(max_examples=examples(40), deadline=None)

@@ -55,8 +55,8 @@ def _mask_eqns(window: bool = False, reversed_: bool = False) -> list[Eqn]:
     return eqns
 
 
-def _graph(dt: str = "bf16", **mask: bool):
-    eqns, avals, ins, _ = _layer(h=2, hq=4, c=C, d=8, dv=8, dims=8, dt=dt)
+def _graph(dt: str = "bf16", d: int = 8, **mask: bool):
+    eqns, avals, ins, _ = _layer(h=2, hq=4, c=C, d=d, dv=d, dims=8, dt=dt)
     eqns = [e for e in eqns if e.prim != "Multiply"]  # the queries read by the attention alone
     att, consts, out = _attention_eqns("qr", "ko", "vo", "mask", avals)
     me = _mask_eqns(**mask)
@@ -196,18 +196,46 @@ def test_the_staged_function_runs_its_stretches_around_the_live_step(monkeypatch
     assert len(compiled) == 1 + 1 and np.array(plain(mx.array([1.0]))[0]).tolist() == [2.0]
 
 
-@pytest.mark.parametrize(("value", "want"), [(None, False), ("0", False), ("1", True), ("", False), ("2", None)])
+@pytest.mark.parametrize(("value", "want"), [(None, True), ("0", False), ("1", True), ("", True), ("2", None)])
 def test_the_setting_is_read_and_checked(monkeypatch: pytest.MonkeyPatch, value, want) -> None:
     assert_env_setting(monkeypatch, "SEGC_LIVE_ATTENTION", value, live.live_wanted, want)
 
 
-def test_the_kernel_carries_the_live_rule_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_kernel_carries_the_live_rule_unless_told_not_to(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kvwrite, "FUSED_KV_WRITE", "auto")
     from segc.lower import products
 
     monkeypatch.setattr(products, "cuda_wanted", lambda *a: True)
-    monkeypatch.setenv("SEGC_LIVE_ATTENTION", "1")
+    monkeypatch.delenv("SEGC_LIVE_ATTENTION", raising=False)  # the default
     k = kvwrite.kv_write_kernel()
     assert k is not None and callable(getattr(k, "live", None)) and callable(getattr(k, "with_attention", None))
+    monkeypatch.setenv("SEGC_LIVE_ATTENTION", "1")
+    assert callable(getattr(kvwrite.kv_write_kernel(), "live", None))
     monkeypatch.setenv("SEGC_LIVE_ATTENTION", "0")
     assert getattr(kvwrite.kv_write_kernel(), "live", None) is None
+
+
+@pytest.mark.parametrize("window", [False, True])
+def test_the_cost_model_counts_a_live_pair_as_two_kernels_and_cuts_keep_it_whole(monkeypatch, window) -> None:
+    """Heads of 64 (eager fuses the attention, so segc pairs it with the write): with the
+    live attention a decode step's pair launches the write's kernel and MLX's attention,
+    one kernel more than the paired kernel; a window's mask keeps the paired kernel either
+    way. For a cut the pair stays one unit: its attention cut from its write would run
+    as segc's attention kernel, other bytes (``passes.product_groups.lowering_kernels``)."""
+    from segc.ir import Const, Graph, Input
+    from segc.passes.costmodel import H200, op_costs
+    from segc.passes.product_groups import lowering_kernels
+
+    eqns, avals, ins, outs, consts = _graph(d=64, window=window)
+    inputs = tuple(Input(Var(n, *avals[n]), "arg", n) for n in ins)
+    g = Graph("kv", inputs, tuple(Const(Var(n, *avals[n]), v) for n, v in consts.items()), tuple(eqns), tuple(outs))
+    counts = {}
+    for value in ("0", "1"):
+        monkeypatch.setenv("SEGC_LIVE_ATTENTION", value)
+        counts[value] = sum(op_costs(g, H200).kernels)
+        units = lowering_kernels(g, list(g.eqns))
+        write = {k for k, e in enumerate(g.eqns) if e.prim == "DynamicSliceUpdate"}
+        softmax = {k for k, e in enumerate(g.eqns) if e.prim == "Softmax"}
+        assert len(write) == 2 and len(softmax) == 1
+        assert any(write | softmax <= set(u) for u in units), units  # one unit either way
+    assert counts["1"] == counts["0"] + (0 if window else 1), counts

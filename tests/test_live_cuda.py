@@ -24,15 +24,20 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("prompt", [12, 300])
-@pytest.mark.parametrize("in_place", ["0", "1"])
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_a_decode_is_eager_mlx_lm_s_bytes(arch, in_place, prompt, monkeypatch) -> None:
+@pytest.mark.parametrize(
+    "arch, in_place, prompt, cuts",
+    [(a, i, p, None) for a in ("llama", "qwen3") for i in ("0", "1") for p in (12, 300)]
+    + [("llama", "1", 300, "layers.*"), ("llama", "0", 12, "layers.*")],
+)
+def test_a_decode_is_eager_mlx_lm_s_bytes(arch, in_place, prompt, cuts, monkeypatch) -> None:
+    """``cuts=None``: one segment, its stretches joining one layer's end to the next's
+    attention; ``"layers.*"``: a segment a layer, two stretches in each."""
     from mlx_lm.models.cache import make_prompt_cache
 
     model = build(arch, num_hidden_layers=2, hidden_size=256, intermediate_size=512, head_dim=64, dtype=mx.bfloat16)
     env = {"SEGC_LIVE_ATTENTION": "1", "SEGC_KV_IN_PLACE": in_place}
-    step = _with_env(env, segc.jit(model, validate=False, concat_projections=True, freeze_params=True))
+    jitted = segc.jit(model, boundaries=cuts, validate=False, concat_projections=True, freeze_params=True)
+    step = _with_env(env, jitted)
     lives: list[int] = []
     real = live.offset_value
     monkeypatch.setattr(live, "offset_value", lambda off: lives.append(1) or real(off))
@@ -50,12 +55,13 @@ def test_a_decode_is_eager_mlx_lm_s_bytes(arch, in_place, prompt, monkeypatch) -
 
 def test_a_validated_jit_keeps_one_decode_graph() -> None:
     """``validate=True`` (the default) checks the first decode call against eager: with the
-    live attention its bytes are eager's, so the dynamic graph is kept (one trace for the
+    live attention (the default) its bytes are eager's, so the dynamic graph is kept (one trace for the
     prompt, one for every decode step) and no call falls back to exact mode."""
     from mlx_lm.models.cache import make_prompt_cache
 
     model = build("llama", num_hidden_layers=2, hidden_size=256, intermediate_size=512, head_dim=64, dtype=mx.bfloat16)
-    step = _with_env({"SEGC_LIVE_ATTENTION": "1"}, segc.jit(model))
+    step = segc.jit(model)  # SEGC_LIVE_ATTENTION's default
+
     mine, theirs = make_prompt_cache(model), make_prompt_cache(model)
     tokens = mx.array([[(5 * i + 1) % 100 for i in range(12)]])
     for k in range(6):

@@ -67,8 +67,11 @@ def segment_rows(g: Any) -> tuple[list[dict[str, Any]], Any]:
         )
         paired = {id(w) for w, _ in found.pairs}
         kinds.update("kv_write" + ("+q" if w.queries else "") for w in found.writes if id(w) not in paired)
+        n_live = len(found.live)  # the write, then MLX's attention over the live keys (lower/live.py)
         kinds.update(
-            ["kv_write+attention"] * len(found.pairs) + ["attention"] * (len(found.attention) - len(found.pairs))
+            ["kv_write+attention"] * (len(found.pairs) - n_live)
+            + ["kv_write+live_attention"] * n_live
+            + ["attention"] * (len(found.attention) - len(found.pairs))
         )
         rows.append(
             {

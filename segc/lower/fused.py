@@ -2,8 +2,10 @@
 once for the replay (which runs them) and for the cost model (which counts them): the
 decomposed masked attentions, then the one-row products among the rest, then the rotated
 KV writes, then each write paired with the attention that reads what it wrote (one
-kernel, ``cuda_kvattention.py``); with chains, a pair and the chain after it (one
-kernel, ``cuda_layer.py``)."""
+kernel, ``cuda_kvattention.py``; or, where the pair is a decode step's and the live
+attention is on, ``live.py``, the write's kernel then MLX's attention: two kernels, one
+unit for a cut); with chains, a pair and the chain after it (one kernel,
+``cuda_layer.py``)."""
 
 from __future__ import annotations
 
@@ -17,12 +19,14 @@ from ..ir import Eqn
 from .attention import AttentionMatch, eager_fuses, find_attention
 from .kvwrite import KVWriteMatch, find_kv_writes
 from .layer_chain import attention_wanted, chain_layers
+from .live import causal_row, live_wanted
 from .product_chain import chain_products, chains_wanted
 from .product_match import ProductMatch, find_products
 
 # what segc's lowering takes on a CUDA GPU by default: every attention eager would fuse,
-# products, writes, writes with attentions; a layer's MLP as one kernel only where
-# turned on (product_chain.CHAIN_PRODUCTS, SEGC_CHAIN_PRODUCTS: cuda_defaults())
+# products, writes, writes with attentions (a decode step's as the write, then MLX's
+# attention over the live keys: live.py); a layer's MLP as one kernel only where turned
+# on (product_chain.CHAIN_PRODUCTS, SEGC_CHAIN_PRODUCTS: cuda_defaults())
 CUDA_DEFAULTS = {
     "attention": True,
     "where_eager_fuses": True,
@@ -30,13 +34,15 @@ CUDA_DEFAULTS = {
     "chains": False,
     "writes": True,
     "pairs": True,
+    "live": True,
 }
 
 
 def cuda_defaults() -> dict[str, bool]:
-    """:data:`CUDA_DEFAULTS` with chains as this process's setting has them: what the
-    cost model, ``legalize`` and ``segc segments`` count for a CUDA GPU."""
-    return {**CUDA_DEFAULTS, "chains": chains_wanted()}
+    """:data:`CUDA_DEFAULTS` with chains and the live attention as this process's
+    settings have them: what the cost model, ``legalize`` and ``segc segments`` count
+    for a CUDA GPU."""
+    return {**CUDA_DEFAULTS, "chains": chains_wanted(), "live": live_wanted()}
 
 
 # the attention setting segments lowered in this context take (``lowering_for``), and
@@ -69,6 +75,7 @@ def kernel_flags(attention: Any = None) -> dict[str, bool] | None:
         "chains": products and chains_wanted(),
         "writes": write is not None,
         "pairs": getattr(write, "with_attention", None) is not None,
+        "live": callable(getattr(write, "live", None)),
     }
     return flags if flags["attention"] or flags["products"] or flags["writes"] else None
 
@@ -101,20 +108,29 @@ def pinning(flags: Mapping[str, bool] | None) -> Iterator[None]:
 @dataclass(frozen=True)
 class Fused:
     """The matches, each equation in at most one; ``pairs`` are among ``writes`` and
-    ``attention``."""
+    ``attention``, ``live`` among ``pairs`` (those run as the write, then MLX's attention
+    over the live keys: ``live.py``)."""
 
     attention: list[AttentionMatch] = field(default_factory=list)
     products: list[ProductMatch] = field(default_factory=list)
     writes: list[KVWriteMatch] = field(default_factory=list)
     pairs: list[tuple[KVWriteMatch, AttentionMatch]] = field(default_factory=list)
+    live: list[tuple[KVWriteMatch, AttentionMatch]] = field(default_factory=list)
 
-    def kernels(self) -> list[frozenset[int]]:
-        """The equations each kernel replaces: a paired write and its attention are one."""
+    def kernels(self, launched: bool = False) -> list[frozenset[int]]:
+        """The equations each kernel replaces: a paired write and its attention are one.
+        ``launched``: the kernels the device runs (the cost model's count), where a live
+        pair is two, the write's and MLX's attention; without it, the units a cut must
+        not split (a live pair's attention cut from its write would be segc's kernel's,
+        other bytes)."""
         paired = {id(x) for pair in self.pairs for x in pair}
         alone = [m.skip for m in self.attention if id(m) not in paired]
         alone += [p.skip for p in self.products]
         alone += [w.skip for w in self.writes if id(w) not in paired]
-        return alone + [w.skip | m.skip for w, m in self.pairs]
+        split = {id(w) for w, _ in self.live} if launched else set()
+        for w, m in self.pairs:
+            alone += [w.skip, m.skip] if id(w) in split else [w.skip | m.skip]
+        return alone
 
     def skip(self) -> set[int]:
         """The equations the kernels replace."""
@@ -136,6 +152,7 @@ def find_all(
     chains: bool = False,
     writes: bool = False,
     pairs: bool = False,
+    live: bool = False,
 ) -> Fused:
     """Every pattern asked for in ``eqns`` (a segment's, or a whole graph's for an
     estimate); ``keep`` the segment's outputs, ``consts`` the captured constants' values,
@@ -143,7 +160,9 @@ def find_all(
     ``where_eager_fuses``: only the attentions eager MLX runs fused (``"auto"``);
     ``chains``: a layer's MLP products as one kernel (``product_chain.py``), with the
     attention before it where ``pairs`` are found (``layer_chain.py``);
-    ``program_outputs``: the whole program's outputs (``KVWriteMatch.alone``)."""
+    ``program_outputs``: the whole program's outputs (``KVWriteMatch.alone``); ``live``:
+    the pairs whose mask is one query's causal row run as the write then MLX's attention
+    (``live.causal_row``, as the replay decides)."""
     shapes = {n: a[0] for n, a in avals.items()}
     found = find_attention(eqns, keep, consts, shapes, context) if attention else []
     if where_eager_fuses:
@@ -160,7 +179,8 @@ def find_all(
         prods, two = chain_layers(prods, two, eqns, keep, avals, context)
         taken = {id(x) for p in prods if p.pair is not None for x in p.pair}
         found, ws = [m for m in found if id(m) not in taken], [w for w in ws if id(w) not in taken]
-    return Fused(found, prods, ws, two)
+    lives = [p for p in two if causal_row(p[1].mask, [*context, *eqns])] if live else []
+    return Fused(found, prods, ws, two, lives)
 
 
 def _pairs(

@@ -320,7 +320,7 @@ def _paired(in_place: bool) -> Kernel:
 
 
 def _live(paired: Kernel, in_place: bool | None) -> Kernel:
-    """``paired`` with a ``live`` write (``SEGC_LIVE_ATTENTION=1``, ``live.py``): the new
+    """``paired`` with a ``live`` write (``SEGC_LIVE_ATTENTION``, the default; ``live.py``): the new
     buffers and rotated queries (in place where :func:`written_in_place`), after which the
     replay runs MLX's attention over the live keys, where the mask is one query's causal
     row; ``with_attention`` elsewhere."""

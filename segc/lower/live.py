@@ -1,4 +1,4 @@
-"""A decode step's attention over the live keys, by MLX's own kernel (``SEGC_LIVE_ATTENTION=1``).
+"""A decode step's attention over the live keys, by MLX's own kernel (``SEGC_LIVE_ATTENTION``, on by default).
 
 A dynamic KV cache's graph (``segc/trace/kvcache.py``) attends over the whole buffer with
 a mask made from the offset, so that one graph serves every position. Eager mlx-lm
@@ -36,9 +36,11 @@ _VIEWS = frozenset({"Broadcast", "Unflatten", "Reshape", "ExpandDims", "Squeeze"
 
 
 def live_wanted() -> bool:
-    """The environment's ``SEGC_LIVE_ATTENTION``: ``0`` (the default) or ``1``; read when
-    segments are built (``kvwrite.kv_write_kernel``)."""
-    return env_choice("SEGC_LIVE_ATTENTION", ("0", "1"), "0") == "1"
+    """The environment's ``SEGC_LIVE_ATTENTION``: ``1`` (the default: eager's bytes, and
+    measured as fast as segc's own attention on an H100, docs/performance.md) or ``0``
+    (segc's write-with-attention kernel); read when segments are built
+    (``kvwrite.kv_write_kernel``)."""
+    return env_choice("SEGC_LIVE_ATTENTION", ("0", "1"), "1") == "1"
 
 
 def offset_value(off: mx.array) -> int:

@@ -184,6 +184,7 @@ def replay_fn(
     program_outputs: Collection[str] = (),
 ) -> Callable[..., list[mx.array]]:
     with_attention: WithAttention | None = getattr(kv_write, "with_attention", None)
+    live_write: KVWrite | None = getattr(kv_write, "live", None)  # SEGC_LIVE_ATTENTION (live.py)
     av = dict(avals or {})
     for n, shape in (shapes or {}).items():
         av.setdefault(n, (shape, None))
@@ -200,6 +201,7 @@ def replay_fn(
         chains=products is not None and chains_wanted(),
         writes=kv_write is not None,
         pairs=with_attention is not None,
+        live=live_write is not None,
     )
     skip = found.skip()
     at = {m.last: m for m in found.attention}
@@ -211,11 +213,12 @@ def replay_fn(
     rewrites, lifts = experts.find(eqns, out_names, av) if dense_experts else ({}, set())
     if (set(rewrites) | lifts) & (skip | set(pair_at) | set(write_at) | set(at) | set(prod_at)):
         rewrites, lifts = {}, set()  # a fused kernel took part of it: MLX's products stay
-    live_write: KVWrite | None = getattr(kv_write, "live", None)  # SEGC_LIVE_ATTENTION (live.py)
+    lives = {id(w) for w, _ in found.live}  # pairs whose mask is one query's causal row
     live_rules: set[int] = set()
     plan: list[Step] = []
     for e in eqns:
-        if e.id in pair_at and live_write is not None and live.causal_row(pair_at[e.id][1].mask, [*context, *eqns]):
+        if e.id in pair_at and id(pair_at[e.id][0]) in lives:
+            assert live_write is not None
             w, m = pair_at[e.id]  # the write (compiled with the rest), then MLX's attention over the live keys
             plan.append((_kv_rule(w, live_write), w.eqns[-1], w.ins, w.outs))
             rule = _live_rule(m.scale)

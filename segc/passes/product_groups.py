@@ -2,7 +2,8 @@
 (``segc.lower.fused``, with segc's defaults there): each one-row product with the norm
 before it and the residual addition or gated activation after it is one kernel, so one
 group; so is each decode attention where eager would have fused it, each rotated KV
-write with its queries' rotation, and each such write with the attention that reads it.
+write with its queries' rotation, and each such write with the attention that reads it
+(two groups where the attention is MLX's over the live keys, ``lower/live.py``).
 
 The patterns are found segment by segment, as the lowering finds them (``lower.replay``):
 a cut inside one leaves each side to MLX's own kernels, and a value a later segment
@@ -47,7 +48,8 @@ def with_products(g: Graph, os_: Sequence[Eqn], groups: Sequence[Sequence[int]],
         return is_view(e) and bool(e.outs) and lv.root[e.outs[0].name] != e.outs[0].name
 
     for s in segments(g):
-        for kernel in find_all(s.eqns(g), s.outputs, consts, avals, g.eqns, **cuda_defaults()).kernels():
+        found = find_all(s.eqns(g), s.outputs, consts, avals, g.eqns, **cuda_defaults())
+        for kernel in found.kernels(launched=True):
             ks = [at[i] for i in sorted(kernel) if i in at and not aliases(os_[at[i]])]
             join(ks)
             grouped.update(ks)
