@@ -112,21 +112,10 @@ def staged(
         layout.append((is_live, steps, tuple(sorted(reads)), outs))
     layout.reverse()
 
-    def stretch(steps: list[Step], ins: tuple[str, ...], outs: tuple[str, ...]) -> Callable[..., list[mx.array]]:
-        def run(*xs: mx.array) -> list[mx.array]:
-            env: dict[str, Any] = dict(consts)
-            env.update(zip(ins, xs))
-            with scratch.per_call():
-                for r, e, i, o in steps:
-                    _apply(env, r([env[v] for v in i], e.args, e), o)
-            return [env[v] for v in outs]
-
-        return run
-
     def build(compile: bool) -> Callable[..., list[mx.array]]:
         fns: list[Callable[..., list[mx.array]] | None] = []
         for is_live, steps, ins, outs in layout:
-            fn = None if is_live or not outs else stretch(steps, ins, outs)
+            fn = None if is_live or not outs else steps_fn(steps, consts, ins, outs)
             fns.append(mx.compile(fn) if compile and fn is not None else fn)
 
         def run(*xs: mx.array) -> list[mx.array]:
@@ -144,6 +133,24 @@ def staged(
         return run
 
     return build(False)
+
+
+def steps_fn(
+    steps: Sequence[Step], consts: Mapping[str, Any], in_names: Sequence[str], out_names: Sequence[str]
+) -> Callable[..., list[mx.array]]:
+    """The replay's steps as one function of ``in_names`` (a segment's, or a stretch's
+    between live steps): each rule applied in order, one zeroed scratch bank a call
+    (the kernels' counters)."""
+
+    def run(*xs: mx.array) -> list[mx.array]:
+        env: dict[str, Any] = dict(consts)
+        env.update(zip(in_names, xs))
+        with scratch.per_call():
+            for r, e, ins, outs in steps:
+                _apply(env, r([env[v] for v in ins], e.args, e), outs)
+        return [env[v] for v in out_names]
+
+    return run
 
 
 def _apply(env: dict[str, Any], res: Any, outs: Sequence[str]) -> None:

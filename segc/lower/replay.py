@@ -15,7 +15,7 @@ import mlx.core as mx
 
 from ..errors import UnsupportedPrimitive
 from ..ir import Const, Eqn, Graph, Segment
-from . import dequantized, experts, live, scratch
+from . import dequantized, experts, live
 from .attention import AttentionMatch, rows_mask
 from .attention import Kernel as Attention
 from .fused import find_all
@@ -256,17 +256,4 @@ def replay_fn(
         return live.staged(
             plan, {i for i, st in enumerate(plan) if id(st[0]) in live_rules}, consts, in_names, out_names
         )
-
-    def run(*xs: mx.array) -> list[mx.array]:
-        env: dict[str, Any] = dict(consts)
-        env.update(zip(in_names, xs))
-        with scratch.per_call():  # the kernels' counters: one zeroed bank a call
-            for r, e, ins, outs in plan:
-                res = r([env[v] for v in ins], e.args, e)
-                if isinstance(res, mx.array):
-                    env[outs[0]] = res
-                else:
-                    env.update(zip(outs, res))
-        return [env[v] for v in out_names]
-
-    return run
+    return live.steps_fn(plan, consts, in_names, out_names)
