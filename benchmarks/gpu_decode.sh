@@ -6,7 +6,7 @@
 #
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_decode.sh [PARTS]
 #
-# PARTS: any of  teststamps managed devpos live ab pool dense quant moe concat chain chaintests isolated runtime kernels select products check generate device ablate modes commits census kv attn kvattn kvattndev timeline stage tail bank layers stamps stagedecode inplace prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
+# PARTS: any of  teststamps managed devpos live livecommits ab pool dense quant moe concat chain chaintests isolated runtime kernels select products check generate device ablate modes commits census kv attn kvattn kvattndev timeline stage tail bank layers stamps stagedecode inplace prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
 # (default: dense runtime). chain: a layer's MLP, and a decode layer, as one kernel
 # (segc.lower.cuda_chain, cuda_layer; off by default): chain_device.py (device time against
 # the separate kernels, several grids, the tickets alone) and chain_stages.py (each stage's
@@ -309,6 +309,18 @@ for p in $parts; do
     VARIANTS=${VARIANTS:-eager,frozenhead+inplace,frozenhead+inplace+nolive,wholefrozen+inplace,wholefrozen+inplace+nolive} ROUNDS=${ROUNDS:-2} REPEATS=30 \
       BENCH_LIMIT=${BENCH_LIMIT:-300} bench live --prefill 0 --first-call-layers 0 --no-dispatch
     grep -A9 "=== isolated" "$OUT/live.txt"
+    ;;
+  livecommits)  # one segment committed after every Kth live step inside it (SEGC_LIVE_COMMITS=K: one compiled
+    # call between two attentions, where a segment a layer makes two): the live GPU tests with K=1 (eager's bytes),
+    # then the decode, VARIANTS (default eager, frozenhead+inplace and wholefrozen+inplace with K = 1, 2, 4) each a
+    # process, two rounds (about 5 minutes; carry .gpu/two)
+    SEGC_LIVE_COMMITS=1 timeout 300 $PY -m pytest -q -p no:benchmark -p no:cacheprovider -n 4 --timeout 280 \
+      --timeout-method thread tests/test_live_cuda.py >"$OUT/livecommits_tests.txt" 2>&1
+    echo "live tests, SEGC_LIVE_COMMITS=1: rc=$?"
+    tail -3 "$OUT/livecommits_tests.txt"
+    VARIANTS=${VARIANTS:-eager,frozenhead+inplace,wholefrozen+inplace+lc1,wholefrozen+inplace+lc2,wholefrozen+inplace+lc4} \
+      ROUNDS=${ROUNDS:-2} REPEATS=30 BENCH_LIMIT=${BENCH_LIMIT:-330} bench livecommits --prefill 0 --first-call-layers 0 --no-dispatch
+    grep -A12 "=== isolated" "$OUT/livecommits.txt"
     ;;
   pool)  # does the decode step's slow mode follow CUDA's pool handing memory back? (benchmarks/mempool.py): STEPS'
     # kernels (default segc,segcinplace; each call's attention kernels summed, the pool's bytes after each call),

@@ -196,6 +196,35 @@ def test_the_staged_function_runs_its_stretches_around_the_live_step(monkeypatch
     assert len(compiled) == 1 + 1 and np.array(plain(mx.array([1.0]))[0]).tolist() == [2.0]
 
 
+@pytest.mark.parametrize("period", [0, 1, 2])
+def test_a_long_segment_commits_after_every_kth_live_step_and_keeps_its_bytes(monkeypatch, period) -> None:
+    """``SEGC_LIVE_COMMITS=K``: the compiled form hands the work so far to the device
+    after every Kth live step (the attention's output and the stretch's before it), and
+    not otherwise; the plain form never commits. The bytes are eager's either way."""
+    monkeypatch.setenv("SEGC_LIVE_COMMITS", str(period))
+    eqns, avals, ins, outs, consts = _graph("bf16")
+    committed: list[list[mx.array]] = []
+    real = mx.async_eval
+    monkeypatch.setattr(mx, "async_eval", lambda *a: committed.append(list(a[0])) or real(*a))
+    plain = _fn(eqns, avals, ins, outs, consts, Live(monkeypatch))
+    fn = live.compile_segment(plain)
+    vals = _values(avals, ins, 5)
+    vals[ins.index("off")] = kvcache.position(5)
+    want = _eager(dict(zip(ins, vals, strict=True)), 6)
+    for got in (plain(*vals), fn(*vals)):
+        for a, b in zip(got, want, strict=True):
+            assert same_bits(a, b)
+    # one live step: a commit of it and of the stretch before it where K is 1, none for 0 or 2
+    assert len(committed) == (period == 1)
+    if committed:
+        assert any(same_bits(a, want[0]) for a in committed[0]) and len(committed[0]) > 1
+
+
+@pytest.mark.parametrize(("value", "want"), [(None, 0), ("0", 0), ("3", 3), (" ", 0), ("-1", None), ("x", None)])
+def test_the_commit_setting_is_read_and_checked(monkeypatch: pytest.MonkeyPatch, value, want) -> None:
+    assert_env_setting(monkeypatch, "SEGC_LIVE_COMMITS", value, live.live_commits, want)
+
+
 @pytest.mark.parametrize(("value", "want"), [(None, True), ("0", False), ("1", True), ("", True), ("2", None)])
 def test_the_setting_is_read_and_checked(monkeypatch: pytest.MonkeyPatch, value, want) -> None:
     assert_env_setting(monkeypatch, "SEGC_LIVE_ATTENTION", value, live.live_wanted, want)

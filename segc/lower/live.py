@@ -21,12 +21,14 @@ the compiled stretch before the step: only the slices and the attention run eage
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, cast
 
 import mlx.core as mx
 
 from .. import hostints
+from ..errors import UsageError
 from ..ir import Eqn
 from ..settings import env_choice
 from . import scratch
@@ -93,7 +95,10 @@ def staged(
     """A segment's function whose steps at the indices ``live`` run eagerly (their rules
     read host values at each call) and whose other steps run as stretches between them;
     ``fn.compiled()`` is the same function with each stretch ``mx.compile``d (what the
-    executor calls instead of compiling the whole)."""
+    executor calls instead of compiling the whole). With ``SEGC_LIVE_COMMITS=K`` the
+    compiled form also commits (``mx.async_eval``) after every Kth live step: the device
+    starts on a long segment's first layers while the host dispatches the rest, with one
+    compiled call between two attentions, where a segment per layer pays two."""
     parts: list[tuple[bool, list[Step]]] = []
     for i, step in enumerate(plan):
         if i in live:
@@ -111,28 +116,53 @@ def staged(
         needed = (needed - made) | reads
         layout.append((is_live, steps, tuple(sorted(reads)), outs))
     layout.reverse()
+    # the constants a live step reads (a stretch's are its own: steps_fn); none in a decode layer
+    held = {v: consts[v] for is_live, steps, _, _ in layout if is_live for v in steps[0][2] if v in consts}
+    every = live_commits()
 
     def build(compile: bool) -> Callable[..., list[mx.array]]:
         fns: list[Callable[..., list[mx.array]] | None] = []
         for is_live, steps, ins, outs in layout:
             fn = None if is_live or not outs else steps_fn(steps, consts, ins, outs)
             fns.append(mx.compile(fn) if compile and fn is not None else fn)
+        period = every if compile else 0
 
         def run(*xs: mx.array) -> list[mx.array]:
-            env: dict[str, Any] = dict(consts)
+            env: dict[str, Any] = dict(held)
             env.update(zip(in_names, xs))
+            made: list[mx.array] = []  # since the last commit (SEGC_LIVE_COMMITS)
+            seen = 0
             for fn, (is_live, steps, ins, outs) in zip(fns, layout, strict=True):
                 if is_live:  # (its rule uses no scratch bank: each stretch has its own)
                     r, e, i, o = steps[0]
                     _apply(env, r([env[v] for v in i], e.args, e), o)
+                    if period:
+                        made.extend(env[v] for v in o)
+                        seen += 1
+                        if seen % period == 0:
+                            mx.async_eval(made)
+                            made = []
                 elif fn is not None:
-                    env.update(zip(outs, fn(*[env[v] for v in ins])))
+                    res = fn(*[env[v] for v in ins])
+                    env.update(zip(outs, res))
+                    if period:
+                        made.extend(res)
             return [env[v] for v in out_names]
 
         run.compiled = lambda: build(True)  # type: ignore[attr-defined]
         return run
 
     return build(False)
+
+
+def live_commits() -> int:
+    """The environment's ``SEGC_LIVE_COMMITS``: ``0`` (the default: a segment commits only
+    where the executor's policy says) or K, a commit after every Kth live step inside a
+    segment run as stretches; read when segments are built."""
+    text = os.environ.get("SEGC_LIVE_COMMITS", "0").strip() or "0"
+    if not (text.isascii() and text.isdigit()):
+        raise UsageError(f"SEGC_LIVE_COMMITS must be 0 or a whole number of live steps, not {text!r}")
+    return int(text)
 
 
 def steps_fn(
