@@ -58,8 +58,9 @@ the KV write with its attention writes into the cache's buffers, docs/lowering.m
 MLX's ``rope``; ``+stage``, ``+nostage``: ``SEGC_ATTENTION_STAGE``); ``+nolive`` with
 ``SEGC_LIVE_ATTENTION=0`` (segc's write-with-attention kernel, not MLX's attention over
 the live keys after segc's write: docs/lowering.md), ``+live`` with ``1`` (the default);
-``+lc1``, ``+lc2``, ``+lc4`` with ``SEGC_LIVE_COMMITS`` 1, 2, 4 (a segment run as stretches
-commits after every Kth live step inside it, e.g. ``wholefrozen+inplace+lc1``).
+``+lc0``, ``+lc1``, ``+lc2``, ``+lc4`` with ``SEGC_LIVE_COMMITS`` 0, 1, 2 (the default), 4 (a
+segment run as stretches commits after every Kth live step inside it, none for 0, e.g.
+``wholefrozen+inplace+lc1``).
 
 on two workloads: a decode step (one token; with a KV cache at ``--context`` when
 ``segc.jit`` accepts one, else a plain 1-token forward, and the output says which) and a
@@ -206,7 +207,9 @@ SETTINGS = {  # a variant's "+suffix" (--isolate only)
     # on by default), or segc's write-with-attention kernel
     "live": {"SEGC_LIVE_ATTENTION": "1"},
     "nolive": {"SEGC_LIVE_ATTENTION": "0"},
-    # a segment run as stretches committed after every 1st, 2nd, 4th live step inside it (SEGC_LIVE_COMMITS)
+    # a segment run as stretches committed after every 1st, 2nd (the default), 4th live step inside it, or
+    # only where the commit policy commits after segments (SEGC_LIVE_COMMITS)
+    "lc0": {"SEGC_LIVE_COMMITS": "0"},
     "lc1": {"SEGC_LIVE_COMMITS": "1"},
     "lc2": {"SEGC_LIVE_COMMITS": "2"},
     "lc4": {"SEGC_LIVE_COMMITS": "4"},

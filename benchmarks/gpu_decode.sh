@@ -310,17 +310,17 @@ for p in $parts; do
       BENCH_LIMIT=${BENCH_LIMIT:-300} bench live --prefill 0 --first-call-layers 0 --no-dispatch
     grep -A9 "=== isolated" "$OUT/live.txt"
     ;;
-  livecommits)  # one segment committed after every Kth live step inside it (SEGC_LIVE_COMMITS=K: one compiled
-    # call between two attentions, where a segment a layer makes two): the live GPU tests with K=1 (eager's bytes),
-    # then the decode, VARIANTS (default eager, frozenhead+inplace and wholefrozen+inplace with K = 1, 2, 4) each a
-    # process, two rounds (about 5 minutes; carry .gpu/two)
+  livecommits)  # one segment committed after every Kth live step inside it (SEGC_LIVE_COMMITS=K, default 2:
+    # one compiled call between two attentions, where a segment a layer makes two): the live GPU tests with K=1
+    # (eager's bytes), then the decode, VARIANTS (default eager, frozenhead+inplace and wholefrozen+inplace with
+    # K = 2, 1, 4 and 0) each a process, two rounds (about 6 minutes; carry .gpu/two)
     SEGC_LIVE_COMMITS=1 timeout 300 $PY -m pytest -q -p no:benchmark -p no:cacheprovider -n 4 --timeout 280 \
       --timeout-method thread tests/test_live_cuda.py >"$OUT/livecommits_tests.txt" 2>&1
     echo "live tests, SEGC_LIVE_COMMITS=1: rc=$?"
     tail -3 "$OUT/livecommits_tests.txt"
-    VARIANTS=${VARIANTS:-eager,frozenhead+inplace,wholefrozen+inplace+lc1,wholefrozen+inplace+lc2,wholefrozen+inplace+lc4} \
-      ROUNDS=${ROUNDS:-2} REPEATS=30 BENCH_LIMIT=${BENCH_LIMIT:-330} bench livecommits --prefill 0 --first-call-layers 0 --no-dispatch
-    grep -A12 "=== isolated" "$OUT/livecommits.txt"
+    VARIANTS=${VARIANTS:-eager,frozenhead+inplace,wholefrozen+inplace,wholefrozen+inplace+lc1,wholefrozen+inplace+lc4,wholefrozen+inplace+lc0} \
+      ROUNDS=${ROUNDS:-2} REPEATS=30 BENCH_LIMIT=${BENCH_LIMIT:-400} bench livecommits --prefill 0 --first-call-layers 0 --no-dispatch
+    grep -A14 "=== isolated" "$OUT/livecommits.txt"
     ;;
   pool)  # does the decode step's slow mode follow CUDA's pool handing memory back? (benchmarks/mempool.py): STEPS'
     # kernels (default segc,segcinplace; each call's attention kernels summed, the pool's bytes after each call),

@@ -198,16 +198,15 @@ def test_the_staged_function_runs_its_stretches_around_the_live_step(monkeypatch
 
 @pytest.mark.parametrize("period", [0, 1, 2])
 def test_a_long_segment_commits_after_every_kth_live_step_and_keeps_its_bytes(monkeypatch, period) -> None:
-    """``SEGC_LIVE_COMMITS=K``: the compiled form hands the work so far to the device
+    """``compile_segment(fn, K)``: the compiled form hands the work so far to the device
     after every Kth live step (the attention's output and the stretch's before it), and
     not otherwise; the plain form never commits. The bytes are eager's either way."""
-    monkeypatch.setenv("SEGC_LIVE_COMMITS", str(period))
     eqns, avals, ins, outs, consts = _graph("bf16")
     committed: list[list[mx.array]] = []
     real = mx.async_eval
     monkeypatch.setattr(mx, "async_eval", lambda *a: committed.append(list(a[0])) or real(*a))
     plain = _fn(eqns, avals, ins, outs, consts, Live(monkeypatch))
-    fn = live.compile_segment(plain)
+    fn = live.compile_segment(plain, period)
     vals = _values(avals, ins, 5)
     vals[ins.index("off")] = kvcache.position(5)
     want = _eager(dict(zip(ins, vals, strict=True)), 6)
@@ -220,7 +219,26 @@ def test_a_long_segment_commits_after_every_kth_live_step_and_keeps_its_bytes(mo
         assert any(same_bits(a, want[0]) for a in committed[0]) and len(committed[0]) > 1
 
 
-@pytest.mark.parametrize(("value", "want"), [(None, 0), ("0", 0), ("3", 3), (" ", 0), ("-1", None), ("x", None)])
+@pytest.mark.parametrize(("commit", "drain", "want"), [("auto", False, 3), ("segment", False, 0), ("auto", True, 0)])
+def test_the_executor_commits_inside_a_segment_under_auto_alone(monkeypatch, commit, drain, want) -> None:
+    """The period reaches the executor's segments under ``"auto"`` only: ``"segment"``
+    names every commit, and a draining run waits after each segment anyway."""
+    from segc.ir import Graph, Input
+    from segc.runtime import executor as ex
+
+    monkeypatch.setenv("SEGC_LIVE_COMMITS", "3")
+    periods: list[int] = []
+    real = ex.compile_segment
+    monkeypatch.setattr(ex, "compile_segment", lambda f, k=0: periods.append(k) or real(f, k))
+    x = Var("x", (2,), "f32")
+    g = Graph("one", (Input(x, "arg", "x"),), (), (Eqn(1, "Exp", ("x",), (Var("y", (2,), "f32"),)),), ("y",))
+    e = ex.Executor(g, commit=commit, drain=drain)
+    assert e.live_period == want and periods == [want]
+    a = mx.array([0.5, -1.0])
+    assert same_bits(e([a])[0], mx.exp(a))
+
+
+@pytest.mark.parametrize(("value", "want"), [(None, 2), ("0", 0), ("3", 3), (" ", 2), ("-1", None), ("x", None)])
 def test_the_commit_setting_is_read_and_checked(monkeypatch: pytest.MonkeyPatch, value, want) -> None:
     assert_env_setting(monkeypatch, "SEGC_LIVE_COMMITS", value, live.live_commits, want)
 
@@ -268,3 +286,39 @@ def test_the_cost_model_counts_a_live_pair_as_two_kernels_and_cuts_keep_it_whole
         assert len(write) == 2 and len(softmax) == 1
         assert any(write | softmax <= set(u) for u in units), units  # one unit either way
     assert counts["1"] == counts["0"] + (0 if window else 1), counts
+
+
+@pytest.mark.parametrize(
+    ("commit", "period", "device", "want"),
+    [("auto", "1", "gpu", 2), ("auto", "0", "gpu", 1), ("segment", "1", "gpu", 1), ("auto", "1", "cpu", 1)],
+)
+def test_the_cost_model_commits_after_a_live_attention_where_the_executor_does(
+    monkeypatch, commit, period, device, want
+) -> None:
+    """One segment holding one live pair: under ``"auto"`` on a GPU with a period of 1
+    the prediction has a commit after the attention and the call's, two command
+    buffers; the policy ``"segment"``, a period of 0 or a CPU (no live steps there to
+    commit after) leave the call's one."""
+    from dataclasses import replace
+
+    from segc.ir import Const, Graph, Input
+    from segc.passes.costmodel import H200, predict_time
+
+    monkeypatch.setenv("SEGC_LIVE_COMMITS", period)
+    eqns, avals, ins, outs, consts = _graph(d=64)
+    shape, dt = avals[outs[0]]  # an op after the attention: a commit there ends a buffer before it
+    eqns.append(Eqn(300, "Multiply", (outs[0], outs[0]), (Var("after", shape, dt),)))
+    avals["after"], outs = (shape, dt), ["after", *outs[1:]]
+    inputs = tuple(Input(Var(n, *avals[n]), "arg", n) for n in ins)
+    g = Graph("kv", inputs, tuple(Const(Var(n, *avals[n]), v) for n, v in consts.items()), tuple(eqns), tuple(outs))
+    tp = predict_time(g, replace(H200, device=device), commit)
+    assert tp.commits == want and len(tp.segments) == want
+
+
+def test_live_closes_take_every_kth_attention_of_each_segment() -> None:
+    from segc.passes.buffers import live_closes
+
+    spans = [("a", 0, 10), ("b", 10, 25)]
+    assert live_closes([3, 7, 12, 20, 22], spans, 2) == {7, 20}  # counted afresh in each segment
+    assert live_closes([3, 7, 12, 20, 22], spans, 1) == {3, 7, 12, 20, 22}
+    assert live_closes([3, 7], spans, 0) == frozenset() and live_closes([], spans, 2) == frozenset()

@@ -20,6 +20,7 @@ from .dequantized import wanted as dequantized_wanted
 from .experts import wanted as experts_wanted
 from .kvwrite import kv_write_kernel as kv_write_kernel
 from .live import compile_segment as compile_segment
+from .live import live_commits as live_commits
 from .prim import PRIMS as PRIMS
 from .prim import Prim as Prim
 from .prim import describe as describe

@@ -15,6 +15,10 @@ in a compiled graph (``mx.compile`` would bake it in), so a segment holding such
 runs as compiled *stretches* between its live steps (:func:`staged`): the graph is still
 traced once per buffer capacity, never per position.
 
+Under the executor's ``"auto"`` commit policy such a segment also commits after every
+Kth live step (:func:`live_commits`): a long segment's first layers start on the device
+while the host dispatches the rest.
+
 Taken only where the mask is the causal row of one query at an offset (``causal_row``):
 ``offset + arange(1) >= arange(capacity)``, nothing else (no window). The write stays in
 the compiled stretch before the step: only the slices and the attention run eagerly."""
@@ -95,10 +99,8 @@ def staged(
     """A segment's function whose steps at the indices ``live`` run eagerly (their rules
     read host values at each call) and whose other steps run as stretches between them;
     ``fn.compiled()`` is the same function with each stretch ``mx.compile``d (what the
-    executor calls instead of compiling the whole). With ``SEGC_LIVE_COMMITS=K`` the
-    compiled form also commits (``mx.async_eval``) after every Kth live step: the device
-    starts on a long segment's first layers while the host dispatches the rest, with one
-    compiled call between two attentions, where a segment per layer pays two."""
+    executor calls instead of compiling the whole); ``fn.compiled(k)`` also commits
+    (``mx.async_eval``) after every kth live step (``live_commits``)."""
     parts: list[tuple[bool, list[Step]]] = []
     for i, step in enumerate(plan):
         if i in live:
@@ -118,14 +120,12 @@ def staged(
     layout.reverse()
     # the constants a live step reads (a stretch's are its own: steps_fn); none in a decode layer
     held = {v: consts[v] for is_live, steps, _, _ in layout if is_live for v in steps[0][2] if v in consts}
-    every = live_commits()
 
-    def build(compile: bool) -> Callable[..., list[mx.array]]:
+    def build(compile: bool, period: int = 0) -> Callable[..., list[mx.array]]:
         fns: list[Callable[..., list[mx.array]] | None] = []
         for is_live, steps, ins, outs in layout:
             fn = None if is_live or not outs else steps_fn(steps, consts, ins, outs)
             fns.append(mx.compile(fn) if compile and fn is not None else fn)
-        period = every if compile else 0
 
         def run(*xs: mx.array) -> list[mx.array]:
             env: dict[str, Any] = dict(held)
@@ -149,17 +149,26 @@ def staged(
                         made.extend(res)
             return [env[v] for v in out_names]
 
-        run.compiled = lambda: build(True)  # type: ignore[attr-defined]
+        run.compiled = lambda period=0: build(True, period)  # type: ignore[attr-defined]
         return run
 
     return build(False)
 
 
+LIVE_COMMIT_PERIOD = 2  # measured on H100s, 2026-12-07: 1 and 4 slower (docs/performance.md)
+
+
 def live_commits() -> int:
-    """The environment's ``SEGC_LIVE_COMMITS``: ``0`` (the default: a segment commits only
-    where the executor's policy says) or K, a commit after every Kth live step inside a
-    segment run as stretches; read when segments are built."""
-    text = os.environ.get("SEGC_LIVE_COMMITS", "0").strip() or "0"
+    """K, the live steps between two commits inside a segment run as stretches, under the
+    executor's ``"auto"`` commit policy (the other policies name every commit, and make
+    none inside a segment): the environment's ``SEGC_LIVE_COMMITS`` (``0``: none), by
+    default ``LIVE_COMMIT_PERIOD``. A long segment then gets the device started while
+    the host dispatches the rest of it, as a segment per layer does, with one compiled
+    call between two attentions where a segment per layer pays two; read when segments
+    are built."""
+    text = os.environ.get("SEGC_LIVE_COMMITS", "").strip()
+    if not text:
+        return LIVE_COMMIT_PERIOD
     if not (text.isascii() and text.isdigit()):
         raise UsageError(f"SEGC_LIVE_COMMITS must be 0 or a whole number of live steps, not {text!r}")
     return int(text)
@@ -190,7 +199,8 @@ def _apply(env: dict[str, Any], res: Any, outs: Sequence[str]) -> None:
         env.update(zip(outs, res))
 
 
-def compile_segment(fn: Callable[..., list[mx.array]]) -> Callable[..., list[mx.array]]:
-    """``mx.compile(fn)``, or for a staged segment (:func:`staged`) its stretches compiled."""
+def compile_segment(fn: Callable[..., list[mx.array]], period: int = 0) -> Callable[..., list[mx.array]]:
+    """``mx.compile(fn)``, or for a staged segment (:func:`staged`) its stretches compiled,
+    with a commit after every ``period``th live step (0: none)."""
     parts = getattr(fn, "compiled", None)
-    return parts() if parts is not None else mx.compile(fn)
+    return parts(period) if parts is not None else mx.compile(fn)

@@ -92,11 +92,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from ..errors import ScheduleError
-from ..ir import Eqn, Graph, segments
+from ..ir import Eqn, Graph
+from ..lower.live import live_commits
 from ..lower.prim import lookup
 from ..lower.shapes import host_range
 from .analysis import Liveness, eqn_bytes, eqn_flops, is_view, liveness, ops
+from .buffers import command_buffers as command_buffers
+from .buffers import live_closes, op_spans, span_buffers
 from .commits import commit_count, commit_flags
 from .legalize import fusion_groups
 from .machine import CPU as CPU
@@ -122,13 +124,15 @@ class OpCosts:
     lv: Liveness
     internal: dict[str, int]  # value -> group, for values made and read only inside one chain
     light: tuple[bool, ...] = ()  # per equation: the kernel it starts is elementwise only (a fused chain of them)
+    live: tuple[int, ...] = ()  # the positions ending a live attention (the runtime may commit after one)
 
 
 def op_costs(g: Graph, m: MachineModel) -> OpCosts:
     os_ = ops(g)
     vs = g.vars()
     lv = liveness(g)
-    groups = with_products(g, os_, fusion_groups(g), lv) if m.fused_products else fusion_groups(g)
+    ends: list[int] = []
+    groups = with_products(g, os_, fusion_groups(g), lv, ends) if m.fused_products else fusion_groups(g)
     group = [-1] * len(os_)
     for gi, grp in enumerate(groups):
         for k in grp:
@@ -173,7 +177,7 @@ def op_costs(g: Graph, m: MachineModel) -> OpCosts:
         seen.add(group[k])
         aliased = bool(e.outs) and is_view(e) and lv.root[e.outs[0].name] != e.outs[0].name
         kernels.append(0 if aliased or not first or host else 1)
-    return OpCosts(tuple(device), tuple(kernels), tuple(group), lv, internal, tuple(light))
+    return OpCosts(tuple(device), tuple(kernels), tuple(group), lv, internal, tuple(light), tuple(ends))
 
 
 # --------------------------------------------------------------------------- time
@@ -232,17 +236,8 @@ def predict_time(g: Graph, m: MachineModel | None = None, commit: str = "segment
     m = m or default_model()
     os_ = ops(g)
     oc = op_costs(g, m)
-    return timed(segment_times(os_, oc, op_spans(g), commit_flags(g, commit, m.device), m), m)
-
-
-def op_spans(g: Graph) -> list[tuple[str, int, int]]:
-    """Each segment of ``g`` as its name and its ops' span ``[a, b)`` in ``analysis.ops``."""
-    spans, k = [], 0
-    for s in segments(g):
-        n = sum(1 for e in g.eqns[s.start : s.stop] if not e.is_pseudo)
-        spans.append((s.name, k, k + n))
-        k += n
-    return spans
+    every = live_commits() if commit == "auto" and m.device == "gpu" else 0  # as the executor does
+    return timed(segment_times(os_, oc, op_spans(g), commit_flags(g, commit, m.device), m, live_every=every), m)
 
 
 def segment_times(
@@ -252,14 +247,19 @@ def segment_times(
     flags: Sequence[bool],
     m: MachineModel,
     in_bytes: Callable[[int, int], int] | None = None,
+    live_every: int = 0,
 ) -> list[SegmentTime]:
     """Each segment, ``(name, a, b)``: ops ``[a, b)`` of ``os_`` (``analysis.ops``),
-    costed as ``predict_time`` does, split into MLX's command buffers; ``flags`` its
-    commits; ``in_bytes(a, b)``, the activations it reads from before ``a`` (default:
-    counted here; ``repeat_search`` passes a cache)."""
+    costed as ``predict_time`` does, split into MLX's command buffers and, with
+    ``live_every`` K, after every Kth live attention inside it (``OpCosts.live``: the
+    runtime's commits there); ``flags`` its commits; ``in_bytes(a, b)``, the
+    activations it reads from before ``a`` (default: counted here; ``repeat_search``
+    passes a cache)."""
     in_bytes = in_bytes or (lambda a, b: span_in_bytes(oc.lv, os_, a, b))
     qw, qn = queue_lead(oc.device, oc.kernels, m.queue_kernels)
-    ends = span_buffers(oc.kernels, m.buffer_kernels, spans, flags)[1] if m.buffer_kernels > 0 else []
+    closes = live_closes(oc.live, spans, live_every)
+    most = m.buffer_kernels if m.buffer_kernels > 0 else sum(oc.kernels) + 1
+    ends = span_buffers(oc.kernels, most, spans, flags, closes)[1] if m.buffer_kernels > 0 or closes else []
     segs: list[SegmentTime] = []
     seen: set[tuple] = set()
     for (name, a, b), flag in zip(spans, flags):
@@ -309,41 +309,6 @@ def host_kernels(s: SegmentTime, elementwise: float) -> float:
 def _light(oc: OpCosts, a: int, b: int) -> int:
     """Of ops ``[a, b)``'s kernels, those of elementwise equations only."""
     return sum(n for n, f in zip(oc.kernels[a:b], oc.light[a:b]) if f)
-
-
-def command_buffers(
-    g: Graph, kernels: Sequence[int], most: int, commits: Sequence[bool] | None = None
-) -> tuple[list[int], list[int]]:
-    """Per op (``analysis.ops`` order; ``kernels``: ``OpCosts.kernels``): its command
-    buffer (a count) and the op that ends that buffer. MLX's CUDA build commits a buffer
-    after the kernel that takes it past ``most`` kernels (``CommandEncoder::needs_commit``),
-    at every commit the runtime makes (``commits``, per segment: ``commit_flags``; default
-    all) and at the call's end. The time model (``_buffers``) and the memory prediction
-    (``memory.py``) both read it."""
-    spans = op_spans(g)
-    flags = list(commits) if commits is not None else [True] * len(spans)
-    if len(flags) != len(spans):
-        raise ScheduleError(f"{g.name}: {len(flags)} commit flags for {len(spans)} segments")
-    return span_buffers(kernels, most, spans, flags)
-
-
-def span_buffers(
-    kernels: Sequence[int], most: int, spans: Sequence[tuple[str, int, int]], flags: Sequence[bool]
-) -> tuple[list[int], list[int]]:
-    """``command_buffers`` for segments given as op spans (``op_spans``)."""
-    closing: list[bool] = []
-    for (_, a, b), flag in zip(spans, flags):
-        closing += [False] * (b - a - 1) + [flag] if b > a else []
-    buf: list[int] = []
-    ends: list[int] = []
-    nodes = b = 0
-    for k, n in enumerate(kernels):
-        buf.append(b)
-        nodes += n
-        if nodes > most or k + 1 == len(kernels) or closing[k]:
-            ends += [k] * (len(buf) - len(ends))
-            b, nodes = b + 1, 0
-    return buf, ends
 
 
 def _buffers(seg: SegmentTime, oc: OpCosts, a: int, b: int, ends: Sequence[int], m: MachineModel) -> list[SegmentTime]:

@@ -18,12 +18,16 @@ from ..lower.fused import cuda_defaults, find_all
 from .analysis import Liveness, is_view
 
 
-def with_products(g: Graph, os_: Sequence[Eqn], groups: Sequence[Sequence[int]], lv: Liveness) -> list[tuple[int, ...]]:
+def with_products(
+    g: Graph, os_: Sequence[Eqn], groups: Sequence[Sequence[int]], lv: Liveness, live: list[int] | None = None
+) -> list[tuple[int, ...]]:
     """``groups`` (lists of ``os_`` positions) with each pattern segc's CUDA lowering makes
     one kernel (``fused.find_all`` over each segment) merged into one group, with the
     groups it overlaps. A view that aliases its input launches nothing and joins no group
     (a weight's transpose read by two products would join them); one that copies (a
-    reshape of a broadcast mask, by ``lv``) is a kernel the pattern's kernel replaces."""
+    reshape of a broadcast mask, by ``lv``) is a kernel the pattern's kernel replaces.
+    ``live``, if given, gets the position of each live attention's last equation (where
+    the runtime may commit inside a segment: ``lower.live_commits``), in order."""
     vs = g.vars()
     avals = {n: (v.shape, v.dtype) for n, v in vs.items()}
     at = {e.id: k for k, e in enumerate(os_)}
@@ -53,6 +57,8 @@ def with_products(g: Graph, os_: Sequence[Eqn], groups: Sequence[Sequence[int]],
             ks = [at[i] for i in sorted(kernel) if i in at and not aliases(os_[at[i]])]
             join(ks)
             grouped.update(ks)
+        if live is not None:
+            live += sorted(max(at[i] for i in m.skip if i in at) for _, m in found.live)
     merged: dict[int, list[int]] = {}
     for k in sorted(grouped):
         merged.setdefault(root(k), []).append(k)

@@ -12,9 +12,9 @@ kept apart from where segments are cut (docs/runtime.md, "Commits"):
   from 1): the device starts after the first segment while the commits stay few;
 * ``"every:K"``: ``"fences"`` plus a commit after segments K, 2K, 3K, ...: a commit
   per K segments, each a bigger CUDA graph;
-* ``"auto"``: ``"segment"``, on the CPU and on a GPU: on MLX's CUDA build a commit
-  launches the segment's CUDA graph at once, and the device then runs it while the
-  host dispatches the next (docs/runtime.md, "Commits", has the measurements).
+* ``"auto"``: ``"segment"`` (a CUDA commit launches the segment's graph at once, run
+  while the host dispatches the next: docs/runtime.md, "Commits"), and inside a segment
+  run as stretches (CUDA decode) a commit every ``live_commits()`` live steps.
 
 Either way the host never drains between segments. With ``drain=True`` the executor
 instead ``mx.eval``s after each segment: the host-draining baseline that segc exists to
@@ -47,6 +47,7 @@ from ..lower import (
     dequantized_wanted,
     experts_wanted,
     kv_write_kernel,
+    live_commits,
     product_kernel,
     segment_fn,
 )
@@ -182,6 +183,7 @@ class Executor:
         self.graph = g
         self.drain = drain
         self.commit = resolve_commit(commit)
+        self.live_period = live_commits() if commit == "auto" and not drain else 0
         self.segments = segments(g)
         effects = segment_effects(g, self.segments)
         cell: dict[str, int] = {}
@@ -211,7 +213,7 @@ class Executor:
             opts = {"dequantize": dequantize, "dense_experts": dense_experts}
             fn = segment_fn(g, s, used, kernel, products, kv_write, **opts, inputs=ins, prologue=again)
             if compile and not _touches_empty(g, s, vs):
-                fn = compile_segment(fn)  # a segment with live steps: its stretches (lower/live.py)
+                fn = compile_segment(fn, self.live_period)  # a segment with live steps: its stretches (lower/live.py)
             for o in s.outputs:
                 cell[o] = len(cell)
             fns.append(fn)
