@@ -196,6 +196,60 @@ def test_the_staged_function_runs_its_stretches_around_the_live_step(monkeypatch
     assert len(compiled) == 1 + 1 and np.array(plain(mx.array([1.0]))[0]).tolist() == [2.0]
 
 
+def _layers(n: int, d: int = 8):
+    """``n`` layers of ``_graph``'s one, each attending with its own caches and the last
+    one's output as its queries (the offset shared), as one segment's equations."""
+    eqns, avals, ins, outs, consts = _graph("bf16", d=d)
+    all_eqns, all_avals, all_ins, all_outs, all_consts = list(eqns), dict(avals), list(ins), list(outs), dict(consts)
+    prev = outs[0]
+    for j in range(1, n):
+        name = lambda v, j=j, prev=prev: {"off": "off", "q": prev}.get(v, f"{v}_{j}")  # noqa: E731
+        for e in eqns:
+            outs_j = tuple(Var(name(o.name), o.shape, o.dtype) for o in e.outs)
+            all_eqns.append(Eqn(e.id + 1000 * j, e.prim, tuple(name(v) for v in e.ins), outs_j, e.args))
+        all_avals.update({name(v): a for v, a in avals.items() if v not in ("off", "q")})
+        all_ins += [name(v) for v in ins if v not in ("off", "q")]
+        all_consts.update({name(v): c for v, c in consts.items()})
+        all_outs = [name(outs[0]), *all_outs[1:], *(name(v) for v in outs[1:])]
+        prev = name(outs[0])
+    return all_eqns, all_avals, all_ins, all_outs, all_consts
+
+
+def _eager_layers(env: dict[str, mx.array], n_layers: int, n: int) -> list[mx.array]:
+    """``_eager`` layer after layer, as ``_layers`` chains them: the last output, then
+    every layer's written buffers."""
+    q, written = env["q"], []
+    for j in range(n_layers):
+        at = lambda v, j=j: env[v if j == 0 else f"{v}_{j}"]  # noqa: E731
+        out, ko, vo = _eager({"q": q, "k": at("k"), "v": at("v"), "kb": at("kb"), "vb": at("vb"), "off": env["off"]}, n)
+        q, written = out, [*written, ko, vo]
+    return [q, *written]
+
+
+@settings(max_examples=12, deadline=None)
+@given(layers=hst.integers(1, 3), period=hst.integers(0, 3), offset=hst.integers(0, C - 2))
+def test_commits_inside_a_segment_come_every_kth_live_step_over_layers(layers, period, offset) -> None:
+    """Any number of layers in one segment and any period: the compiled form commits
+    ``layers // period`` times (none for 0), and gives eager MLX's bytes, layer after
+    layer, the written caches too."""
+    eqns, avals, ins, outs, consts = _layers(layers)
+    committed: list[int] = []
+    real = mx.async_eval
+    with pytest.MonkeyPatch.context() as mp:  # (hypothesis: no function-scoped fixture)
+        mp.setattr(mx, "async_eval", lambda *a: committed.append(1) or real(*a))
+        k = Live(mp)
+        fn = live.compile_segment(_fn(eqns, avals, ins, outs, consts, k), period)
+        vals = _values(avals, ins, offset, seed=layers)
+        vals[ins.index("off")] = kvcache.position(offset)
+        got = fn(*vals)
+    want = _eager_layers(dict(zip(ins, vals, strict=True)), layers, offset + 1)
+    assert len(k.lives) == layers and not k.pairs  # every layer's attention a live step
+    assert len(committed) == (layers // period if period else 0)
+    assert len(got) == len(want) == 1 + 2 * layers
+    for a, b in zip(got, want, strict=True):
+        assert same_bits(a, b)
+
+
 @pytest.mark.parametrize("period", [0, 1, 2])
 def test_a_long_segment_commits_after_every_kth_live_step_and_keeps_its_bytes(monkeypatch, period) -> None:
     """``compile_segment(fn, K)``: the compiled form hands the work so far to the device
@@ -313,6 +367,29 @@ def test_the_cost_model_commits_after_a_live_attention_where_the_executor_does(
     g = Graph("kv", inputs, tuple(Const(Var(n, *avals[n]), v) for n, v in consts.items()), tuple(eqns), tuple(outs))
     tp = predict_time(g, replace(H200, device=device), commit)
     assert tp.commits == want and len(tp.segments) == want
+
+
+@pytest.mark.parametrize(("layers", "period", "want"), [(3, 1, 4), (3, 2, 2), (3, 3, 2), (3, 4, 1), (2, 2, 2)])
+def test_the_cost_model_counts_the_commits_between_layers_as_the_staged_run_makes_them(
+    monkeypatch, layers, period, want
+) -> None:
+    """Layers of one segment, an op after the last: ``"auto"`` on a GPU predicts the
+    call's commit and one after every ``period``th attention, as many as the staged
+    run makes (``layers // period``)."""
+    from dataclasses import replace
+
+    from segc.ir import Const, Graph, Input
+    from segc.passes.costmodel import H200, predict_time
+
+    monkeypatch.setenv("SEGC_LIVE_COMMITS", str(period))
+    eqns, avals, ins, outs, consts = _layers(layers, d=64)
+    shape, dt = avals[outs[0]]
+    eqns.append(Eqn(9000, "Multiply", (outs[0], outs[0]), (Var("after", shape, dt),)))
+    avals["after"], outs = (shape, dt), ["after", *outs[1:]]
+    inputs = tuple(Input(Var(n, *avals[n]), "arg", n) for n in ins)
+    g = Graph("kv", inputs, tuple(Const(Var(n, *avals[n]), v) for n, v in consts.items()), tuple(eqns), tuple(outs))
+    gpu = replace(H200, device="gpu")
+    assert predict_time(g, gpu, "auto").commits == want and predict_time(g, gpu, "segment").commits == 1
 
 
 def test_live_closes_take_every_kth_attention_of_each_segment() -> None:
