@@ -215,62 +215,45 @@ def _layers(n: int, d: int = 8):
     return all_eqns, all_avals, all_ins, all_outs, all_consts
 
 
-def _eager_layers(env: dict[str, mx.array], n_layers: int, n: int) -> list[mx.array]:
-    """``_eager`` layer after layer, as ``_layers`` chains them: the last output, then
-    every layer's written buffers."""
-    q, written = env["q"], []
+def _eager_layers(env: dict[str, mx.array], n_layers: int, n: int) -> tuple[list[mx.array], list[mx.array]]:
+    """``_eager`` layer after layer, as ``_layers`` chains them: every layer's attention
+    output, and the graph's outputs (the last output, then every layer's written buffers)."""
+    q, outs, written = env["q"], [], []
     for j in range(n_layers):
         at = lambda v, j=j: env[v if j == 0 else f"{v}_{j}"]  # noqa: E731
-        out, ko, vo = _eager({"q": q, "k": at("k"), "v": at("v"), "kb": at("kb"), "vb": at("vb"), "off": env["off"]}, n)
-        q, written = out, [*written, ko, vo]
-    return [q, *written]
+        q, ko, vo = _eager({"q": q, "k": at("k"), "v": at("v"), "kb": at("kb"), "vb": at("vb"), "off": env["off"]}, n)
+        outs, written = [*outs, q], [*written, ko, vo]
+    return outs, [q, *written]
 
 
 @settings(max_examples=12, deadline=None)
 @given(layers=hst.integers(1, 3), period=hst.integers(0, 3), offset=hst.integers(0, C - 2))
 def test_commits_inside_a_segment_come_every_kth_live_step_over_layers(layers, period, offset) -> None:
     """Any number of layers in one segment and any period: the compiled form commits
-    ``layers // period`` times (none for 0), and gives eager MLX's bytes, layer after
-    layer, the written caches too."""
+    ``layers // period`` times (none for 0), each commit holding the attention output it
+    follows and the stretch's before it; the plain form never commits. Both give eager
+    MLX's bytes, layer after layer, the written caches too."""
     eqns, avals, ins, outs, consts = _layers(layers)
-    committed: list[int] = []
-    real = mx.async_eval
-    with pytest.MonkeyPatch.context() as mp:  # (hypothesis: no function-scoped fixture)
-        mp.setattr(mx, "async_eval", lambda *a: committed.append(1) or real(*a))
-        k = Live(mp)
-        fn = live.compile_segment(_fn(eqns, avals, ins, outs, consts, k), period)
-        vals = _values(avals, ins, offset, seed=layers)
-        vals[ins.index("off")] = kvcache.position(offset)
-        got = fn(*vals)
-    want = _eager_layers(dict(zip(ins, vals, strict=True)), layers, offset + 1)
-    assert len(k.lives) == layers and not k.pairs  # every layer's attention a live step
-    assert len(committed) == (layers // period if period else 0)
-    assert len(got) == len(want) == 1 + 2 * layers
-    for a, b in zip(got, want, strict=True):
-        assert same_bits(a, b)
-
-
-@pytest.mark.parametrize("period", [0, 1, 2])
-def test_a_long_segment_commits_after_every_kth_live_step_and_keeps_its_bytes(monkeypatch, period) -> None:
-    """``compile_segment(fn, K)``: the compiled form hands the work so far to the device
-    after every Kth live step (the attention's output and the stretch's before it), and
-    not otherwise; the plain form never commits. The bytes are eager's either way."""
-    eqns, avals, ins, outs, consts = _graph("bf16")
     committed: list[list[mx.array]] = []
     real = mx.async_eval
-    monkeypatch.setattr(mx, "async_eval", lambda *a: committed.append(list(a[0])) or real(*a))
-    plain = _fn(eqns, avals, ins, outs, consts, Live(monkeypatch))
-    fn = live.compile_segment(plain, period)
-    vals = _values(avals, ins, 5)
-    vals[ins.index("off")] = kvcache.position(5)
-    want = _eager(dict(zip(ins, vals, strict=True)), 6)
-    for got in (plain(*vals), fn(*vals)):
+    with pytest.MonkeyPatch.context() as mp:  # (hypothesis: no function-scoped fixture)
+        mp.setattr(mx, "async_eval", lambda *a: committed.append(list(a[0])) or real(*a))
+        k = Live(mp)
+        plain = _fn(eqns, avals, ins, outs, consts, k)
+        vals = _values(avals, ins, offset, seed=layers)
+        vals[ins.index("off")] = kvcache.position(offset)
+        results = [plain(*vals)]
+        assert not committed
+        results.append(live.compile_segment(plain, period)(*vals))
+    attended, want = _eager_layers(dict(zip(ins, vals, strict=True)), layers, offset + 1)
+    assert len(k.lives) == 2 * layers and not k.pairs  # every layer's attention a live step, in both calls
+    assert len(committed) == (layers // period if period else 0)
+    for i, arrays in enumerate(committed):
+        assert len(arrays) > 1 and any(same_bits(a, attended[(i + 1) * period - 1]) for a in arrays)
+    for got in results:
+        assert len(got) == len(want) == 1 + 2 * layers
         for a, b in zip(got, want, strict=True):
             assert same_bits(a, b)
-    # one live step: a commit of it and of the stretch before it where K is 1, none for 0 or 2
-    assert len(committed) == (period == 1)
-    if committed:
-        assert any(same_bits(a, want[0]) for a in committed[0]) and len(committed[0]) > 1
 
 
 @pytest.mark.parametrize(("commit", "drain", "want"), [("auto", False, 3), ("segment", False, 0), ("auto", True, 0)])
@@ -343,53 +326,42 @@ def test_the_cost_model_counts_a_live_pair_as_two_kernels_and_cuts_keep_it_whole
 
 
 @pytest.mark.parametrize(
-    ("commit", "period", "device", "want"),
-    [("auto", "1", "gpu", 2), ("auto", "0", "gpu", 1), ("segment", "1", "gpu", 1), ("auto", "1", "cpu", 1)],
+    ("layers", "commit", "period", "device", "want"),
+    [
+        (1, "auto", "1", "gpu", 2),
+        (1, "auto", "0", "gpu", 1),
+        (1, "segment", "1", "gpu", 1),
+        (1, "auto", "1", "cpu", 1),
+        (3, "auto", "1", "gpu", 4),
+        (3, "auto", "2", "gpu", 2),
+        (3, "auto", "3", "gpu", 2),
+        (3, "auto", "4", "gpu", 1),
+        (2, "auto", "2", "gpu", 2),
+    ],
 )
-def test_the_cost_model_commits_after_a_live_attention_where_the_executor_does(
-    monkeypatch, commit, period, device, want
+def test_the_cost_model_commits_after_live_attentions_where_the_runtime_does(
+    monkeypatch, layers, commit, period, device, want
 ) -> None:
-    """One segment holding one live pair: under ``"auto"`` on a GPU with a period of 1
-    the prediction has a commit after the attention and the call's, two command
-    buffers; the policy ``"segment"``, a period of 0 or a CPU (no live steps there to
-    commit after) leave the call's one."""
+    """Layers of one segment (heads of 64: eager fuses the attention, so segc pairs it),
+    an op after the last: ``"auto"`` on a GPU predicts the call's commit and one after
+    every ``period``th attention, as many as the staged run makes (``layers // period``),
+    each ending a command buffer; the policy ``"segment"``, a period of 0 or a CPU (no
+    live steps there to commit after) leave the call's one."""
     from dataclasses import replace
 
     from segc.ir import Const, Graph, Input
     from segc.passes.costmodel import H200, predict_time
 
     monkeypatch.setenv("SEGC_LIVE_COMMITS", period)
-    eqns, avals, ins, outs, consts = _graph(d=64)
-    shape, dt = avals[outs[0]]  # an op after the attention: a commit there ends a buffer before it
-    eqns.append(Eqn(300, "Multiply", (outs[0], outs[0]), (Var("after", shape, dt),)))
-    avals["after"], outs = (shape, dt), ["after", *outs[1:]]
-    inputs = tuple(Input(Var(n, *avals[n]), "arg", n) for n in ins)
-    g = Graph("kv", inputs, tuple(Const(Var(n, *avals[n]), v) for n, v in consts.items()), tuple(eqns), tuple(outs))
-    tp = predict_time(g, replace(H200, device=device), commit)
-    assert tp.commits == want and len(tp.segments) == want
-
-
-@pytest.mark.parametrize(("layers", "period", "want"), [(3, 1, 4), (3, 2, 2), (3, 3, 2), (3, 4, 1), (2, 2, 2)])
-def test_the_cost_model_counts_the_commits_between_layers_as_the_staged_run_makes_them(
-    monkeypatch, layers, period, want
-) -> None:
-    """Layers of one segment, an op after the last: ``"auto"`` on a GPU predicts the
-    call's commit and one after every ``period``th attention, as many as the staged
-    run makes (``layers // period``)."""
-    from dataclasses import replace
-
-    from segc.ir import Const, Graph, Input
-    from segc.passes.costmodel import H200, predict_time
-
-    monkeypatch.setenv("SEGC_LIVE_COMMITS", str(period))
     eqns, avals, ins, outs, consts = _layers(layers, d=64)
     shape, dt = avals[outs[0]]
     eqns.append(Eqn(9000, "Multiply", (outs[0], outs[0]), (Var("after", shape, dt),)))
     avals["after"], outs = (shape, dt), ["after", *outs[1:]]
     inputs = tuple(Input(Var(n, *avals[n]), "arg", n) for n in ins)
     g = Graph("kv", inputs, tuple(Const(Var(n, *avals[n]), v) for n, v in consts.items()), tuple(eqns), tuple(outs))
-    gpu = replace(H200, device="gpu")
-    assert predict_time(g, gpu, "auto").commits == want and predict_time(g, gpu, "segment").commits == 1
+    tp = predict_time(g, replace(H200, device=device), commit)
+    assert tp.commits == want and len(tp.segments) == want
+    assert predict_time(g, replace(H200, device=device), "segment").commits == 1
 
 
 def test_live_closes_take_every_kth_attention_of_each_segment() -> None:

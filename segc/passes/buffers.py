@@ -53,7 +53,7 @@ def live_closes(live: Sequence[int], spans: Sequence[tuple[str, int, int]], ever
 
 def span_buffers(
     kernels: Sequence[int],
-    most: int,
+    most: float,
     spans: Sequence[tuple[str, int, int]],
     flags: Sequence[bool],
     closes: frozenset[int] = frozenset(),

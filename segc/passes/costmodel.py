@@ -89,6 +89,7 @@ small machine, ``H200`` for the GPU in bf16.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -259,7 +260,7 @@ def segment_times(
     in_bytes = in_bytes or (lambda a, b: span_in_bytes(oc.lv, os_, a, b))
     qw, qn = queue_lead(oc.device, oc.kernels, m.queue_kernels)
     closes = live_closes(oc.live, spans, live_every)
-    most = m.buffer_kernels if m.buffer_kernels > 0 else sum(oc.kernels) + 1
+    most = m.buffer_kernels if m.buffer_kernels > 0 else math.inf  # (0: no size limit, commits alone)
     ends = span_buffers(oc.kernels, most, spans, flags, closes)[1] if m.buffer_kernels > 0 or closes else []
     segs: list[SegmentTime] = []
     seen: set[tuple] = set()
