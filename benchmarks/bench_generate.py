@@ -51,14 +51,23 @@ def run_variant(model: Any, prompt: list[int], n: int, variant: str, boundaries:
         # segc: a segment per boundary; segc-1seg: one segment; segc-1seg-concat: one
         # segment with sibling products as one (concat_projections, docs/passes.md);
         # segc-frozen: a segment per boundary, concatenated, freeze_params=True (the
-        # parameters captured by the compiled segments: docs/api.md)
-        concat = variant in ("segc-1seg-concat", "segc-frozen")
-        frozen = variant == "segc-frozen"
+        # parameters captured by the compiled segments: docs/api.md); segc-best: one
+        # segment, concatenated, frozen, the caches written in place (kv_in_place: the
+        # fastest decode measured, docs/models.md)
+        concat = variant in ("segc-1seg-concat", "segc-frozen", "segc-best")
+        frozen = variant in ("segc-frozen", "segc-best")
         # validate=False as bench_llama.py: on a GPU the dynamic graph's logits are within
         # the bound of eager's, not equal, and validation would fall back to exact mode
         # (a trace per token up to segc.jit's exact_trace_limit, then eager calls)
         bounds = boundaries if variant in ("segc", "segc-frozen") else None
-        step = segc.jit(model, boundaries=bounds, concat_projections=concat, freeze_params=frozen, validate=False)
+        step = segc.jit(
+            model,
+            boundaries=bounds,
+            concat_projections=concat,
+            freeze_params=frozen,
+            kv_in_place=variant == "segc-best",
+            validate=False,
+        )
         timed = Timed(step)
         fn = timed
     cache = make_prompt_cache(model)
@@ -106,7 +115,7 @@ def main() -> None:
     ap.add_argument("--group-size", type=int, default=64, help="quantization group size (mlx-lm's default: 64)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--boundaries", default="auto")
-    ap.add_argument("--variants", default="eager,segc,segc-1seg", help="also: segc-1seg-concat, segc-frozen")
+    ap.add_argument("--variants", default="eager,segc,segc-1seg", help="also: segc-1seg-concat, segc-frozen, segc-best")
     args = ap.parse_args()
 
     from segc.models.zoo import build
@@ -132,7 +141,7 @@ def main() -> None:
         f"MLX {mx.__version__} on {mx.default_device()}"
     )
     variants = args.variants.split(",")
-    known = ("eager", "segc", "segc-1seg", "segc-1seg-concat", "segc-frozen")
+    known = ("eager", "segc", "segc-1seg", "segc-1seg-concat", "segc-frozen", "segc-best")
     if variants[0] != "eager" or any(v not in known for v in variants):
         raise SystemExit(f"--variants: eager first, then any of {', '.join(known[1:])}; got {args.variants!r}")
     best: dict[str, dict] = {}

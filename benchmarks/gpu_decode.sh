@@ -6,7 +6,7 @@
 #
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_decode.sh [PARTS]
 #
-# PARTS: any of  teststamps managed devpos live livecommits ab pool dense quant moe concat chain chaintests isolated runtime kernels select products check generate device ablate modes commits census kv attn kvattn kvattndev timeline stage tail bank layers stamps stagedecode inplace prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
+# PARTS: any of  hostsplit teststamps managed devpos live livecommits ab pool dense quant moe concat chain chaintests isolated runtime kernels select products check generate device ablate modes commits census kv attn kvattn kvattndev timeline stage tail bank layers stamps stagedecode inplace prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
 # (default: dense runtime). chain: a layer's MLP, and a decode layer, as one kernel
 # (segc.lower.cuda_chain, cuda_layer; off by default): chain_device.py (device time against
 # the separate kernels, several grids, the tickets alone) and chain_stages.py (each stage's
@@ -321,6 +321,27 @@ for p in $parts; do
     VARIANTS=${VARIANTS:-eager,frozenhead+inplace,wholefrozen+inplace,wholefrozen+inplace+lc1,wholefrozen+inplace+lc4,wholefrozen+inplace+lc0} \
       ROUNDS=${ROUNDS:-2} REPEATS=30 BENCH_LIMIT=${BENCH_LIMIT:-400} bench livecommits --prefill 0 --first-call-layers 0 --no-dispatch
     grep -A14 "=== isolated" "$OUT/livecommits.txt"
+    ;;
+  hostsplit)  # where one segment's host time goes (fifty-seventh session): what a commit holding MLX's cuDNN
+    # attention costs (benchmarks/commit_sdpa.py, cuDNN's and MLX's own attention); the decode, VARIANTS (eager,
+    # frozenhead+inplace, wholefrozen+inplace: the default commits) each a process, two rounds; wholefrozen in
+    # place under cProfile (live_host.py); mlx-lm's own generation loop (bench_generate.py: eager, segc's
+    # defaults and segc-best, one process, rounds alternating; PROMPTS (1000) tokens, then 256 greedy tokens)
+    for c in 1 0; do
+      MLX_CUDA_USE_CUDNN_SDPA=$c timeout 60 $PY benchmarks/commit_sdpa.py >"$OUT/commit_sdpa$c.txt" 2>&1
+      echo "commit_sdpa cudnn=$c: rc=$?"; cat "$OUT/commit_sdpa$c.txt"
+    done
+    VARIANTS=${VARIANTS:-eager,frozenhead+inplace,wholefrozen+inplace} ROUNDS=${ROUNDS:-2} REPEATS=30 \
+      BENCH_LIMIT=${BENCH_LIMIT:-260} bench hostsplit --prefill 0 --first-call-layers 0 --no-dispatch
+    grep -A8 "=== isolated" "$OUT/hostsplit.txt"
+    SEGC_KV_IN_PLACE=1 timeout 60 $PY benchmarks/live_host.py --variant wholefrozen --calls 30 >"$OUT/live_host_whole.txt" 2>&1
+    echo "live_host wholefrozen: rc=$?"; head -45 "$OUT/live_host_whole.txt"
+    for p in ${PROMPTS:-1000}; do
+      timeout 150 $PY benchmarks/bench_generate.py --layers 16 --hidden 2048 --intermediate 8192 --heads 32 \
+        --kv-heads 8 --vocab 32000 --dtype bfloat16 --tokens 256 --prompt $p --rounds 2 \
+        --variants eager,segc,segc-best >"$OUT/generate_$p.txt" 2>&1
+      echo "generate $p: rc=$?"; tail -20 "$OUT/generate_$p.txt"
+    done
     ;;
   pool)  # does the decode step's slow mode follow CUDA's pool handing memory back? (benchmarks/mempool.py): STEPS'
     # kernels (default segc,segcinplace; each call's attention kernels summed, the pool's bytes after each call),

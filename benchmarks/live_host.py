@@ -1,6 +1,7 @@
 """Where a decode call's host time goes with the attention over the live keys
 (``SEGC_LIVE_ATTENTION=1``, ``segc.lower.live``) and without: the reference llama at a
-fixed context (``bench_llama.FixedContext``), ``frozenhead`` in place, ``--calls`` calls
+fixed context (``bench_llama.FixedContext``), ``frozenhead`` (or ``--variant wholefrozen``:
+one segment, committed every ``SEGC_LIVE_COMMITS`` live steps) in place, ``--calls`` calls
 under ``cProfile`` after five to warm up; the functions with the most own time, how often
 ``mx.array.item`` ran (a wait for the device) and the host time a call.
 
@@ -33,13 +34,14 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--preset", default="reference")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--variant", choices=("frozenhead", "wholefrozen"), default="frozenhead")
     args = ap.parse_args()
     model = make_model(args.preset)
     fc = FixedContext(model, args.context)
     x = mx.array([[7]])
     step = segc.jit(
         model,
-        boundaries=boundaries_of("frozenhead", model),
+        boundaries=boundaries_of(args.variant, model),
         validate=False,
         concat_projections=True,
         freeze_params=True,

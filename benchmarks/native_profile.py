@@ -3,7 +3,9 @@ reference llama at ``--context``, one ``--variant`` (``eager`` mlx-lm, ``compile
 (``mx.compile`` with the caches as inputs), segc's defaults ``segc``, ``frozen``: a
 segment per layer, ``concat_projections``, ``freeze_params``, or ``frozenhead``: the
 same with the output head in the last layer's segment, ``frozen2`` / ``frozen4``: that
-with a segment per two / four layers), built and warmed up, then
+with a segment per two / four layers, ``wholefrozen``: one segment, concatenated and
+frozen; ``SEGC_KV_IN_PLACE=1`` in the environment writes the caches in place), built and
+warmed up, then
 called back to back for ``--seconds``, each call waited for as a decode loop does.
 
 With ``--ctl``/``--ack`` (the FIFOs of ``perf record --control fifo:CTL,ACK -D -1``)
@@ -27,7 +29,7 @@ import mlx.core as mx
 
 import segc
 
-VARIANTS = ("eager", "compile", "segc", "frozen", "frozenhead", "frozen2", "frozen4")
+VARIANTS = ("eager", "compile", "segc", "frozen", "frozenhead", "frozen2", "frozen4", "wholefrozen")
 
 
 def step_of(variant: str, model: Any, fc: Any, x: mx.array) -> Callable[[], Any]:
@@ -40,7 +42,7 @@ def step_of(variant: str, model: Any, fc: Any, x: mx.array) -> Callable[[], Any]
         return lambda: call(x)
     from bench_llama import boundaries_of
 
-    frozen = variant.startswith("frozen")
+    frozen = variant.startswith(("frozen", "wholefrozen"))
     step = segc.jit(
         model, boundaries=boundaries_of(variant, model), validate=False, concat_projections=frozen, freeze_params=frozen
     )

@@ -4,6 +4,7 @@ misbehave, elided constants, hand-built graphs the text cannot hold, plans with 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from typing import Any
@@ -348,6 +349,34 @@ def _hand(eqns: Any = (EXP,), inputs: Any = (A,), consts: Any = (), name: Any = 
 def test_verify_refuses_what_does_not_round_trip(g: Graph, message: str) -> None:
     with pytest.raises(IRError, match=message):
         verify(g)
+
+
+EXP1 = Eqn(1, "Exp", ("v0",), (Var("v1", (4,), "f32"),))
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (EXP1.replace(id=0), "duplicate equation id"),
+        (dataclasses.replace(EXP1, id=True), "id must be an int >= 0, got True"),  # (True == 1: replace keeps EXP1)
+        (EXP1.replace(ins=("v9",)), "uses v9 before it is defined"),
+        (EXP1.replace(ins=["v0"]), "inputs must be a tuple of value names"),
+        (EXP1.replace(outs=(V0,)), "value v0 assigned twice"),
+        (EXP1.replace(outs=("v1",)), "outputs must be a tuple of Var"),
+        (EXP1.replace(outs=(Var("v1", (True,), "f32"),)), r"bad shape \(True,\)"),
+        (EXP1.replace(outs=(Var("v1", (-1,), "f32"),)), r"bad shape \(-1,\)"),
+        (EXP1.replace(outs=(Var("v1", (4,), "f33"),)), "unknown dtype 'f33'"),
+        (EXP1.replace(outs=(Var("v\u0301", (4,), "f32"),)), "bad value name"),  # an identifier, not a \\w name
+        (EXP1.replace(outs=(Var("1 v", (4,), "f32"),)), "bad value name '1 v'"),
+        (EXP1.replace(args=[1]), "arguments must be a tuple"),
+    ],
+)
+def test_verify_refuses_a_bad_equation_after_a_good_one_of_its_kind(bad: Eqn, message: str) -> None:
+    """The verifier's quick test of a primitive it has already checked once (``verify``'s
+    common case) refuses what the full checks refuse, with their message."""
+    verify(_hand([EXP, EXP1]))  # the two good equations pass
+    with pytest.raises(IRError, match=message):
+        verify(_hand([EXP, bad]))
 
 
 BASE = """graph f(%a0: f32[4] arg="args[0]") {

@@ -51,6 +51,17 @@ def _const_value(c: Const) -> tuple[tuple[int, ...], str] | None:
         ) from None
 
 
+def _plain_name(x: Any) -> bool:
+    """A fast yes for a name the text form holds: an ASCII identifier (a subset of
+    ``VALUE_NAME``); no means: ask the pattern."""
+    return type(x) is str and x.isascii() and x.isidentifier()
+
+
+def _plain_shape(shape: Any) -> bool:
+    """A fast yes for a tuple of plain ints >= 0 (``type(d) is int`` leaves bools out)."""
+    return type(shape) is tuple and all([type(d) is int and d >= 0 for d in shape])
+
+
 def _check_eqn_fields(e: Any, where: str) -> None:
     if not isinstance(e, Eqn):
         raise IRError(f"{where}: not an Eqn: {type(e).__name__}")
@@ -73,8 +84,21 @@ def _check_eqn_fields(e: Any, where: str) -> None:
 def verify(g: G) -> G:
     """Check the IR's invariants; raise :class:`IRError` naming the first violation."""
     defined: set[str] = set()
+    prims: set[str] = set()  # primitive names already matched
 
-    def define(v: Any, where: str) -> None:
+    def define(v: Any, at: Any) -> None:
+        # the common case in one test (the names, dtypes and shapes of a trace), the checks below otherwise
+        if (
+            type(v) is Var
+            and _plain_name(v.name)
+            and v.name not in defined
+            and type(v.dtype) is str
+            and dtypes.is_dtype_name(v.dtype)
+            and _plain_shape(v.shape)
+        ):
+            defined.add(v.name)
+            return
+        where = at if isinstance(at, str) else f"equation #{at.id} ({at.prim})"
         if not isinstance(v, Var):
             raise IRError(f"{where}: not a Var: {v!r}")
         if not isinstance(v.name, str) or not VALUE_NAME.fullmatch(v.name):
@@ -104,16 +128,30 @@ def verify(g: G) -> G:
             raise IRError(f"constant {c.var.name}: value does not match {c.var.type_str()}")
     ids: set[int] = set()
     for e in g.eqns:
-        where = f"equation #{getattr(e, 'id', '?')} ({getattr(e, 'prim', '?')})"
-        _check_eqn_fields(e, where)
-        if e.id in ids:
-            raise IRError(f"{where}: duplicate equation id")
+        if not (  # the common case in one test; the checks (and their messages) otherwise
+            type(e) is Eqn
+            and type(e.id) is int
+            and e.id >= 0
+            and e.id not in ids
+            and e.prim in prims
+            and type(e.ins) is tuple
+            and type(e.outs) is tuple
+            and type(e.args) is tuple
+            and not e.is_pseudo
+            and all([type(v) is str and v in defined for v in e.ins])
+            and all([type(o) is Var for o in e.outs])
+        ):
+            where = f"equation #{getattr(e, 'id', '?')} ({getattr(e, 'prim', '?')})"
+            _check_eqn_fields(e, where)
+            prims.add(e.prim)
+            if e.id in ids:
+                raise IRError(f"{where}: duplicate equation id")
+            for v in e.ins:
+                if v not in defined:
+                    raise IRError(f"{where}: uses {v} before it is defined")
         ids.add(e.id)
-        for v in e.ins:
-            if v not in defined:
-                raise IRError(f"{where}: uses {v} before it is defined")
         for o in e.outs:
-            define(o, where)
+            define(o, e)
     for v in g.outputs:
         if not isinstance(v, str) or v not in defined:
             raise IRError(f"graph output {v} is never defined")
