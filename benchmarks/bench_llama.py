@@ -213,8 +213,6 @@ SETTINGS = {  # a variant's "+suffix" (--isolate only)
     "lc1": {"SEGC_LIVE_COMMITS": "1"},
     "lc2": {"SEGC_LIVE_COMMITS": "2"},
     "lc4": {"SEGC_LIVE_COMMITS": "4"},
-    # each live step committed by itself: a commit before it and after it (SEGC_LIVE_APART, experimental)
-    "lapart": {"SEGC_LIVE_APART": "1"},
     # CUDA's default memory pool keeping what it reserves (benchmarks/mempool.py), in any variant
     "poolkeep": {"SEGC_BENCH_POOL_KEEP": "1"},
 }

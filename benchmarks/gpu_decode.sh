@@ -324,8 +324,8 @@ for p in $parts; do
     ;;
   hostsplit)  # where one segment's host time goes (fifty-seventh session): what a commit holding MLX's cuDNN
     # attention costs (benchmarks/commit_sdpa.py, cuDNN's and MLX's own attention); the decode, VARIANTS (eager,
-    # frozenhead+inplace, wholefrozen+inplace: the default commits) each a process, two rounds; wholefrozen in
-    # place under cProfile (live_host.py); mlx-lm's own generation loop (bench_generate.py: eager, segc's
+    # frozenhead+inplace, wholefrozen+inplace: the default commits) each a process, two rounds; with LIVEHOST=1
+    # wholefrozen in place under cProfile (live_host.py); mlx-lm's own generation loop (bench_generate.py: eager, segc's
     # defaults and segc-best, one process, rounds alternating; PROMPTS (1000) tokens, then 256 greedy tokens)
     for c in 1 0; do
       MLX_CUDA_USE_CUDNN_SDPA=$c timeout 60 $PY benchmarks/commit_sdpa.py >"$OUT/commit_sdpa$c.txt" 2>&1
@@ -334,8 +334,10 @@ for p in $parts; do
     VARIANTS=${VARIANTS:-eager,frozenhead+inplace,wholefrozen+inplace} ROUNDS=${ROUNDS:-2} REPEATS=30 \
       BENCH_LIMIT=${BENCH_LIMIT:-260} bench hostsplit --prefill 0 --first-call-layers 0 --no-dispatch
     grep -A8 "=== isolated" "$OUT/hostsplit.txt"
-    SEGC_KV_IN_PLACE=1 timeout 60 $PY benchmarks/live_host.py --variant wholefrozen --calls 30 >"$OUT/live_host_whole.txt" 2>&1
-    echo "live_host wholefrozen: rc=$?"; head -45 "$OUT/live_host_whole.txt"
+    if [ -n "${LIVEHOST:-}" ]; then
+      SEGC_KV_IN_PLACE=1 timeout 60 $PY benchmarks/live_host.py --variant wholefrozen --calls 30 >"$OUT/live_host_whole.txt" 2>&1
+      echo "live_host wholefrozen: rc=$?"; head -45 "$OUT/live_host_whole.txt"
+    fi
     for p in ${PROMPTS:-1000}; do
       timeout 150 $PY benchmarks/bench_generate.py --layers 16 --hidden 2048 --intermediate 8192 --heads 32 \
         --kv-heads 8 --vocab 32000 --dtype bfloat16 --tokens 256 --prompt $p --rounds 2 \

@@ -12,7 +12,7 @@ from mlx.utils import tree_flatten
 pytest.importorskip("mlx_lm", reason="the mlx-lm models need the lm extra (pip install segc[lm])")
 
 from segc.cli import main
-from segc.engine import GenerationStats, generate_tokens, load_local_model
+from segc.engine import FAST_OPTIONS, GenerationStats, generate_tokens, load_local_model
 from segc.errors import SegcError
 from segc.models.zoo import build, tiny_config
 
@@ -25,6 +25,23 @@ def test_engine_tokens_identical_and_few_traces() -> None:
     assert ours == eager
     # the prompt chunk, and one decode graph (prompt ids are uint32, like argmax's)
     assert stats.traces == 2, stats.jitted.cache_info().retraces
+
+
+def test_engine_fast_options_tokens_identical() -> None:
+    """``FAST_OPTIONS`` (one segment, concatenated, frozen, in place): eager's tokens,
+    eager run first on the untouched module, one segment, a prompt and a decode trace."""
+    model = build("llama", seed=5)
+    eager = list(generate_tokens(model, [3, 1, 4, 1, 5], 40, use_segc=False))
+    stats = GenerationStats()
+    ours = list(generate_tokens(model, [3, 1, 4, 1, 5], 40, stats=stats, **FAST_OPTIONS))
+    assert ours == eager
+    assert stats.traces == 2, stats.jitted.cache_info().retraces
+    assert len(stats.jitted.entries()[-1].segments) == 1
+
+
+def test_generate_cli_fast(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["generate", "--arch", "llama", "--max-tokens", "12", "--fast", "--compare", "--quiet"]) == 0
+    assert "eager mlx-lm tokens identical: True" in capsys.readouterr().out
 
 
 def test_generate_cli_tiny(capsys: pytest.CaptureFixture[str]) -> None:

@@ -41,6 +41,19 @@ class GenerationStats:
         return 0 if self.jitted is None else self.jitted.cache_info().traces
 
 
+# The fastest decode measured on a GPU (docs/performance.md, "Generation"): one segment,
+# sibling products as one, the parameters captured, the caches written in place; for a
+# loop that owns its model and caches, where what the options give up (the module's
+# weights rebound to views, weights replaced later unseen, arrays sharing a cache's
+# buffer seeing the write) does not arise. The same bits as the defaults.
+FAST_OPTIONS: dict[str, Any] = {
+    "boundaries": None,
+    "concat_projections": True,
+    "freeze_params": True,
+    "kv_in_place": True,
+}
+
+
 def _greedy(logprobs: mx.array) -> mx.array:
     return mx.argmax(logprobs, axis=-1)
 

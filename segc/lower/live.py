@@ -127,10 +127,6 @@ def staged(
             fn = None if is_live or not outs else steps_fn(steps, consts, ins, outs)
             fns.append(mx.compile(fn) if compile and fn is not None else fn)
 
-        apart = (
-            period > 0 and os.environ.get("SEGC_LIVE_APART", "") == "1"
-        )  # (experimental: measured, then kept or not)
-
         def run(*xs: mx.array) -> list[mx.array]:
             env: dict[str, Any] = dict(held)
             env.update(zip(in_names, xs))
@@ -139,14 +135,11 @@ def staged(
             for fn, (is_live, steps, ins, outs) in zip(fns, layout, strict=True):
                 if is_live:  # (its rule uses no scratch bank: each stretch has its own)
                     r, e, i, o = steps[0]
-                    if apart and made:
-                        mx.async_eval(made)
-                        made = []
                     _apply(env, r([env[v] for v in i], e.args, e), o)
                     if period:
                         made.extend(env[v] for v in o)
                         seen += 1
-                        if apart or seen % period == 0:
+                        if seen % period == 0:
                             mx.async_eval(made)
                             made = []
                 elif fn is not None:

@@ -36,8 +36,13 @@ class Capture:
     out_tree: TreeDef
 
 
+_PLAIN = frozenset({int, float, str, bool, type(None)})
+
+
 def _canon(a: Any) -> Any:
     if isinstance(a, tuple | list):
+        if all([type(x) in _PLAIN for x in a]):  # most arguments: a flat list of ints
+            return tuple(a)
         return tuple(_canon(x) for x in a)
     if isinstance(a, mx.Dtype):
         return DTypeArg(dtypes.short(a))
