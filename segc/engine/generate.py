@@ -9,9 +9,10 @@ timings come from the same loop. The caller's KV cache is an ordinary mlx-lm cac
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import mlx.core as mx
@@ -46,12 +47,9 @@ class GenerationStats:
 # loop that owns its model and caches, where what the options give up (the module's
 # weights rebound to views, weights replaced later unseen, arrays sharing a cache's
 # buffer seeing the write) does not arise. The same bits as the defaults.
-FAST_OPTIONS: dict[str, Any] = {
-    "boundaries": None,
-    "concat_projections": True,
-    "freeze_params": True,
-    "kv_in_place": True,
-}
+FAST_OPTIONS: Mapping[str, Any] = MappingProxyType(
+    {"boundaries": None, "concat_projections": True, "freeze_params": True, "kv_in_place": True}
+)  # (read-only: a caller's dict(FAST_OPTIONS) is theirs to change)
 
 
 def _greedy(logprobs: mx.array) -> mx.array:
