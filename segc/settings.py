@@ -1,5 +1,6 @@
 """segc's settings read from the environment (``SEGC_*``), each checked by name: the
-lowering's kernels, the runtime's rematerialisation, the traced KV caches' offset."""
+lowering's kernels, the runtime's rematerialisation, the traced KV caches' offset;
+``env_choice`` for one of a few words, ``env_count`` for a whole number."""
 
 from __future__ import annotations
 
@@ -16,3 +17,15 @@ def env_choice(name: str, choices: Sequence[str], default: str) -> str:
     if text not in choices:
         raise UsageError(f"{name} must be {' or '.join(choices)}, not {text!r}")
     return text
+
+
+def env_count(name: str, default: int, least: int, what: str) -> int:
+    """The environment's ``name`` as a whole number of at least ``least`` (unset or blank:
+    ``default``); anything else is a ``UsageError`` naming the variable and ``what`` it
+    counts."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    if not (text.isascii() and text.isdigit()) or int(text) < least:
+        raise UsageError(f"{name} must be {what}, not {text!r}")
+    return int(text)

@@ -2,7 +2,7 @@
 of a kernel's on/off variable is refused by name on any device.
 
 The variables read are found in segc's source: a string ``"SEGC_..."`` handed to
-``os.environ.get``, ``os.getenv`` or ``env_choice``, and the names handed to
+``os.environ.get``, ``os.getenv``, ``env_choice`` or ``env_count``, and the names handed to
 ``products.cuda_wanted`` (which reads ``SEGC_<name>``)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 from conftest import assert_env_setting
 
 ROOT = Path(__file__).resolve().parents[1]
-READ = re.compile(r'(?:environ\.get|getenv|env_choice)\(\s*"(SEGC_[A-Z0-9_]+)"')
+READ = re.compile(r'(?:environ\.get|getenv|env_choice|env_count)\(\s*"(SEGC_[A-Z0-9_]+)"')
 WANTED = re.compile(r'cuda_wanted\([^()]*(?:\([^()]*\))?[^()]*"([A-Z0-9_]+)"\)')
 LISTED = re.compile(r"^\| `(SEGC_[A-Z0-9_]+)` \|", re.M)
 
@@ -34,7 +34,13 @@ def test_the_page_lists_every_variable_segc_reads_and_no_other() -> None:
     read = _read_by_segc()
     listed = set(LISTED.findall((ROOT / "docs" / "settings.md").read_text()))
     # the finder itself must see the variables it is meant to see (one of each way in)
-    assert {"SEGC_KV_IN_PLACE", "SEGC_DUMP_IR", "SEGC_FUSED_PRODUCTS", "SEGC_DENSE_EXPERTS"} <= read, read
+    assert {
+        "SEGC_KV_IN_PLACE",
+        "SEGC_DUMP_IR",
+        "SEGC_FUSED_PRODUCTS",
+        "SEGC_DENSE_EXPERTS",
+        "SEGC_LIVE_COMMITS",
+    } <= read, read
     assert read - listed == set(), f"read by segc, missing from docs/settings.md: {sorted(read - listed)}"
     assert listed - read == set(), f"in docs/settings.md, read nowhere in segc: {sorted(listed - read)}"
 

@@ -25,7 +25,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", default=None, help="prompt text (needs the model's tokenizer)")
     p.add_argument("--prompt-tokens", default=None, help="prompt as comma-separated token ids (default 1..8)")
     p.add_argument("--max-tokens", type=positive_int(), default=64, help="tokens to generate (default 64)")
-    p.add_argument("--boundaries", default=None, help="segment globs, 'auto' (one per layer, the default) or 'none'")
+    p.add_argument(
+        "--boundaries", default=None, help="segment globs, 'auto' (one per layer: the default without --fast) or 'none'"
+    )
     p.add_argument(
         "--fast",
         action="store_true",

@@ -26,7 +26,6 @@ CUDA (importing needs no GPU).
 from __future__ import annotations
 
 import functools
-import os
 import struct
 from collections.abc import Sequence
 from typing import Any
@@ -34,8 +33,7 @@ from typing import Any
 import mlx.core as mx
 
 from .. import dtypes
-from ..errors import UsageError
-from ..settings import env_choice
+from ..settings import env_choice, env_count
 from . import scratch
 from .cuda_kernel import cuda_kernel, launch_bounds
 from .cuda_products import _HEADER, ROWS_PER_BLOCK
@@ -199,10 +197,7 @@ def grid(blocks: int | None, most: int) -> int:
     """The blocks a launch takes: ``blocks``, else the environment's ``SEGC_CHAIN_BLOCKS``,
     else ``most`` (a block per ticket of the largest stage)."""
     if blocks is None:
-        given = os.environ.get("SEGC_CHAIN_BLOCKS", "").strip()
-        if given and (not given.isdigit() or int(given) < 1):
-            raise UsageError(f"SEGC_CHAIN_BLOCKS must be a number of blocks (1 or more), not {given!r}")
-        blocks = int(given) if given else most
+        blocks = env_count("SEGC_CHAIN_BLOCKS", most, 1, "a number of blocks (1 or more)")
     return max(1, blocks)
 
 

@@ -25,16 +25,14 @@ the compiled stretch before the step: only the slices and the attention run eage
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, cast
 
 import mlx.core as mx
 
 from .. import hostints
-from ..errors import UsageError
 from ..ir import Eqn
-from ..settings import env_choice
+from ..settings import env_choice, env_count
 from . import scratch
 
 Step = tuple[Callable[..., Any], Eqn, Sequence[str], tuple[str, ...]]
@@ -166,12 +164,7 @@ def live_commits() -> int:
     the host dispatches the rest of it, as a segment per layer does, with one compiled
     call between two attentions where a segment per layer pays two; read when segments
     are built."""
-    text = os.environ.get("SEGC_LIVE_COMMITS", "").strip()
-    if not text:
-        return LIVE_COMMIT_PERIOD
-    if not (text.isascii() and text.isdigit()):
-        raise UsageError(f"SEGC_LIVE_COMMITS must be 0 or a whole number of live steps, not {text!r}")
-    return int(text)
+    return env_count("SEGC_LIVE_COMMITS", LIVE_COMMIT_PERIOD, 0, "0 or a whole number of live steps")
 
 
 def steps_fn(
