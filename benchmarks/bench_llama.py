@@ -58,9 +58,10 @@ the KV write with its attention writes into the cache's buffers, docs/lowering.m
 MLX's ``rope``; ``+stage``, ``+nostage``: ``SEGC_ATTENTION_STAGE``); ``+nolive`` with
 ``SEGC_LIVE_ATTENTION=0`` (segc's write-with-attention kernel, not MLX's attention over
 the live keys after segc's write: docs/lowering.md), ``+live`` with ``1`` (the default);
-``+lc0``, ``+lc1``, ``+lc2``, ``+lc4`` with ``SEGC_LIVE_COMMITS`` 0, 1, 2 (the default), 4 (a
-segment run as stretches commits after every Kth live step inside it, none for 0, e.g.
-``wholefrozen+inplace+lc1``).
+``+lc0``, ``+lc1``, ``+lc2``, ``+lc3``, ``+lc4`` with ``SEGC_LIVE_COMMITS`` 0, 1, 2 (the
+default), 3, 4 (a segment run as stretches commits after every Kth live step inside it,
+none for 0, e.g. ``wholefrozen+inplace+lc1``), ``+lc112`` with ``1,1,2`` (after the first
+and second, then every second: the device started one layer sooner).
 
 on two workloads: a decode step (one token; with a KV cache at ``--context`` when
 ``segc.jit`` accepts one, else a plain 1-token forward, and the output says which) and a
@@ -213,6 +214,8 @@ SETTINGS = {  # a variant's "+suffix" (--isolate only)
     "lc1": {"SEGC_LIVE_COMMITS": "1"},
     "lc2": {"SEGC_LIVE_COMMITS": "2"},
     "lc4": {"SEGC_LIVE_COMMITS": "4"},
+    "lc3": {"SEGC_LIVE_COMMITS": "3"},
+    "lc112": {"SEGC_LIVE_COMMITS": "1,1,2"},  # the device started after the first attention
     # CUDA's default memory pool keeping what it reserves (benchmarks/mempool.py), in any variant
     "poolkeep": {"SEGC_BENCH_POOL_KEEP": "1"},
 }

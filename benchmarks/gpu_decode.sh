@@ -6,7 +6,7 @@
 #
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_decode.sh [PARTS]
 #
-# PARTS: any of  hostsplit teststamps managed devpos live livecommits ab pool dense quant moe concat chain chaintests isolated runtime kernels select products check generate device ablate modes commits census kv attn kvattn kvattndev timeline stage tail bank layers stamps stagedecode inplace prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
+# PARTS: any of  schedule hostsplit teststamps managed devpos live livecommits ab pool dense quant moe concat chain chaintests isolated runtime kernels select products check generate device ablate modes commits census kv attn kvattn kvattndev timeline stage tail bank layers stamps stagedecode inplace prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
 # (default: dense runtime). chain: a layer's MLP, and a decode layer, as one kernel
 # (segc.lower.cuda_chain, cuda_layer; off by default): chain_device.py (device time against
 # the separate kernels, several grids, the tickets alone) and chain_stages.py (each stage's
@@ -321,6 +321,24 @@ for p in $parts; do
     VARIANTS=${VARIANTS:-eager,frozenhead+inplace,wholefrozen+inplace,wholefrozen+inplace+lc1,wholefrozen+inplace+lc4,wholefrozen+inplace+lc0} \
       ROUNDS=${ROUNDS:-2} REPEATS=30 BENCH_LIMIT=${BENCH_LIMIT:-400} bench livecommits --prefill 0 --first-call-layers 0 --no-dispatch
     grep -A14 "=== isolated" "$OUT/livecommits.txt"
+    ;;
+  schedule)  # the commit schedule inside one segment (fifty-eighth session; SEGC_LIVE_COMMITS as group sizes, the last
+    # repeated): the live GPU tests with 1,1,2 (eager's bytes), then the decode, VARIANTS (eager, wholefrozen+inplace:
+    # every second attention, the default; +lc112: after the first and second, then every second; +lc3) each a
+    # process, two rounds; then mlx-lm's own generation loop (eager, segc-best; PROMPTS, 1000) (about 6 minutes)
+    SEGC_LIVE_COMMITS=1,1,2 timeout 300 $PY -m pytest -q -p no:benchmark -p no:cacheprovider -n 4 --timeout 280 \
+      --timeout-method thread tests/test_live_cuda.py >"$OUT/schedule_tests.txt" 2>&1
+    echo "live tests, SEGC_LIVE_COMMITS=1,1,2: rc=$?"
+    tail -3 "$OUT/schedule_tests.txt"
+    VARIANTS=${VARIANTS:-eager,wholefrozen+inplace,wholefrozen+inplace+lc112,wholefrozen+inplace+lc3} ROUNDS=${ROUNDS:-2} \
+      REPEATS=30 BENCH_LIMIT=${BENCH_LIMIT:-300} bench schedule --prefill 0 --first-call-layers 0 --no-dispatch
+    grep -A10 "=== isolated" "$OUT/schedule.txt"
+    for p in ${PROMPTS:-1000}; do
+      timeout 120 $PY benchmarks/bench_generate.py --layers 16 --hidden 2048 --intermediate 8192 --heads 32 \
+        --kv-heads 8 --vocab 32000 --dtype bfloat16 --tokens 256 --prompt $p --rounds 2 \
+        --variants eager,segc-best >"$OUT/generate_$p.txt" 2>&1
+      echo "generate $p: rc=$?"; tail -12 "$OUT/generate_$p.txt"
+    done
     ;;
   hostsplit)  # where one segment's host time goes (fifty-seventh session): what a commit holding MLX's cuDNN
     # attention costs (benchmarks/commit_sdpa.py, cuDNN's and MLX's own attention); the decode, VARIANTS (eager,

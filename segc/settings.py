@@ -1,6 +1,7 @@
 """segc's settings read from the environment (``SEGC_*``), each checked by name: the
 lowering's kernels, the runtime's rematerialisation, the traced KV caches' offset;
-``env_choice`` for one of a few words, ``env_count`` for a whole number."""
+``env_choice`` for one of a few words, ``env_count`` for a whole number, ``env_counts``
+for a list of them."""
 
 from __future__ import annotations
 
@@ -29,3 +30,16 @@ def env_count(name: str, default: int, least: int, what: str) -> int:
     if not (text.isascii() and text.isdigit()) or int(text) < least:
         raise UsageError(f"{name} must be {what}, not {text!r}")
     return int(text)
+
+
+def env_counts(name: str, default: tuple[int, ...], least: int, what: str) -> tuple[int, ...]:
+    """The environment's ``name`` as whole numbers of at least ``least`` separated by
+    commas (unset or blank: ``default``); anything else is a ``UsageError`` naming the
+    variable and ``what`` it lists."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isascii() and p.isdigit() and int(p) >= least for p in parts):
+        raise UsageError(f"{name} must be {what}, not {text!r}")
+    return tuple(int(p) for p in parts)

@@ -11,6 +11,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 from conftest import same_bits, same_caches
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 
 pytest.importorskip("mlx_lm", reason="the mlx-lm models need the lm extra (pip install segc[lm])")
 
@@ -152,3 +154,85 @@ def test_the_fast_path_lets_go_of_caches_it_no_longer_sees(model: Any) -> None:
     step(mx.array([[3, 1, 4]]), cache=fresh)
     gc.collect()
     assert gone() is None
+
+
+_DTYPES = (mx.float32, mx.bfloat16, mx.float16)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    caches=hst.lists(
+        hst.tuples(hst.sampled_from((0, 1, 2)), hst.sampled_from((1, 2, 3)), hst.integers(0, 2)), min_size=1, max_size=5
+    ),
+    change=hst.one_of(hst.none(), hst.tuples(hst.integers(0, 4), hst.sampled_from(("shape", "dtype", "empty")))),
+)
+def test_a_repeated_calls_kv_slots_are_the_general_paths(caches: list[tuple[int, int, int]], change: Any) -> None:
+    """``kvcache._kv_rebind`` (the fast path's loop over a run of KV caches) makes the
+    slots that ``_kv_slot`` (the general path) makes for each cache, from the keys of
+    their last slots, and refuses (None) a run where one cache's buffers changed shape
+    or dtype or were emptied, whose key would differ. Heads of 0: an empty cache (a
+    prefill's first chunk), whose slot is the general one."""
+    from mlx_lm.models.cache import KVCache
+
+    from segc.trace import state as st
+
+    objs = []
+    for heads, steps, dt in caches:
+        c = KVCache()
+        if heads:
+            c.keys = mx.zeros((1, heads, 256 * steps, 8), _DTYPES[dt])
+            c.values = mx.zeros((1, heads, 256 * steps, 4), _DTYPES[dt])
+            c.offset = 100 * steps + heads
+        objs.append(c)
+    kind = st.KINDS["kv"]
+    keys = [kind.slot(i, o, None).key for i, o in enumerate(objs)]  # the last call's keys
+    for c in objs:
+        c.offset += 1 if c.keys is not None else 0  # the next call
+    changed = change is not None and change[0] < len(objs) and objs[change[0]].keys is not None
+    if changed:
+        c = objs[change[0]]
+        if change[1] == "shape":
+            c.keys = mx.zeros((1, c.keys.shape[1], c.keys.shape[2] + 256, 8), c.keys.dtype)
+        elif change[1] == "dtype":
+            other = mx.float32 if c.values.dtype != mx.float32 else mx.float16
+            c.values = c.values.astype(other)
+        else:
+            c.keys = c.values = None
+    got = kind.rebind(3, objs, keys)
+    if changed:
+        assert got is None
+        return
+    assert got is not None
+    want = [kind.slot(3 + i, o, None) for i, o in enumerate(objs)]
+    for g, w in zip(got, want, strict=True):
+        assert (g.index, g.obj, g.mode, g.kind, g.names, g.key, g.host) == (
+            w.index,
+            w.obj,
+            w.mode,
+            w.kind,
+            w.names,
+            w.key,
+            w.host,
+        )
+        assert len(g.inputs) == len(w.inputs) == (3 if g.obj.keys is not None else 1)
+        if g.obj.keys is not None:
+            assert g.inputs[0] is w.inputs[0] and g.inputs[1] is w.inputs[1]  # the cache's own buffers
+        off = g.inputs[-1]
+        assert off.dtype == mx.int32 and off.shape == () and off.item() == g.obj.offset
+
+
+def test_a_repeated_calls_kv_slot_refuses_an_offset_past_its_buffer() -> None:
+    """The fast path's slots raise the general path's error for an offset beyond a
+    cache's buffer (a caller's mistake), naming the cache."""
+    from mlx_lm.models.cache import KVCache
+
+    from segc.errors import StateError
+    from segc.trace import state as st
+
+    c = KVCache()
+    c.keys, c.values, c.offset = mx.zeros((1, 1, 256, 8)), mx.zeros((1, 1, 256, 8)), 10
+    kind = st.KINDS["kv"]
+    key = kind.slot(0, c, None).key
+    c.offset = 300
+    with pytest.raises(StateError, match=r"state\[2\]: KVCache offset 300 exceeds its buffer \(256 positions\)"):
+        kind.rebind(2, [c], [key])

@@ -226,13 +226,31 @@ def _eager_layers(env: dict[str, mx.array], n_layers: int, n: int) -> tuple[list
     return outs, [q, *written]
 
 
-@settings(max_examples=12, deadline=None)
-@given(layers=hst.integers(1, 3), period=hst.integers(0, 3), offset=hst.integers(0, C - 2))
-def test_commits_inside_a_segment_come_every_kth_live_step_over_layers(layers, period, offset) -> None:
-    """Any number of layers in one segment and any period: the compiled form commits
-    ``layers // period`` times (none for 0), each commit holding the attention output it
-    follows and the stretch's before it; the plain form never commits. Both give eager
-    MLX's bytes, layer after layer, the written caches too."""
+def _schedule(n: int, groups: tuple[int, ...]) -> list[int]:
+    """The live steps (from 1) a schedule commits after, spelled out: a group at a time,
+    the last group's size repeated, none past ``n``."""
+    out, at = [], 0
+    sizes = [*groups, *[groups[-1]] * n] if groups else []
+    for g in sizes:
+        at += g
+        if at > n:
+            break
+        out.append(at)
+    return out
+
+
+@settings(max_examples=16, deadline=None)
+@given(
+    layers=hst.integers(1, 4),
+    groups=hst.one_of(hst.just(()), hst.lists(hst.integers(1, 3), min_size=1, max_size=3).map(tuple)),
+    offset=hst.integers(0, C - 2),
+)
+def test_commits_inside_a_segment_come_where_the_schedule_says_over_layers(layers, groups, offset) -> None:
+    """Any number of layers in one segment and any schedule (group sizes, the last
+    repeated; ``()`` none): the compiled form commits after the live steps the schedule
+    names, each commit holding the attention output it follows and the stretch's before
+    it; the plain form never commits. Both give eager MLX's bytes, layer after layer,
+    the written caches too."""
     eqns, avals, ins, outs, consts = _layers(layers)
     committed: list[list[mx.array]] = []
     real = mx.async_eval
@@ -244,19 +262,30 @@ def test_commits_inside_a_segment_come_every_kth_live_step_over_layers(layers, p
         vals[ins.index("off")] = kvcache.position(offset)
         results = [plain(*vals)]
         assert not committed
-        results.append(live.compile_segment(plain, period)(*vals))
+        results.append(live.compile_segment(plain, groups)(*vals))
     attended, want = _eager_layers(dict(zip(ins, vals, strict=True)), layers, offset + 1)
     assert len(k.lives) == 2 * layers and not k.pairs  # every layer's attention a live step, in both calls
-    assert len(committed) == (layers // period if period else 0)
-    for i, arrays in enumerate(committed):
-        assert len(arrays) > 1 and any(same_bits(a, attended[(i + 1) * period - 1]) for a in arrays)
+    after = _schedule(layers, groups)
+    assert len(committed) == len(after)
+    for at, arrays in zip(after, committed, strict=True):
+        assert len(arrays) > 1 and any(same_bits(a, attended[at - 1]) for a in arrays)
     for got in results:
         assert len(got) == len(want) == 1 + 2 * layers
         for a, b in zip(got, want, strict=True):
             assert same_bits(a, b)
 
 
-@pytest.mark.parametrize(("commit", "drain", "want"), [("auto", False, 3), ("segment", False, 0), ("auto", True, 0)])
+@pytest.mark.parametrize(
+    ("n", "groups", "want"),
+    [(16, (2,), {2, 4, 6, 8, 10, 12, 14, 16}), (7, (1, 2), {1, 3, 5, 7}), (8, (4, 2, 1), {4, 6, 7, 8}), (3, (), set())],
+)
+def test_commit_points_spell_out_the_schedule(n: int, groups: tuple[int, ...], want: set[int]) -> None:
+    assert live.commit_points(n, groups) == want
+
+
+@pytest.mark.parametrize(
+    ("commit", "drain", "want"), [("auto", False, (3,)), ("segment", False, ()), ("auto", True, ())]
+)
 def test_the_executor_commits_inside_a_segment_under_auto_alone(monkeypatch, commit, drain, want) -> None:
     """The period reaches the executor's segments under ``"auto"`` only: ``"segment"``
     names every commit, and a draining run waits after each segment anyway."""
@@ -264,9 +293,9 @@ def test_the_executor_commits_inside_a_segment_under_auto_alone(monkeypatch, com
     from segc.runtime import executor as ex
 
     monkeypatch.setenv("SEGC_LIVE_COMMITS", "3")
-    periods: list[int] = []
+    periods: list[tuple[int, ...]] = []
     real = ex.compile_segment
-    monkeypatch.setattr(ex, "compile_segment", lambda f, k=0: periods.append(k) or real(f, k))
+    monkeypatch.setattr(ex, "compile_segment", lambda f, k=(): periods.append(k) or real(f, k))
     x = Var("x", (2,), "f32")
     g = Graph("one", (Input(x, "arg", "x"),), (), (Eqn(1, "Exp", ("x",), (Var("y", (2,), "f32"),)),), ("y",))
     e = ex.Executor(g, commit=commit, drain=drain)
@@ -275,7 +304,22 @@ def test_the_executor_commits_inside_a_segment_under_auto_alone(monkeypatch, com
     assert same_bits(e([a])[0], mx.exp(a))
 
 
-@pytest.mark.parametrize(("value", "want"), [(None, 2), ("0", 0), ("3", 3), (" ", 2), ("-1", None), ("x", None)])
+@pytest.mark.parametrize(
+    ("value", "want"),
+    [
+        (None, (2,)),
+        ("0", ()),
+        ("3", (3,)),
+        (" ", (2,)),
+        ("1,2", (1, 2)),
+        (" 4, 2 ,1", (4, 2, 1)),
+        ("-1", None),
+        ("x", None),
+        ("0,2", None),
+        ("1,,2", None),
+        ("2,", None),
+    ],
+)
 def test_the_commit_setting_is_read_and_checked(monkeypatch: pytest.MonkeyPatch, value, want) -> None:
     assert_env_setting(monkeypatch, "SEGC_LIVE_COMMITS", value, live.live_commits, want)
 
@@ -337,6 +381,8 @@ def test_the_cost_model_counts_a_live_pair_as_two_kernels_and_cuts_keep_it_whole
         (3, "auto", "3", "gpu", 2),
         (3, "auto", "4", "gpu", 1),
         (2, "auto", "2", "gpu", 2),
+        (3, "auto", "1,2", "gpu", 3),
+        (4, "auto", "2,1", "gpu", 4),
     ],
 )
 def test_the_cost_model_commits_after_live_attentions_where_the_runtime_does(
@@ -344,8 +390,9 @@ def test_the_cost_model_commits_after_live_attentions_where_the_runtime_does(
 ) -> None:
     """Layers of one segment (heads of 64: eager fuses the attention, so segc pairs it),
     an op after the last: ``"auto"`` on a GPU predicts the call's commit and one after
-    every ``period``th attention, as many as the staged run makes (``layers // period``),
-    each ending a command buffer; the policy ``"segment"``, a period of 0 or a CPU (no
+    every attention the schedule ``period`` names, as many as the staged run makes
+    (``layers // period`` for one size; ``1,2`` over three layers: after the first and
+    the third), each ending a command buffer; the policy ``"segment"``, a period of 0 or a CPU (no
     live steps there to commit after) leave the call's one."""
     from dataclasses import replace
 
@@ -364,10 +411,11 @@ def test_the_cost_model_commits_after_live_attentions_where_the_runtime_does(
     assert predict_time(g, replace(H200, device=device), "segment").commits == 1
 
 
-def test_live_closes_take_every_kth_attention_of_each_segment() -> None:
+def test_live_closes_take_the_scheduled_attentions_of_each_segment() -> None:
     from segc.passes.buffers import live_closes
 
     spans = [("a", 0, 10), ("b", 10, 25)]
-    assert live_closes([3, 7, 12, 20, 22], spans, 2) == {7, 20}  # counted afresh in each segment
-    assert live_closes([3, 7, 12, 20, 22], spans, 1) == {3, 7, 12, 20, 22}
-    assert live_closes([3, 7], spans, 0) == frozenset() and live_closes([], spans, 2) == frozenset()
+    assert live_closes([3, 7, 12, 20, 22], spans, (2,)) == {7, 20}  # counted afresh in each segment
+    assert live_closes([3, 7, 12, 20, 22], spans, (1,)) == {3, 7, 12, 20, 22}
+    assert live_closes([3, 7, 12, 20, 22], spans, (1, 2)) == {3, 12, 22}
+    assert live_closes([3, 7], spans, ()) == frozenset() and live_closes([], spans, (2,)) == frozenset()

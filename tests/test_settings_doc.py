@@ -2,7 +2,7 @@
 of a kernel's on/off variable is refused by name on any device.
 
 The variables read are found in segc's source: a string ``"SEGC_..."`` handed to
-``os.environ.get``, ``os.getenv``, ``env_choice`` or ``env_count``, and the names handed to
+``os.environ.get``, ``os.getenv``, ``env_choice``, ``env_count`` or ``env_counts``, and the names handed to
 ``products.cuda_wanted`` (which reads ``SEGC_<name>``)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 from conftest import assert_env_setting
 
 ROOT = Path(__file__).resolve().parents[1]
-READ = re.compile(r'(?:environ\.get|getenv|env_choice|env_count)\(\s*"(SEGC_[A-Z0-9_]+)"')
+READ = re.compile(r'(?:environ\.get|getenv|env_choice|env_counts?)\(\s*"(SEGC_[A-Z0-9_]+)"')
 WANTED = re.compile(r'cuda_wanted\([^()]*(?:\([^()]*\))?[^()]*"([A-Z0-9_]+)"\)')
 LISTED = re.compile(r"^\| `(SEGC_[A-Z0-9_]+)` \|", re.M)
 

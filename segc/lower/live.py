@@ -16,8 +16,8 @@ runs as compiled *stretches* between its live steps (:func:`staged`): the graph 
 traced once per buffer capacity, never per position.
 
 Under the executor's ``"auto"`` commit policy such a segment also commits after every
-Kth live step (:func:`live_commits`): a long segment's first layers start on the device
-while the host dispatches the rest.
+Kth live step, or after the groups of live steps a schedule names (:func:`live_commits`):
+a long segment's first layers start on the device while the host dispatches the rest.
 
 Taken only where the mask is the causal row of one query at an offset (``causal_row``):
 ``offset + arange(1) >= arange(capacity)``, nothing else (no window). The write stays in
@@ -31,8 +31,9 @@ from typing import Any, cast
 import mlx.core as mx
 
 from .. import hostints
+from ..errors import UsageError
 from ..ir import Eqn
-from ..settings import env_choice, env_count
+from ..settings import env_choice, env_counts
 from . import scratch
 
 Step = tuple[Callable[..., Any], Eqn, Sequence[str], tuple[str, ...]]
@@ -97,8 +98,8 @@ def staged(
     """A segment's function whose steps at the indices ``live`` run eagerly (their rules
     read host values at each call) and whose other steps run as stretches between them;
     ``fn.compiled()`` is the same function with each stretch ``mx.compile``d (what the
-    executor calls instead of compiling the whole); ``fn.compiled(k)`` also commits
-    (``mx.async_eval``) after every kth live step (``live_commits``)."""
+    executor calls instead of compiling the whole); ``fn.compiled(groups)`` also commits
+    (``mx.async_eval``) after the live steps :func:`commit_points` names."""
     parts: list[tuple[bool, list[Step]]] = []
     for i, step in enumerate(plan):
         if i in live:
@@ -119,7 +120,11 @@ def staged(
     # the constants a live step reads (a stretch's are its own: steps_fn); none in a decode layer
     held = {v: consts[v] for is_live, steps, _, _ in layout if is_live for v in steps[0][2] if v in consts}
 
-    def build(compile: bool, period: int = 0) -> Callable[..., list[mx.array]]:
+    n_live = sum(1 for is_live, *_ in layout if is_live)
+
+    def build(compile: bool, groups: tuple[int, ...] = ()) -> Callable[..., list[mx.array]]:
+        points = commit_points(n_live, groups)
+        committing = bool(points)
         fns: list[Callable[..., list[mx.array]] | None] = []
         for is_live, steps, ins, outs in layout:
             fn = None if is_live or not outs else steps_fn(steps, consts, ins, outs)
@@ -134,20 +139,20 @@ def staged(
                 if is_live:  # (its rule uses no scratch bank: each stretch has its own)
                     r, e, i, o = steps[0]
                     _apply(env, r([env[v] for v in i], e.args, e), o)
-                    if period:
+                    if committing:
                         made.extend(env[v] for v in o)
                         seen += 1
-                        if seen % period == 0:
+                        if seen in points:
                             mx.async_eval(made)
                             made = []
                 elif fn is not None:
                     res = fn(*[env[v] for v in ins])
                     env.update(zip(outs, res))
-                    if period:
+                    if committing:
                         made.extend(res)
             return [env[v] for v in out_names]
 
-        run.compiled = lambda period=0: build(True, period)  # type: ignore[attr-defined]
+        run.compiled = lambda groups=(): build(True, groups)  # type: ignore[attr-defined]
         return run
 
     return build(False)
@@ -156,15 +161,36 @@ def staged(
 LIVE_COMMIT_PERIOD = 2  # measured on H100s, 2026-12-07: 1 and 4 slower (docs/performance.md)
 
 
-def live_commits() -> int:
-    """K, the live steps between two commits inside a segment run as stretches, under the
-    executor's ``"auto"`` commit policy (the other policies name every commit, and make
-    none inside a segment): the environment's ``SEGC_LIVE_COMMITS`` (``0``: none), by
-    default ``LIVE_COMMIT_PERIOD``. A long segment then gets the device started while
-    the host dispatches the rest of it, as a segment per layer does, with one compiled
-    call between two attentions where a segment per layer pays two; read when segments
-    are built."""
-    return env_count("SEGC_LIVE_COMMITS", LIVE_COMMIT_PERIOD, 0, "0 or a whole number of live steps")
+def live_commits() -> tuple[int, ...]:
+    """The commit schedule inside a segment run as stretches, under the executor's
+    ``"auto"`` commit policy (the other policies name every commit, and make none inside
+    a segment): the environment's ``SEGC_LIVE_COMMITS``, group sizes in live steps, the
+    last repeated (``2``: after every second; ``1,2``: after the first, then every
+    second; ``0``: none), by default ``LIVE_COMMIT_PERIOD``. A long segment then gets the
+    device started while the host dispatches the rest of it, as a segment per layer
+    does, with one compiled call between two attentions where a segment per layer pays
+    two; read when segments are built."""
+    what = "0 or whole numbers of live steps separated by commas (group sizes, the last repeated)"
+    groups = env_counts("SEGC_LIVE_COMMITS", (LIVE_COMMIT_PERIOD,), 0, what)
+    if len(groups) > 1 and 0 in groups:
+        raise UsageError(f"SEGC_LIVE_COMMITS must be {what}, not {','.join(map(str, groups))!r}: 0 stands alone")
+    return () if groups == (0,) else groups
+
+
+def commit_points(n: int, groups: Sequence[int]) -> frozenset[int]:
+    """After which of a segment's ``n`` live steps (counted from 1) the schedule
+    ``groups`` commits: a group's size at a time, the last size repeated; none for
+    ``()``."""
+    out: set[int] = set()
+    k = 0
+    for i in range(n):
+        if not groups:
+            break
+        k += groups[min(i, len(groups) - 1)]
+        if k > n:
+            break
+        out.add(k)
+    return frozenset(out)
 
 
 def steps_fn(
@@ -192,8 +218,9 @@ def _apply(env: dict[str, Any], res: Any, outs: Sequence[str]) -> None:
         env.update(zip(outs, res))
 
 
-def compile_segment(fn: Callable[..., list[mx.array]], period: int = 0) -> Callable[..., list[mx.array]]:
+def compile_segment(fn: Callable[..., list[mx.array]], groups: tuple[int, ...] = ()) -> Callable[..., list[mx.array]]:
     """``mx.compile(fn)``, or for a staged segment (:func:`staged`) its stretches compiled,
-    with a commit after every ``period``th live step (0: none)."""
+    with a commit after the live steps the schedule ``groups`` names
+    (:func:`commit_points`; ``()``: none)."""
     parts = getattr(fn, "compiled", None)
-    return parts(period) if parts is not None else mx.compile(fn)
+    return parts(groups) if parts is not None else mx.compile(fn)

@@ -1,7 +1,7 @@
 """Where MLX's CUDA build ends a command buffer, as the cost model sees it: after the
 kernel that takes one past ``MachineModel.buffer_kernels`` (``CommandEncoder::needs_commit``),
 at every commit the runtime makes after a segment (``commits.commit_flags``) and inside
-one (every Kth live attention: ``lower.live_commits``), and at the call's end. The time
+one (after the live attentions ``lower.live_commits``' schedule names), and at the call's end. The time
 model (``costmodel._buffers``) and the memory prediction (``memory.py``) read it."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from ..errors import ScheduleError
 from ..ir import Graph, segments
+from ..lower.live import commit_points
 
 
 def op_spans(g: Graph) -> list[tuple[str, int, int]]:
@@ -38,16 +39,17 @@ def command_buffers(
     return span_buffers(kernels, most, spans, flags)
 
 
-def live_closes(live: Sequence[int], spans: Sequence[tuple[str, int, int]], every: int) -> frozenset[int]:
-    """The ops after which the runtime commits inside a segment: every ``every``th of the
-    live attentions' ends ``live`` within each span, counted from the span's start
-    (``lower.live.staged``); none for ``every`` 0."""
-    if not every or not live:
+def live_closes(live: Sequence[int], spans: Sequence[tuple[str, int, int]], groups: Sequence[int]) -> frozenset[int]:
+    """The ops after which the runtime commits inside a segment: of the live attentions'
+    ends ``live`` within each span, those the schedule ``groups`` names, counted from
+    the span's start (``lower.live.commit_points``, as ``lower.live.staged`` commits);
+    none for ``()``."""
+    if not groups or not live:
         return frozenset()
     out: set[int] = set()
     for _, a, b in spans:
         inside = [k for k in live if a <= k < b]
-        out.update(inside[every - 1 :: every])
+        out.update(inside[p - 1] for p in commit_points(len(inside), groups))
     return frozenset(out)
 
 

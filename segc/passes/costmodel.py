@@ -238,7 +238,7 @@ def predict_time(g: Graph, m: MachineModel | None = None, commit: str = "segment
     m = m or default_model()
     os_ = ops(g)
     oc = op_costs(g, m)
-    every = live_commits() if commit == "auto" and m.device == "gpu" else 0  # as the executor does
+    every = live_commits() if commit == "auto" and m.device == "gpu" else ()  # as the executor does
     return timed(segment_times(os_, oc, op_spans(g), commit_flags(g, commit, m.device), m, live_every=every), m)
 
 
@@ -249,12 +249,12 @@ def segment_times(
     flags: Sequence[bool],
     m: MachineModel,
     in_bytes: Callable[[int, int], int] | None = None,
-    live_every: int = 0,
+    live_every: Sequence[int] = (),
 ) -> list[SegmentTime]:
     """Each segment, ``(name, a, b)``: ops ``[a, b)`` of ``os_`` (``analysis.ops``),
-    costed as ``predict_time`` does, split into MLX's command buffers and, with
-    ``live_every`` K, after every Kth live attention inside it (``OpCosts.live``: the
-    runtime's commits there); ``flags`` its commits; ``in_bytes(a, b)``, the
+    costed as ``predict_time`` does, split into MLX's command buffers and, with the
+    schedule ``live_every`` (``lower.live_commits``), after the live attentions inside it
+    that it names (``OpCosts.live``: the runtime's commits there); ``flags`` its commits; ``in_bytes(a, b)``, the
     activations it reads from before ``a`` (default: counted here; ``repeat_search``
     passes a cache)."""
     in_bytes = in_bytes or (lambda a, b: span_in_bytes(oc.lv, os_, a, b))

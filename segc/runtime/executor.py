@@ -14,7 +14,7 @@ kept apart from where segments are cut (docs/runtime.md, "Commits"):
   per K segments, each a bigger CUDA graph;
 * ``"auto"``: ``"segment"`` (a CUDA commit launches the segment's graph at once, run
   while the host dispatches the next: docs/runtime.md, "Commits"), and inside a segment
-  run as stretches (CUDA decode) a commit every ``live_commits()`` live steps.
+  run as stretches (CUDA decode) a commit where ``live_commits()`` says (every second).
 
 Either way the host never drains between segments. With ``drain=True`` the executor
 instead ``mx.eval``s after each segment: the host-draining baseline that segc exists to
@@ -183,7 +183,7 @@ class Executor:
         self.graph = g
         self.drain = drain
         self.commit = resolve_commit(commit)
-        self.live_period = live_commits() if commit == "auto" and not drain else 0
+        self.live_period = live_commits() if commit == "auto" and not drain else ()
         self.segments = segments(g)
         effects = segment_effects(g, self.segments)
         cell: dict[str, int] = {}

@@ -43,6 +43,7 @@ class Pattern:
     keys: tuple[tuple, ...]  # per state object: its slot's key
     psig: ParamSig | None
     objs: tuple[Any, ...]  # the state objects, in order
+    runs: tuple[tuple[str, int, int], ...] = ()  # (kind, first, end): consecutive objects of one kind
 
 
 class Recent:
@@ -124,7 +125,17 @@ def learn(
         return None
     psig = spec.params.gather()[1] if spec.params is not None else None
     kinds, keys = tuple(s.kind for s in slots), tuple(s.key for s in slots)
-    return Pattern(sig, len(args), tuple(kwargs), tuple(where), kinds, keys, psig, tuple(objs))
+    return Pattern(sig, len(args), tuple(kwargs), tuple(where), kinds, keys, psig, tuple(objs), _runs(kinds))
+
+
+def _runs(kinds: Sequence[str]) -> tuple[tuple[str, int, int], ...]:
+    out: list[tuple[str, int, int]] = []
+    for i, k in enumerate(kinds):
+        if out and out[-1][0] == k:
+            out[-1] = (k, out[-1][1], i + 1)
+        else:
+            out.append((k, i, i + 1))
+    return tuple(out)
 
 
 def match(p: Pattern, spec: CallSpec, args: tuple, kwargs: dict) -> Bound | None:
@@ -149,12 +160,22 @@ def match(p: Pattern, spec: CallSpec, args: tuple, kwargs: dict) -> Bound | None
             objs.append(v)
         elif type(v) is not w[1] or v != w[2]:
             return None
+    if len(objs) != len(p.kinds):
+        return None
     slots: list[st.Slot] = []
-    for i, (o, kind, key) in enumerate(zip(objs, p.kinds, p.keys)):  # first: a pattern of
-        s = st.KINDS[kind].slot(i, o, None)  # other cache shapes fails at its first object
-        if s is None or s.key != key:
-            return None
-        slots.append(s)
+    for kind, a, b in p.runs:  # a kind's own loop over its run of objects where it has one
+        k = st.KINDS[kind]
+        if k.rebind is not None:
+            got = k.rebind(a, objs[a:b], p.keys[a:b])
+            if got is None:
+                return None
+            slots += got
+            continue
+        for i in range(a, b):  # first: a pattern of other cache shapes fails at its first object
+            s = k.slot(i, objs[i], None)
+            if s is None or s.key != p.keys[i]:
+                return None
+            slots.append(s)
     params: dict[str, mx.array] = {}
     if spec.params is not None:
         params, psig = spec.params.gather()

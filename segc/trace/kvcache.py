@@ -16,11 +16,12 @@ in exact mode.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, cast
 
 import mlx.core as mx
 
-from .. import hostints
+from .. import dtypes, hostints
 from ..backend import on_cuda
 from ..errors import StateError
 from ..settings import env_choice
@@ -113,6 +114,45 @@ def _kv_slot(index: int, obj: Any, grown: dict[str, Any] | None) -> Slot | None:
         raise StateError(f"state[{index}]: KVCache offset {off} exceeds its buffer ({ks[2]} positions)")
     host, key = {"offset": off, "step": obj.step, "capacity": ks[2]}, ("KVCache", ka, va)
     return Slot(index, obj, "dynamic", "kv", [keys, values, position(off)], ["keys", "values", "offset"], key, host)
+
+
+_KV_NAMES = ("keys", "values", "offset")
+
+
+def _kv_rebind(start: int, objs: Sequence[Any], keys: Sequence[tuple]) -> list[Slot] | None:
+    """The slots ``_kv_slot`` would make for a repeated call's KV caches ``objs`` (indices
+    from ``start``) whose last slots had ``keys``; None where a key would differ now.
+
+    A decode step has a cache a layer, so this is the part of a cached call's path that
+    grows with the model's depth: one loop, the buffers' shapes and dtypes compared with
+    the key's instead of a new key built and compared, the offset's array made once for
+    the caches that share it (``fastpath.match``)."""
+    KV, short = _kv_type(), dtypes.short
+    out: list[Slot] = []
+    last, pos = -1, cast(mx.array, None)  # (pos: set at the first cache, whose offset is never -1)
+    for i, (obj, key) in enumerate(zip(objs, keys), start):
+        if type(obj) is not KV:
+            return None
+        if len(key) != 3:  # an empty cache's key (a prefill's first chunk): the general slot
+            s = _kv_slot(i, obj, None)
+            if s is None or s.key != key:
+                return None
+            out.append(s)
+            continue
+        keys_, values = obj.keys, obj.values
+        ka, va = key[1], key[2]
+        if keys_ is None or keys_.shape != ka[0] or values.shape != va[0]:
+            return None
+        if short(keys_.dtype) != ka[1] or short(values.dtype) != va[1]:
+            return None
+        off, cap = int(obj.offset), ka[0][2]
+        if off > cap:
+            raise StateError(f"state[{i}]: KVCache offset {off} exceeds its buffer ({cap} positions)")
+        if off != last:
+            last, pos = off, position(off)
+        host = {"offset": off, "step": obj.step, "capacity": cap}
+        out.append(Slot(i, obj, "dynamic", "kv", [keys_, values, pos], list(_KV_NAMES), key, host))
+    return out
 
 
 @functools.cache
@@ -346,5 +386,5 @@ def _quantized(obj: Any) -> str | None:
 
 recognize(_is_mlx_lm_cache)
 run_eagerly(_quantized)
-register_kind(StateKind("kv", _kv_slot, _kv_standin, _commit, _needs_growth, _grow_slot, _donate))
+register_kind(StateKind("kv", _kv_slot, _kv_standin, _commit, _needs_growth, _grow_slot, _donate, _kv_rebind))
 register_kind(StateKind("rotating", _rot_slot, _rot_standin, _commit, donate=_donate))

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import copy
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -115,6 +115,9 @@ class StateKind:
     needs_growth: Callable[[Slot, Commit], bool] = _never
     grow: Callable[[Slot, int], dict[str, Any] | None] = _no_growth  # replacement buffers
     donate: Callable[[Slot, Commit], bool] = _never  # detach buffers the call rewrites
+    # a repeated call's slots for a run of objects of this kind, from the keys their last
+    # slots had (``staging.fastpath``): None where any object's key would differ now
+    rebind: Callable[[int, Sequence[Any], Sequence[tuple]], list[Slot] | None] | None = None
 
 
 KINDS: dict[str, StateKind] = {}  # dynamic kinds, tried in order before exact mode
