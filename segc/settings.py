@@ -23,13 +23,11 @@ def env_choice(name: str, choices: Sequence[str], default: str) -> str:
 def env_count(name: str, default: int, least: int, what: str) -> int:
     """The environment's ``name`` as a whole number of at least ``least`` (unset or blank:
     ``default``); anything else is a ``UsageError`` naming the variable and ``what`` it
-    counts."""
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    if not (text.isascii() and text.isdigit()) or int(text) < least:
-        raise UsageError(f"{name} must be {what}, not {text!r}")
-    return int(text)
+    counts (``env_counts`` with one number)."""
+    got = env_counts(name, (default,), least, what)
+    if len(got) != 1:
+        raise UsageError(f"{name} must be {what}, not {os.environ[name].strip()!r}")
+    return got[0]
 
 
 def env_counts(name: str, default: tuple[int, ...], least: int, what: str) -> tuple[int, ...]:

@@ -182,10 +182,10 @@ def commit_points(n: int, groups: Sequence[int]) -> frozenset[int]:
     ``groups`` commits: a group's size at a time, the last size repeated; none for
     ``()``."""
     out: set[int] = set()
+    if not groups:
+        return frozenset()
     k = 0
     for i in range(n):
-        if not groups:
-            break
         k += groups[min(i, len(groups) - 1)]
         if k > n:
             break

@@ -238,8 +238,8 @@ def predict_time(g: Graph, m: MachineModel | None = None, commit: str = "segment
     m = m or default_model()
     os_ = ops(g)
     oc = op_costs(g, m)
-    every = live_commits() if commit == "auto" and m.device == "gpu" else ()  # as the executor does
-    return timed(segment_times(os_, oc, op_spans(g), commit_flags(g, commit, m.device), m, live_every=every), m)
+    groups = live_commits() if commit == "auto" and m.device == "gpu" else ()  # as the executor does
+    return timed(segment_times(os_, oc, op_spans(g), commit_flags(g, commit, m.device), m, live_groups=groups), m)
 
 
 def segment_times(
@@ -249,17 +249,17 @@ def segment_times(
     flags: Sequence[bool],
     m: MachineModel,
     in_bytes: Callable[[int, int], int] | None = None,
-    live_every: Sequence[int] = (),
+    live_groups: Sequence[int] = (),
 ) -> list[SegmentTime]:
     """Each segment, ``(name, a, b)``: ops ``[a, b)`` of ``os_`` (``analysis.ops``),
     costed as ``predict_time`` does, split into MLX's command buffers and, with the
-    schedule ``live_every`` (``lower.live_commits``), after the live attentions inside it
+    schedule ``live_groups`` (``lower.live_commits``), after the live attentions inside it
     that it names (``OpCosts.live``: the runtime's commits there); ``flags`` its commits; ``in_bytes(a, b)``, the
     activations it reads from before ``a`` (default: counted here; ``repeat_search``
     passes a cache)."""
     in_bytes = in_bytes or (lambda a, b: span_in_bytes(oc.lv, os_, a, b))
     qw, qn = queue_lead(oc.device, oc.kernels, m.queue_kernels)
-    closes = live_closes(oc.live, spans, live_every)
+    closes = live_closes(oc.live, spans, live_groups)
     most = m.buffer_kernels if m.buffer_kernels > 0 else math.inf  # (0: no size limit, commits alone)
     ends = span_buffers(oc.kernels, most, spans, flags, closes)[1] if m.buffer_kernels > 0 or closes else []
     segs: list[SegmentTime] = []

@@ -183,7 +183,7 @@ class Executor:
         self.graph = g
         self.drain = drain
         self.commit = resolve_commit(commit)
-        self.live_period = live_commits() if commit == "auto" and not drain else ()
+        self.live_groups = live_commits() if commit == "auto" and not drain else ()
         self.segments = segments(g)
         effects = segment_effects(g, self.segments)
         cell: dict[str, int] = {}
@@ -213,7 +213,7 @@ class Executor:
             opts = {"dequantize": dequantize, "dense_experts": dense_experts}
             fn = segment_fn(g, s, used, kernel, products, kv_write, **opts, inputs=ins, prologue=again)
             if compile and not _touches_empty(g, s, vs):
-                fn = compile_segment(fn, self.live_period)  # a segment with live steps: its stretches (lower/live.py)
+                fn = compile_segment(fn, self.live_groups)  # a segment with live steps: its stretches (lower/live.py)
             for o in s.outputs:
                 cell[o] = len(cell)
             fns.append(fn)

@@ -43,7 +43,7 @@ class Pattern:
     keys: tuple[tuple, ...]  # per state object: its slot's key
     psig: ParamSig | None
     objs: tuple[Any, ...]  # the state objects, in order
-    runs: tuple[tuple[str, int, int], ...] = ()  # (kind, first, end): consecutive objects of one kind
+    runs: tuple[tuple[str, int, int], ...]  # (kind, first, end): consecutive objects of one kind (_runs(kinds))
 
 
 class Recent:

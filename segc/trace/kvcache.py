@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 import mlx.core as mx
 
@@ -110,13 +110,16 @@ def _kv_slot(index: int, obj: Any, grown: dict[str, Any] | None) -> Slot | None:
     ks, vs = ka[0], va[0]
     if len(ks) != 4 or len(vs) != 4:
         raise StateError(f"state[{index}]: KVCache buffers must be 4-d, got {ks} and {vs}")
-    if off > ks[2]:
-        raise StateError(f"state[{index}]: KVCache offset {off} exceeds its buffer ({ks[2]} positions)")
-    host, key = {"offset": off, "step": obj.step, "capacity": ks[2]}, ("KVCache", ka, va)
+    return _full_slot(index, obj, keys, values, off, ("KVCache", ka, va))
+
+
+def _full_slot(index: int, obj: Any, keys: mx.array, values: mx.array, off: int, key: tuple) -> Slot:
+    """The slot of a KV cache holding 4-d buffers (``key``: their avals), at offset ``off``."""
+    cap = key[1][0][2]
+    if off > cap:
+        raise StateError(f"state[{index}]: KVCache offset {off} exceeds its buffer ({cap} positions)")
+    host = {"offset": off, "step": obj.step, "capacity": cap}
     return Slot(index, obj, "dynamic", "kv", [keys, values, position(off)], ["keys", "values", "offset"], key, host)
-
-
-_KV_NAMES = ("keys", "values", "offset")
 
 
 def _kv_rebind(start: int, objs: Sequence[Any], keys: Sequence[tuple]) -> list[Slot] | None:
@@ -124,12 +127,10 @@ def _kv_rebind(start: int, objs: Sequence[Any], keys: Sequence[tuple]) -> list[S
     from ``start``) whose last slots had ``keys``; None where a key would differ now.
 
     A decode step has a cache a layer, so this is the part of a cached call's path that
-    grows with the model's depth: one loop, the buffers' shapes and dtypes compared with
-    the key's instead of a new key built and compared, the offset's array made once for
-    the caches that share it (``fastpath.match``)."""
+    grows with the model's depth: the buffers' shapes and dtypes are compared with the
+    key's instead of a new key built and compared (``fastpath.match``)."""
     KV, short = _kv_type(), dtypes.short
     out: list[Slot] = []
-    last, pos = -1, cast(mx.array, None)  # (pos: set at the first cache, whose offset is never -1)
     for i, (obj, key) in enumerate(zip(objs, keys), start):
         if type(obj) is not KV:
             return None
@@ -145,13 +146,7 @@ def _kv_rebind(start: int, objs: Sequence[Any], keys: Sequence[tuple]) -> list[S
             return None
         if short(keys_.dtype) != ka[1] or short(values.dtype) != va[1]:
             return None
-        off, cap = int(obj.offset), ka[0][2]
-        if off > cap:
-            raise StateError(f"state[{i}]: KVCache offset {off} exceeds its buffer ({cap} positions)")
-        if off != last:
-            last, pos = off, position(off)
-        host = {"offset": off, "step": obj.step, "capacity": cap}
-        out.append(Slot(i, obj, "dynamic", "kv", [keys_, values, pos], list(_KV_NAMES), key, host))
+        out.append(_full_slot(i, obj, keys_, values, int(obj.offset), key))
     return out
 
 
