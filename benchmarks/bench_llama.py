@@ -61,7 +61,9 @@ the live keys after segc's write: docs/lowering.md), ``+live`` with ``1`` (the d
 ``+lc0``, ``+lc1``, ``+lc2``, ``+lc3``, ``+lc4`` with ``SEGC_LIVE_COMMITS`` 0, 1, 2 (the
 default), 3, 4 (a segment run as stretches commits after every Kth live step inside it,
 none for 0, e.g. ``wholefrozen+inplace+lc1``), ``+lc112`` with ``1,1,2`` (after the first
-and second, then every second: the device started one layer sooner).
+and second, then every second: the device started one layer sooner); ``+lc12``, ``+lc23``,
+``+lc1123``: groups of 1 and 2 in turn, of 2 and 3, and 1, 1 then 2 and 3 in turn (no two
+consecutive groups of one shape: ``benchmarks/graph_reuse.py``).
 
 on two workloads: a decode step (one token; with a KV cache at ``--context`` when
 ``segc.jit`` accepts one, else a plain 1-token forward, and the output says which) and a
@@ -216,6 +218,11 @@ SETTINGS = {  # a variant's "+suffix" (--isolate only)
     "lc4": {"SEGC_LIVE_COMMITS": "4"},
     "lc3": {"SEGC_LIVE_COMMITS": "3"},
     "lc112": {"SEGC_LIVE_COMMITS": "1,1,2"},  # the device started after the first attention
+    # no two consecutive groups of one shape (MLX caches one executable CUDA graph per shape: benchmarks/graph_reuse.py),
+    # spelled out for 32 layers: groups of 1 and 2, of 2 and 3, and 1, 1 then 2 and 3, in turn
+    "lc12": {"SEGC_LIVE_COMMITS": ",".join(["1,2"] * 11)},
+    "lc23": {"SEGC_LIVE_COMMITS": ",".join(["2,3"] * 7)},
+    "lc1123": {"SEGC_LIVE_COMMITS": "1,1," + ",".join(["2,3"] * 6)},
     # CUDA's default memory pool keeping what it reserves (benchmarks/mempool.py), in any variant
     "poolkeep": {"SEGC_BENCH_POOL_KEEP": "1"},
 }
@@ -407,6 +414,16 @@ def stats(xs: list[float]) -> dict[str, float]:
     return {"median": statistics.median(s), "min": s[0], "max": s[-1], "p25": q[0], "p75": q[2], "n": len(s)}
 
 
+def host_probe() -> float:
+    """A fixed pure-Python loop's time: the host CPU's speed at the moment. A cloud
+    machine's host switches between two speeds (about 1.8x apart) for seconds at a time
+    (docs/experiments-log.md, run AX; docs/performance-log.md, fifty-ninth session), and
+    a decode step is host-bound, so each isolated round reports it beside its time."""
+    t = time.perf_counter()
+    sum(i * i for i in range(5000))
+    return time.perf_counter() - t
+
+
 def time_interleaved(
     fns: dict[str, Callable[[], Any]], sync: dict[str, Callable[[], Any]], warmup: int, repeats: int
 ) -> dict[str, dict[str, Any]]:
@@ -414,14 +431,17 @@ def time_interleaved(
     submit time (until ``mx.async_eval`` of its outputs and cache state returns: every
     kernel of the call handed to the device, the host's whole share of a call; eager
     mlx-lm's call only builds the graph, its encoding happens in the evaluation) and
-    wall time (until its outputs, and any cache state, are evaluated)."""
+    wall time (until its outputs, and any cache state, are evaluated); and the host's
+    speed (:func:`host_probe`) once a round, the same for every variant."""
     for _ in range(warmup):
         for name, f in fns.items():
             mx.eval(f(), sync[name]())
     wall: dict[str, list[float]] = {k: [] for k in fns}
     host: dict[str, list[float]] = {k: [] for k in fns}
     submit: dict[str, list[float]] = {k: [] for k in fns}
+    probes = []
     for _ in range(repeats):
+        probes.append(host_probe())
         for name, f in fns.items():
             mx.synchronize()
             t0 = time.perf_counter()
@@ -434,7 +454,10 @@ def time_interleaved(
             host[name].append(t1 - t0)
             submit[name].append(t2 - t0)
             wall[name].append(t3 - t0)
-    return {k: {"wall": stats(wall[k]), "host": stats(host[k]), "submit": stats(submit[k])} for k in fns}
+    probe = stats(probes)
+    return {
+        k: {"wall": stats(wall[k]), "host": stats(host[k]), "submit": stats(submit[k]), "probe": probe} for k in fns
+    }
 
 
 def workload(
@@ -611,6 +634,7 @@ def isolated(argv: list[str], variants: tuple[str, ...], out_json: str | None, r
                 if part in ts[0]
             }
             merged["round_medians"] = [t["wall"]["median"] for t in ts]
+            merged["round_probes"] = [t["probe"]["median"] for t in ts if "probe" in t]
             r["workloads"][name].setdefault("timings", {})[v] = merged
         for w in r.get("workloads", {}).values():
             w["timings"] = {v: w["timings"][v] for v in variants if v in w["timings"]}
@@ -635,7 +659,11 @@ def isolated(argv: list[str], variants: tuple[str, ...], out_json: str | None, r
         print_workload(r, name, w)
         if rounds > 1:
             for v, tv in w["timings"].items():
-                print(f"  {v:<8} per round: " + ", ".join(fmt_t(x).strip() for x in tv["round_medians"]))
+                shown = [fmt_t(x).strip() for x in tv["round_medians"]]
+                if len(tv.get("round_probes", ())) == len(shown):
+                    shown = [f"{x} (host probe {p * 1e6:.0f} us)" for x, p in zip(shown, tv["round_probes"])]
+                print(f"  {v:<8} per round: " + ", ".join(shown))
+            print_fast_host(w["timings"])
     for k, e in r.get("errors", {}).items():
         print(f"{k} FAILED: {e}")
     ok = (
@@ -654,6 +682,35 @@ def isolated(argv: list[str], variants: tuple[str, ...], out_json: str | None, r
         Path(out_json).write_text(json.dumps(r, indent=1))
     print(f"\nsegc outputs bit-identical to eager mlx-lm (GPU decode: within the bound) in every workload: {ok}")
     return 0 if ok else 1
+
+
+def fast_rounds(t: dict[str, dict[str, Any]], within: float = 1.15) -> dict[str, list[float]]:
+    """Each variant's round medians whose host probe was within ``within`` of the fastest
+    probe of the run (the host at its fast speed; variants without probes left out)."""
+    probes = [p for tv in t.values() for p in tv.get("round_probes", ())]
+    bar = min(probes, default=0.0) * within
+    return {
+        v: [m for m, p in zip(tv["round_medians"], tv["round_probes"], strict=True) if p <= bar]
+        for v, tv in t.items()
+        if tv.get("round_probes") and len(tv["round_probes"]) == len(tv["round_medians"])
+    }
+
+
+def print_fast_host(t: dict[str, dict[str, Any]], within: float = 1.15) -> None:
+    """Each variant's median over its rounds at the host's fast speed (:func:`fast_rounds`)
+    and its ratio to eager's: the comparison a switch of the host's speed between
+    processes does not decide."""
+    fast = fast_rounds(t, within)
+    if not fast:
+        return
+    base = statistics.median(fast["eager"]) if fast.get("eager") else math.nan
+    print(f"  rounds with the host at its fast speed (probe within {within:.2f}x of the fastest):")
+    for v, ms in fast.items():
+        if ms:
+            med = statistics.median(ms)
+            print(f"  {v:<28} {fmt_t(med)}  {len(ms)} round(s)  x eager {med / base:.3f}")
+        else:
+            print(f"  {v:<28} no round")
 
 
 def rename(w: dict[str, Any], old: str, new: str) -> None:

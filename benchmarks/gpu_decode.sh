@@ -6,7 +6,7 @@
 #
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_decode.sh [PARTS]
 #
-# PARTS: any of  schedule hostsplit teststamps managed devpos live livecommits ab pool dense quant moe concat chain chaintests isolated runtime kernels select products check generate device ablate modes commits census kv attn kvattn kvattndev timeline stage tail bank layers stamps stagedecode inplace prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
+# PARTS: any of  hostmodes reuse schedule hostsplit teststamps managed devpos live livecommits ab pool dense quant moe concat chain chaintests isolated runtime kernels select products check generate device ablate modes commits census kv attn kvattn kvattndev timeline stage tail bank layers stamps stagedecode inplace prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
 # (default: dense runtime). chain: a layer's MLP, and a decode layer, as one kernel
 # (segc.lower.cuda_chain, cuda_layer; off by default): chain_device.py (device time against
 # the separate kernels, several grids, the tickets alone) and chain_stages.py (each stage's
@@ -339,6 +339,24 @@ for p in $parts; do
         --variants eager,segc-best >"$OUT/generate_$p.txt" 2>&1
       echo "generate $p: rc=$?"; tail -12 "$OUT/generate_$p.txt"
     done
+    ;;
+  reuse)  # does a commit wait for MLX's cached CUDA graph of the same shape still running? (fifty-ninth session):
+    # benchmarks/graph_reuse.py (groups of one shape, of shapes in turn; the device the faster side, then the slower),
+    # then the decode, VARIANTS (eager, wholefrozen+inplace: every second attention, the default; +lc112; +lc12,
+    # +lc23, +lc1123: no two consecutive groups of one shape) each a process, ROUNDS (2) (about 6 minutes)
+    timeout 120 $PY benchmarks/graph_reuse.py >"$OUT/graph_reuse.txt" 2>&1
+    echo "graph_reuse: rc=$?"; cat "$OUT/graph_reuse.txt"
+    VARIANTS=${VARIANTS:-eager,wholefrozen+inplace,wholefrozen+inplace+lc112,wholefrozen+inplace+lc12,wholefrozen+inplace+lc23,wholefrozen+inplace+lc1123} \
+      ROUNDS=${ROUNDS:-2} REPEATS=30 BENCH_LIMIT=${BENCH_LIMIT:-420} bench reuse --prefill 0 --first-call-layers 0 --no-dispatch
+    grep -A12 "=== isolated" "$OUT/reuse.txt"
+    ;;
+  hostmodes)  # what the slow mode's host waits on, and the commit schedules side by side (fifty-ninth session):
+    # benchmarks/host_modes.py, one segment in place, PROCS (8) processes of the default schedule alone (each
+    # call's stretches, async_evals, each commit by its place, the main thread's context switches), then PROCSAB (4)
+    # processes each running SCHEDULES (eager, default, 1,1,2, 1 and 2 in turn, 0) interleaved (about 6 minutes)
+    timeout 300 $PY benchmarks/host_modes.py --processes "${PROCS:-8}" --by-place 2>&1 | tee "$OUT/host_modes.txt"
+    timeout 400 $PY benchmarks/host_modes.py --processes "${PROCSAB:-4}" \
+      --variants ${SCHEDULES:-eager default 1,1,2 1,2,1,2,1,2,1,2,1,2,1,2,1,2,1,2,1,2,1,2,1,2 0} 2>&1 | tee "$OUT/host_modes_ab.txt"
     ;;
   hostsplit)  # where one segment's host time goes (fifty-seventh session): what a commit holding MLX's cuDNN
     # attention costs (benchmarks/commit_sdpa.py, cuDNN's and MLX's own attention); the decode, VARIANTS (eager,

@@ -105,6 +105,26 @@ def test_bench_llama_isolates_variants_and_compares_their_bytes(tmp_path: Path) 
         assert w["bit_identical_to_eager"] == {"eager": True, "segc": True, "fences+nographs": True}, name
         assert w["segments"] == {"segc": 5, "fences+nographs": 5}, name  # tiny: 4 layers and the head
         assert all(len(t["round_medians"]) == 2 for t in w["timings"].values()), name
+        assert all(len(t["round_probes"]) == 2 and min(t["round_probes"]) > 0 for t in w["timings"].values()), name
+    assert "host at its fast speed" in p.stdout
+
+
+def test_fast_rounds_keep_the_rounds_whose_host_probe_was_near_the_fastest() -> None:
+    """``bench_llama.fast_rounds``: the rounds whose host probe is within the factor of the
+    fastest probe over every variant, each variant's own; a variant without probes (an
+    older child) is left out rather than judged."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_llama
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    t = {
+        "eager": {"round_medians": [3.0, 4.4, 2.9], "round_probes": [100.0, 180.0, 112.0]},
+        "segc": {"round_medians": [1.7, 3.0, 1.6], "round_probes": [104.0, 175.0, 116.0]},
+        "old": {"round_medians": [1.0, 2.0]},
+    }
+    assert bench_llama.fast_rounds(t) == {"eager": [3.0, 2.9], "segc": [1.7]}  # 116 > 1.15 x 100
+    assert bench_llama.fast_rounds(t, within=2.0) == {"eager": [3.0, 4.4, 2.9], "segc": [1.7, 3.0, 1.6]}
 
 
 def _private_uses(path: Path) -> list[str]:
