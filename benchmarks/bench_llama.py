@@ -38,7 +38,10 @@ One run times, interleaved round by round so that drift hits every variant alike
 
 ``--isolate`` runs every variant in a process of its own (MLX's kernel and CUDA-graph
 caches are per process, so one variant's commits cannot slow another down); the
-outputs are then compared byte for byte across the processes. There a variant may
+outputs are then compared byte for byte across the processes. With ``--rounds`` above
+one, each round's median is printed with the host's speed in that process
+(:func:`host_probe`), then each variant's median over the rounds at the host's fast
+speed (:func:`fast_rounds`). There a variant may
 carry a suffix that sets MLX's process-wide settings for its process alone:
 ``+nographs`` runs it with ``MLX_USE_CUDA_GRAPHS=0`` (MLX's CUDA build then launches
 each kernel as it encodes it, where by default a commit builds and launches a CUDA
