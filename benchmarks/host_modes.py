@@ -12,7 +12,9 @@ stretches (building the lazy graph) and ``mx.async_eval`` (MLX's encoding and th
 commits). Per variant, ``--calls`` calls after ten to warm up: the median of each part,
 the call's host time (until it returns), the wait after it, the main thread's context
 switches a call (voluntary: it blocked; involuntary: it was preempted), each commit's
-median by its place (``--by-place``); per process, a fixed pure-Python loop's median
+median by its place (``--by-place``), and whether one more call's logits are eager's
+bytes (``=eager``, where eager is among the variants; the models and caches are seeded
+alike); per process, a fixed pure-Python loop's median
 (``probe``: the host's speed) and the CPU the main thread last ran on. ``--processes``
 fresh processes run one after another.
 
@@ -46,8 +48,8 @@ def probe() -> float:
     return time.perf_counter() - t
 
 
-def child(variants: list[str], calls: int, context: int) -> dict[str, Any]:
-    from bench_llama import FixedContext, boundaries_of, make_model
+def child(variants: list[str], calls: int, context: int, preset: str) -> dict[str, Any]:
+    from bench_llama import FixedContext, boundaries_of, make_model, raw_bytes
 
     import segc
 
@@ -77,7 +79,7 @@ def child(variants: list[str], calls: int, context: int) -> dict[str, Any]:
     x = mx.array([[7]])
     steps: dict[str, tuple[Any, Any]] = {}
     for v in variants:
-        model = make_model("reference")
+        model = make_model(preset)  # seeded: every variant the same weights
         fc = FixedContext(model, context)
         if v == "eager":
             steps[v] = (model, fc)
@@ -109,12 +111,17 @@ def child(variants: list[str], calls: int, context: int) -> dict[str, Any]:
                 switches = (u1.ru_nvcsw - u0.ru_nvcsw, u1.ru_nivcsw - u0.ru_nivcsw)
                 rows[v].append((t2 - t0, t1 - t0, spent["stretch"], spent["async"], t2 - t1, *switches))
                 places[v].append(list(commits))
+    got = {}
+    for v in variants:  # one more call each, its logits' bytes (the caches seeded alike: FixedContext)
+        fn, fc = steps[v]
+        got[v] = raw_bytes(fn(x, cache=fc.reset()))
     out: dict[str, Any] = {"probe": statistics.median(probes) * 1e3}
     out["cpu"] = Path("/proc/thread-self/stat").read_text().rsplit(")", 1)[1].split()[36]
     for v in variants:
         med = {p: statistics.median(r[j] for r in rows[v]) * (1e3 if j < 5 else 1) for j, p in enumerate(PARTS)}
         n = min(len(c) for c in places[v])
         med["places"] = [statistics.median(c[j] for c in places[v]) * 1e3 for j in range(n)]
+        med["as_eager"] = got[v] == got["eager"] if "eager" in got else None
         out[v] = med
     return out
 
@@ -125,17 +132,19 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=40)
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--variants", nargs="+", default=["default"])
+    ap.add_argument("--preset", default="reference", help="bench_llama.py's preset (tiny: a smoke run)")
     ap.add_argument("--by-place", action="store_true", help="each commit's median by its place in the call")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        print(json.dumps(child(a.variants, a.calls, a.context)))
+        print(json.dumps(child(a.variants, a.calls, a.context, a.preset)))
         return
     print(f"MLX {mx.__version__} on {mx.default_device()}; ms a call, medians; rest = host - stretch - async")
     head = f"{'proc':>4s} {'probe':>6s} {'cpu':>3s} {'variant':24s} {'step':>7s} {'host':>7s} {'stretch':>8s} {'async':>7s}"
-    print(head + f" {'rest':>7s} {'wait':>7s} {'vcsw':>5s} {'ivcsw':>5s}")
+    print(head + f" {'rest':>7s} {'wait':>7s} {'vcsw':>5s} {'ivcsw':>5s} {'=eager':>6s}")
     for p in range(a.processes):
-        cmd = [sys.executable, __file__, "--child", "--calls", str(a.calls), "--context", str(a.context), "--variants"]
+        cmd = [sys.executable, __file__, "--child", "--calls", str(a.calls), "--context", str(a.context)]
+        cmd += ["--preset", a.preset, "--variants"]
         r = subprocess.run([*cmd, *a.variants], capture_output=True, text=True, timeout=600)
         if r.returncode != 0:
             print(f"{p:4d} failed rc={r.returncode}: {r.stderr[-400:]}")
@@ -146,6 +155,7 @@ def main() -> None:
             rest = m["host"] - m["stretch"] - m["async"]
             line = f"{p:4d} {d['probe']:6.3f} {d['cpu']:>3s} {v[:24]:24s} {m['step']:7.3f} {m['host']:7.3f}"
             line += f" {m['stretch']:8.3f} {m['async']:7.3f} {rest:7.3f} {m['wait']:7.3f} {m['vcsw']:5.1f} {m['ivcsw']:5.1f}"
+            line += f" {'-' if m['as_eager'] is None else m['as_eager']!s:>6s}"
             if a.by_place:
                 line += "  " + " ".join(f"{c:.3f}" for c in m["places"])
             print(line, flush=True)

@@ -755,3 +755,31 @@ def test_the_pool_suffix_reaches_the_variants_process(tmp_path: Path) -> None:
     said = f"CUDA's default pool keeps what it reserves: {mx.cuda.is_available()}"
     assert p.stdout.count(said) == 1, p.stdout
     assert data["segc_bit_identical"] is True
+
+
+def test_host_modes_interleaves_schedules_with_eagers_bytes() -> None:
+    """``benchmarks/host_modes.py`` on the tiny preset: eager and two schedules in one
+    process, each a row; every segc row reports its logits as eager's bytes (the check is
+    the script's own byte comparison, which a wrong schedule's output would fail)."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "host_modes.py"), "--processes=1", "--calls=2"]
+    cmd += ["--preset=tiny", "--variants", "eager", "default", "1,2"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=280, cwd=ROOT)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = {r[3]: r for r in (line.split() for line in p.stdout.splitlines()) if len(r) == 13 and r[0] == "0"}
+    assert set(rows) == {"eager", "default", "1,2"}, p.stdout
+    assert rows["default"][-1] == rows["1,2"][-1] == "True", p.stdout
+
+
+def test_graph_reuse_times_every_form() -> None:
+    """``benchmarks/graph_reuse.py`` at a small size: a row for each form, host and wall
+    times positive, the host's no longer than the wall's."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "graph_reuse.py"), "--size", "1024", "--repeats=2"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=280, cwd=ROOT)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = {
+        r[1]: [float(x) for x in r[2:6]] for r in (line.split() for line in p.stdout.splitlines()) if r[:1] == ["1024"]
+    }
+    assert set(rows) == {"one", "same", "distinct", "pairs"}, p.stdout
+    for host, longest, wall, _ in rows.values():
+        assert 0 < longest <= host <= wall, p.stdout
