@@ -637,7 +637,7 @@ def isolated(argv: list[str], variants: tuple[str, ...], out_json: str | None, r
                 if part in ts[0]
             }
             merged["round_medians"] = [t["wall"]["median"] for t in ts]
-            merged["round_probes"] = [t["probe"]["median"] for t in ts if "probe" in t]
+            merged["round_probes"] = [t["probe"]["median"] for t in ts]
             r["workloads"][name].setdefault("timings", {})[v] = merged
         for w in r.get("workloads", {}).values():
             w["timings"] = {v: w["timings"][v] for v in variants if v in w["timings"]}
@@ -662,9 +662,10 @@ def isolated(argv: list[str], variants: tuple[str, ...], out_json: str | None, r
         print_workload(r, name, w)
         if rounds > 1:
             for v, tv in w["timings"].items():
-                shown = [fmt_t(x).strip() for x in tv["round_medians"]]
-                if len(tv.get("round_probes", ())) == len(shown):
-                    shown = [f"{x} (host probe {p * 1e6:.0f} us)" for x, p in zip(shown, tv["round_probes"])]
+                shown = [
+                    f"{fmt_t(x).strip()} (host probe {p * 1e6:.0f} us)"
+                    for x, p in zip(tv["round_medians"], tv["round_probes"], strict=True)
+                ]
                 print(f"  {v:<8} per round: " + ", ".join(shown))
             print_fast_host(w["timings"])
     for k, e in r.get("errors", {}).items():

@@ -14,7 +14,7 @@ the call's host time (until it returns), the wait after it, the main thread's co
 switches a call (voluntary: it blocked; involuntary: it was preempted), each commit's
 median by its place (``--by-place``), and whether one more call's logits are eager's
 bytes (``=eager``, where eager is among the variants; the models and caches are seeded
-alike); per process, a fixed pure-Python loop's median
+alike); per process, the median of ``bench_llama.host_probe``
 (``probe``: the host's speed) and the CPU the main thread last ran on. ``--processes``
 fresh processes run one after another.
 
@@ -42,14 +42,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 PARTS = ("step", "host", "stretch", "async", "wait", "vcsw", "ivcsw")
 
 
-def probe() -> float:
-    t = time.perf_counter()
-    sum(i * i for i in range(20000))
-    return time.perf_counter() - t
-
-
 def child(variants: list[str], calls: int, context: int, preset: str) -> dict[str, Any]:
-    from bench_llama import FixedContext, boundaries_of, make_model, raw_bytes
+    from bench_llama import FixedContext, boundaries_of, host_probe, make_model, raw_bytes
 
     import segc
 
@@ -95,7 +89,7 @@ def child(variants: list[str], calls: int, context: int, preset: str) -> dict[st
     places: dict[str, list[list[float]]] = {v: [] for v in variants}
     probes = []
     for i in range(10 + calls):
-        probes.append(probe())
+        probes.append(host_probe())
         for v in variants:
             fn, fc = steps[v]
             spent.update({"stretch": 0.0, "async": 0.0})
