@@ -6,7 +6,7 @@
 #
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_decode.sh [PARTS]
 #
-# PARTS: any of  hostmodes reuse schedule hostsplit teststamps managed devpos live livecommits ab pool dense quant moe concat chain chaintests isolated runtime kernels select products check generate device ablate modes commits census kv attn kvattn kvattndev timeline stage tail bank layers stamps stagedecode inplace prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
+# PARTS: any of  thread hostmodes reuse schedule hostsplit teststamps managed devpos live livecommits ab pool dense quant moe concat chain chaintests isolated runtime kernels select products check generate device ablate modes commits census kv attn kvattn kvattndev timeline stage tail bank layers stamps stagedecode inplace prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
 # (default: dense runtime). chain: a layer's MLP, and a decode layer, as one kernel
 # (segc.lower.cuda_chain, cuda_layer; off by default): chain_device.py (device time against
 # the separate kernels, several grids, the tickets alone) and chain_stages.py (each stage's
@@ -350,13 +350,25 @@ for p in $parts; do
       ROUNDS=${ROUNDS:-2} REPEATS=30 BENCH_LIMIT=${BENCH_LIMIT:-420} bench reuse --prefill 0 --first-call-layers 0 --no-dispatch
     grep -A12 "=== isolated" "$OUT/reuse.txt"
     ;;
+  thread)  # commits on a thread of their own (sixtieth session, segc.committer): plain MLX first
+    # (benchmarks/commit_thread.py, 16 synthetic layers), then host_modes.py in PROCS (2) processes with
+    # THREADS (eager, the default and 1,1,2 on the calling thread, and by a thread with switch intervals of
+    # 20, 100 and 1000 us, 1 by a thread) interleaved, then the decode isolated, VARIANTS (eager,
+    # wholefrozen+inplace, the same +ct112) each a process, ROUNDS (2) rounds (about 8 minutes)
+    [ -n "${SKIPPLAIN:-}" ] || timeout 120 $PY benchmarks/commit_thread.py 2>&1 | tee "$OUT/commit_thread.txt"
+    timeout 300 $PY benchmarks/host_modes.py --processes "${PROCS:-2}" \
+      --variants ${THREADS:-eager default 1,1,2 default@t20 default@t100 1,1,2@t20 1,1,2@t100 1,1,2@t1000 1@t100} 2>&1 | tee "$OUT/host_modes_thread.txt"
+    VARIANTS=${VARIANTS:-eager,wholefrozen+inplace,wholefrozen+inplace+ct,wholefrozen+inplace+ct112} ROUNDS=${ROUNDS:-2} REPEATS=30 \
+      BENCH_LIMIT=${BENCH_LIMIT:-300} bench thread --prefill 0 --first-call-layers 0 --no-dispatch
+    grep -A12 "=== isolated" "$OUT/thread.txt"
+    ;;
   hostmodes)  # what the slow mode's host waits on, and the commit schedules side by side (fifty-ninth session):
     # benchmarks/host_modes.py, one segment in place, PROCS (8) processes of the default schedule alone (each
     # call's stretches, async_evals, each commit by its place, the main thread's context switches), then PROCSAB (4)
-    # processes each running SCHEDULES (eager, default, 1,1,2, 1 and 2 in turn, 0) interleaved (about 6 minutes)
+    # processes each running SCHEDULES (eager, default (1,1,2 since the sixtieth session), 2, 1 and 2 in turn, 0) interleaved (about 6 minutes)
     timeout 300 $PY benchmarks/host_modes.py --processes "${PROCS:-8}" --by-place 2>&1 | tee "$OUT/host_modes.txt"
     timeout 400 $PY benchmarks/host_modes.py --processes "${PROCSAB:-4}" \
-      --variants ${SCHEDULES:-eager default 1,1,2 1,2,1,2,1,2,1,2,1,2,1,2,1,2,1,2,1,2,1,2,1,2 0} 2>&1 | tee "$OUT/host_modes_ab.txt"
+      --variants ${SCHEDULES:-eager default 2 1,2,1,2,1,2,1,2,1,2,1,2,1,2,1,2,1,2,1,2,1,2 0} 2>&1 | tee "$OUT/host_modes_ab.txt"
     ;;
   hostsplit)  # where one segment's host time goes (fifty-seventh session): what a commit holding MLX's cuDNN
     # attention costs (benchmarks/commit_sdpa.py, cuDNN's and MLX's own attention); the decode, VARIANTS (eager,

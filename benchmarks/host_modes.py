@@ -5,7 +5,8 @@ some processes and 2-3 ms in others, its host time then nearly the step's).
 The reference llama at a fixed context (``bench_llama.FixedContext``); each of
 ``--variants`` is ``eager`` (mlx-lm as it is) or a ``SEGC_LIVE_COMMITS`` schedule for
 one segment, concatenated, frozen, in place (``wholefrozen+inplace``; ``default``: the
-variable unset), a model of its own, its calls interleaved with the others' (a change
+variable unset; a suffix ``@t`` commits on a thread of its own, ``SEGC_COMMIT_THREAD=1``,
+``@t50`` with ``SEGC_COMMIT_SWITCH=50``), a model of its own, its calls interleaved with the others' (a change
 of the host's speed hits every variant alike; the variants share MLX's caches, whose
 keys differ). Each segc call is split by timing wrappers around its ``mx.compile``'d
 stretches (building the lazy graph) and ``mx.async_eval`` (MLX's encoding and the
@@ -20,6 +21,7 @@ fresh processes run one after another.
 
     python benchmarks/host_modes.py [--processes 8] [--calls 40] [--variants default]
     python benchmarks/host_modes.py --processes 3 --variants eager default 1,1,2 1,2,1,2,1,2,1,2,1,2,1,2
+    python benchmarks/host_modes.py --processes 2 --variants eager default default@t 4@t default@t100
 """
 
 from __future__ import annotations
@@ -78,9 +80,15 @@ def child(variants: list[str], calls: int, context: int, preset: str) -> dict[st
         if v == "eager":
             steps[v] = (model, fc)
             continue
-        os.environ.pop("SEGC_LIVE_COMMITS", None)
-        if v != "default":
-            os.environ["SEGC_LIVE_COMMITS"] = v
+        schedule, _, thread = v.partition("@")  # "@t": SEGC_COMMIT_THREAD=1; "@t50": its switch interval 50 us
+        for name in ("SEGC_LIVE_COMMITS", "SEGC_COMMIT_THREAD", "SEGC_COMMIT_SWITCH"):
+            os.environ.pop(name, None)
+        if schedule != "default":
+            os.environ["SEGC_LIVE_COMMITS"] = schedule
+        if thread:
+            os.environ["SEGC_COMMIT_THREAD"] = "1"
+            if thread[1:]:
+                os.environ["SEGC_COMMIT_SWITCH"] = thread[1:]
         step = segc.jit(model, boundaries=boundaries_of("wholefrozen", model), validate=False,
                         concat_projections=True, freeze_params=True, kv_in_place=True)  # fmt: skip
         mx.eval(step(x, cache=fc.reset()), fc.arrays())  # traced and built under this schedule

@@ -783,3 +783,20 @@ def test_graph_reuse_times_every_form() -> None:
     assert set(rows) == {"one", "same", "distinct", "pairs"}, p.stdout
     for host, longest, wall, _ in rows.values():
         assert 0 < longest <= host <= wall, p.stdout
+
+
+def test_commit_thread_compares_every_form_with_the_serial_bytes() -> None:
+    """``benchmarks/commit_thread.py`` with two layers and two rounds: it checks every
+    form's bytes against the building thread's (exit 1 on a difference) and prints a
+    row a form, the host's time no longer than the step's."""
+    env = {**os.environ, "L": "2", "R": "2"}
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "commit_thread.py")]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=280, cwd=ROOT, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "every variant serial2's bytes" in p.stdout, p.stdout
+    rows = {
+        r[0]: (float(r[2]), float(r[5])) for r in (line.split() for line in p.stdout.splitlines()) if r[1:2] == ["host"]
+    }
+    assert {"serial2", "serial0", "thread2", "thread2_si20"} <= set(rows), p.stdout
+    for host, step in rows.values():
+        assert 0 < host <= step, p.stdout

@@ -23,6 +23,7 @@ LAYERS = {
     "segc.units": 0,
     "segc.hostints": 0,  # arrays whose value the host knows: recorded by segc.trace, read by segc.lower
     "segc.ir": 1,
+    "segc.committer": 1,  # commits on a thread of their own (reads segc.settings): used by segc.lower
     "segc.lower": 2,
     "segc.trace": 2,
     "segc.passes": 3,

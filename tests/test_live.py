@@ -307,10 +307,10 @@ def test_the_executor_commits_inside_a_segment_under_auto_alone(monkeypatch, com
 @pytest.mark.parametrize(
     ("value", "want"),
     [
-        (None, (2,)),
+        (None, (1, 1, 2)),
         ("0", ()),
         ("3", (3,)),
-        (" ", (2,)),
+        (" ", (1, 1, 2)),
         ("1,2", (1, 2)),
         (" 4, 2 ,1", (4, 2, 1)),
         ("-1", None),

@@ -15,9 +15,10 @@ in a compiled graph (``mx.compile`` would bake it in), so a segment holding such
 runs as compiled *stretches* between its live steps (:func:`staged`): the graph is still
 traced once per buffer capacity, never per position.
 
-Under the executor's ``"auto"`` commit policy such a segment also commits after every
-Kth live step, or after the groups of live steps a schedule names (:func:`live_commits`):
-a long segment's first layers start on the device while the host dispatches the rest.
+Under the executor's ``"auto"`` commit policy such a segment also commits after the
+groups of live steps a schedule names (:func:`live_commits`; by default after the first
+and the second, then every second): a long segment's first layers start on the device
+while the host dispatches the rest.
 
 Taken only where the mask is the causal row of one query at an offset (``causal_row``):
 ``offset + arange(1) >= arange(capacity)``, nothing else (no window). The write stays in
@@ -25,12 +26,14 @@ the compiled stretch before the step: only the slices and the attention run eage
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, cast
 
 import mlx.core as mx
 
 from .. import hostints
+from ..committer import committer, thread_wanted
 from ..errors import UsageError
 from ..ir import Eqn
 from ..settings import env_choice, env_counts
@@ -125,12 +128,13 @@ def staged(
     def build(compile: bool, groups: tuple[int, ...] = ()) -> Callable[..., list[mx.array]]:
         points = commit_points(n_live, groups)
         committing = bool(points)
+        c = committer() if committing and thread_wanted() else None  # SEGC_COMMIT_THREAD
         fns: list[Callable[..., list[mx.array]] | None] = []
         for is_live, steps, ins, outs in layout:
             fn = None if is_live or not outs else steps_fn(steps, consts, ins, outs)
             fns.append(mx.compile(fn) if compile and fn is not None else fn)
 
-        def run(*xs: mx.array) -> list[mx.array]:
+        def stretches(xs: tuple[mx.array, ...]) -> list[mx.array]:
             env: dict[str, Any] = dict(held)
             env.update(zip(in_names, xs))
             made: list[mx.array] = []  # since the last commit (SEGC_LIVE_COMMITS)
@@ -143,7 +147,10 @@ def staged(
                         made.extend(env[v] for v in o)
                         seen += 1
                         if seen in points:
-                            mx.async_eval(made)
+                            if c is None:
+                                mx.async_eval(made)
+                            else:
+                                c.submit(made)
                             made = []
                 elif fn is not None:
                     res = fn(*[env[v] for v in ins])
@@ -152,13 +159,33 @@ def staged(
                         made.extend(res)
             return [env[v] for v in out_names]
 
+        def run(*xs: mx.array) -> list[mx.array]:
+            if c is None:
+                return stretches(xs)
+            # an input not yet computed is the caller's stream's, which only the caller's
+            # thread may evaluate: scheduled here (nothing to do, and no commit, where
+            # every input is computed), the committing thread then only waits for it
+            mx.async_eval(list(xs))
+            with c.building():
+                try:
+                    out = stretches(xs)
+                except BaseException:
+                    with contextlib.suppress(BaseException):  # the first exception is the one to report
+                        c.finish()
+                    raise
+                c.finish(where="a segment's commits (SEGC_COMMIT_THREAD)")
+            return out
+
         run.compiled = lambda groups=(): build(True, groups)  # type: ignore[attr-defined]
         return run
 
     return build(False)
 
 
-LIVE_COMMIT_PERIOD = 2  # measured on H100s, 2026-12-07: 1 and 4 slower (docs/performance.md)
+# after the first and second live steps, then every second: the device starts a layer
+# sooner (measured faster than every second on two H100s, ten processes each, and in every
+# process of an interleaved comparison on an H200, 2026-12-07; 1 and 4 slower: docs/runtime.md)
+LIVE_COMMIT_SCHEDULE = (1, 1, 2)
 
 
 def live_commits() -> tuple[int, ...]:
@@ -166,12 +193,12 @@ def live_commits() -> tuple[int, ...]:
     ``"auto"`` commit policy (the other policies name every commit, and make none inside
     a segment): the environment's ``SEGC_LIVE_COMMITS``, group sizes in live steps, the
     last repeated (``2``: after every second; ``1,2``: after the first, then every
-    second; ``0``: none), by default ``LIVE_COMMIT_PERIOD``. A long segment then gets the
-    device started while the host dispatches the rest of it, as a segment per layer
+    second; ``0``: none), by default ``LIVE_COMMIT_SCHEDULE`` (``1,1,2``). A long segment
+    then gets the device started while the host dispatches the rest of it, as a segment per layer
     does, with one compiled call between two attentions where a segment per layer pays
     two; read when segments are built."""
     what = "0 or whole numbers of live steps separated by commas (group sizes, the last repeated)"
-    groups = env_counts("SEGC_LIVE_COMMITS", (LIVE_COMMIT_PERIOD,), 0, what)
+    groups = env_counts("SEGC_LIVE_COMMITS", LIVE_COMMIT_SCHEDULE, 0, what)
     if len(groups) > 1 and 0 in groups:
         raise UsageError(f"SEGC_LIVE_COMMITS must be {what}, not {','.join(map(str, groups))!r}: 0 stands alone")
     return () if groups == (0,) else groups

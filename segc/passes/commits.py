@@ -14,8 +14,9 @@ segments the stock loop commits after:
   is ``"segment"``): fewer commits than a segment each, each a bigger graph, while the
   device still starts before the host has dispatched the whole call;
 - ``"auto"``: ``"segment"``, on a CPU and on a GPU (docs/runtime.md, "Commits", has the
-  measurements behind it); on a GPU also inside a segment, after every Kth live
-  attention (``lower.live_commits``; the cost model's ``buffers.live_closes``).
+  measurements behind it); on a GPU also inside a segment, after the live
+  attentions ``lower.live_commits`` names (by default the first, the second, then every
+  second; the cost model's ``buffers.live_closes``).
 
 The runtime (``segc.runtime.executor``) takes its policy names from here
 and decides its commits itself; ``tests/test_research_commits.py`` checks the two

@@ -232,8 +232,8 @@ def span_in_bytes(lv: Liveness, os_: Sequence[Eqn], a: int, b: int) -> int:
 def predict_time(g: Graph, m: MachineModel | None = None, commit: str = "segment") -> TimePrediction:
     """The predicted wall time of one call of ``g`` cut as it is, its segments
     committed as the runtime's ``commit`` policy does (``commits.py``; ``"auto"`` is
-    ``"segment"`` on either device, and on a GPU also a commit after every Kth live
-    attention inside a segment: ``buffers.live_closes``). The default, a commit per
+    ``"segment"`` on either device, and on a GPU also a commit after the live attentions
+    ``lower.live_commits`` names inside a segment: ``buffers.live_closes``). The default, a commit per
     segment, is the pipeline that the ``optimal`` strategy minimises."""
     m = m or default_model()
     os_ = ops(g)

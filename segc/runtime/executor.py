@@ -14,7 +14,7 @@ kept apart from where segments are cut (docs/runtime.md, "Commits"):
   per K segments, each a bigger CUDA graph;
 * ``"auto"``: ``"segment"`` (a CUDA commit launches the segment's graph at once, run
   while the host dispatches the next: docs/runtime.md, "Commits"), and inside a segment
-  run as stretches (CUDA decode) a commit where ``live_commits()`` says (every second).
+  run as stretches (CUDA decode) the commits ``live_commits()`` names.
 
 Either way the host never drains between segments. With ``drain=True`` the executor
 instead ``mx.eval``s after each segment: the host-draining baseline that segc exists to
