@@ -9,12 +9,12 @@ thread builds the next: the host's time becomes the longer of the two, not their
 
 MLX gives each thread its own default stream and a thread's streams are evaluated by
 that thread alone; a stream made by ``mx.new_thread_unsafe_stream`` may be evaluated by
-any thread, one at a time. A :class:`Committer` owns such a stream: the caller schedules
-its inputs first (``mx.async_eval``: an input not yet computed is on the caller's own
-stream, which only the caller's thread may evaluate; nothing happens where every input
-is computed), builds on the stream (:meth:`Committer.building`), hands each part to
-:meth:`Committer.submit`, and waits for them (:meth:`Committer.finish`) before it
-evaluates anything on the stream again: never two threads encoding one stream.
+any thread, one at a time. A :class:`Committer` owns such a stream: the caller builds on it
+(:meth:`Committer.building`), commits the first part itself with the call's inputs (an
+input not yet computed is on the caller's own stream, which only the caller's thread
+may evaluate), hands the later parts to :meth:`Committer.submit`, and waits for them
+(:meth:`Committer.finish`) before it evaluates anything on the stream again: never two
+threads encoding one stream.
 The kernels are the same on any stream, so the bytes are too.
 
 The committing thread must get the GIL back as soon as MLX returns, or its next commit
@@ -59,10 +59,9 @@ def switch_interval() -> float:
 
 
 class Committer:
-    """A thread that ``mx.async_eval``s what it is handed, in order, on a stream any
-    thread may evaluate (``stream``); what was handed over while it committed goes into
-    its next commit together (where the builder is ahead of MLX: fewer commits, the same
-    work)."""
+    """A thread that ``mx.async_eval``s what it is handed, in order, one commit each, on
+    a stream any thread may evaluate (``stream``). (Putting what waits into one commit
+    was measured too: the device then started later, docs/runtime.md.)"""
 
     def __init__(self, device: mx.Device):
         self.stream = mx.new_thread_unsafe_stream(device)
@@ -83,14 +82,6 @@ class Committer:
             arrays = self._todo.get()
             if arrays is None:
                 return
-            n, stop = 1, False
-            while not self._todo.empty():  # behind the builder: what waits goes in one commit
-                more = self._todo.get_nowait()
-                if more is None:
-                    stop = True
-                    break
-                arrays += more
-                n += 1
             try:
                 mx.async_eval(arrays)
             except BaseException as exc:  # reported by finish(), in the caller's thread
@@ -98,10 +89,7 @@ class Committer:
             else:
                 result = None
             del arrays  # the arrays die with the caller's references, not with this frame
-            for _ in range(n):
-                self._done.put(result)
-            if stop:
-                return
+            self._done.put(result)
 
     @contextlib.contextmanager
     def building(self) -> Iterator[None]:

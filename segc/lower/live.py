@@ -129,6 +129,7 @@ def staged(
         points = commit_points(n_live, groups)
         committing = bool(points)
         c = committer() if committing and thread_wanted() else None  # SEGC_COMMIT_THREAD
+        first = min(points, default=0)
         fns: list[Callable[..., list[mx.array]] | None] = []
         for is_live, steps, ins, outs in layout:
             fn = None if is_live or not outs else steps_fn(steps, consts, ins, outs)
@@ -149,6 +150,8 @@ def staged(
                         if seen in points:
                             if c is None:
                                 mx.async_eval(made)
+                            elif seen == first:  # the inputs may be the caller's stream's (committer.py)
+                                mx.async_eval([*made, *xs])
                             else:
                                 c.submit(made)
                             made = []
@@ -162,10 +165,6 @@ def staged(
         def run(*xs: mx.array) -> list[mx.array]:
             if c is None:
                 return stretches(xs)
-            # an input not yet computed is the caller's stream's, which only the caller's
-            # thread may evaluate: scheduled here (nothing to do, and no commit, where
-            # every input is computed), the committing thread then only waits for it
-            mx.async_eval(list(xs))
             with c.building():
                 try:
                     out = stretches(xs)
