@@ -228,8 +228,8 @@ SETTINGS = {  # a variant's "+suffix" (--isolate only)
     "lc1123": {"SEGC_LIVE_COMMITS": "1,1," + ",".join(["2,3"] * 6)},
     # commits on a thread of their own while the host builds the next part (segc.committer)
     "ct": {"SEGC_COMMIT_THREAD": "1"},
-    "ct112": {"SEGC_COMMIT_THREAD": "1", "SEGC_LIVE_COMMITS": "1,1,2", "SEGC_COMMIT_SWITCH": "100"},
-    "ct1": {"SEGC_COMMIT_THREAD": "1", "SEGC_LIVE_COMMITS": "1", "SEGC_COMMIT_SWITCH": "100"},
+    "ct112": {"SEGC_COMMIT_THREAD": "1", "SEGC_LIVE_COMMITS": "1,1,2"},
+    "ct1": {"SEGC_COMMIT_THREAD": "1", "SEGC_LIVE_COMMITS": "1"},
     # CUDA's default memory pool keeping what it reserves (benchmarks/mempool.py), in any variant
     "poolkeep": {"SEGC_BENCH_POOL_KEEP": "1"},
 }

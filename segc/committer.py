@@ -14,8 +14,8 @@ any thread, one at a time. A :class:`Committer` owns such a stream: the caller b
 input not yet computed is on the caller's own stream, which only the caller's thread
 may evaluate), hands the later parts to :meth:`Committer.submit`, and waits for them
 (:meth:`Committer.finish`) before it evaluates anything on the stream again: never two
-threads encoding one stream.
-The kernels are the same on any stream, so the bytes are too.
+threads encoding one stream. The kernels are the same on any stream, so the bytes are
+too.
 
 The committing thread must get the GIL back as soon as MLX returns, or its next commit
 waits for the builder's whole call: while a part is being built :meth:`building` sets
