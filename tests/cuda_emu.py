@@ -1,5 +1,5 @@
 """Run one of segc's CUDA kernels on the CPU: its source as MLX 0.32's
-``build_kernel`` writes it, compiled by ``g++`` with each CUDA thread a host thread (a
+``build_kernel`` writes it, compiled by ``g++`` with each CUDA thread a fiber of one host thread (a
 block at a time; ``__syncthreads`` and a warp's shuffles are barriers; ``__shared__``
 variables are a block's statics; ``atomicAdd`` is atomic). The arithmetic is the host's
 (glibc's ``expf``, ``cos``, ...), not the GPU's, so results are compared within
@@ -44,20 +44,17 @@ NP.update({mx.int32: np.int32, mx.uint32: np.uint32, mx.uint64: np.uint64})
 
 # CUDA's built-ins, emulated (a run; compiled alone, a syntax and type check)
 EMULATED = r"""
-#include <algorithm>
-#include <atomic>
-#include <barrier>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <cstdlib>
-#include <memory>
-#include <thread>
-#include <vector>
-using std::max;
-using std::min;
+#include <type_traits>
+#include <ucontext.h>
+// as few of the standard headers as will do: each compiled kernel parses them again
+template <typename T> constexpr const T& min(const T& a, const T& b) { return b < a ? b : a; }
+template <typename T> constexpr const T& max(const T& a, const T& b) { return a < b ? b : a; }
 #define __global__
 #define __device__
 #define __forceinline__ inline
@@ -66,28 +63,66 @@ using std::min;
 #define __grid_constant__
 #define __align__(n) __attribute__((aligned(n)))
 struct segc_dim3 { unsigned x, y, z; };
-thread_local segc_dim3 threadIdx, blockIdx;
-thread_local unsigned segc_lin;  // the thread's linear index in its block
-segc_dim3 blockDim, gridDim;
-std::barrier<>* segc_block;
-std::vector<std::unique_ptr<std::barrier<>>> segc_warps;
+// A block's CUDA threads are fibers of one host thread: each runs until it waits at a
+// barrier (the block's, or its warp's in a shuffle) or ends; once every fiber still
+// running waits at a barrier, the scheduler lets them go. The scheduler sets the running
+// fiber's indices before it resumes it.
+#if defined(__x86_64__)
+// a switch of stacks that saves the callee-saved registers alone (glibc's swapcontext
+// also saves the signal mask: a system call a switch, most of a run's time)
+struct segc_ctx { void* sp; };
+extern "C" void segc_switch(void** from, void* to);
+asm(".text\n.globl segc_switch\n.type segc_switch,@function\nsegc_switch:\n"
+    "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+    "  movq %rsp, (%rdi)\n  movq %rsi, %rsp\n"
+    "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n  ret\n");
+inline void segc_swap(segc_ctx& from, segc_ctx& to) { segc_switch(&from.sp, to.sp); }
+inline void segc_make(segc_ctx& c, char* stack, size_t size, void (*entry)()) {
+  auto* sp = reinterpret_cast<uintptr_t*>((reinterpret_cast<uintptr_t>(stack) + size) & ~uintptr_t(15));
+  *--sp = 0;  // the entry's return address: it never returns
+  *--sp = reinterpret_cast<uintptr_t>(entry);
+  for (int i = 0; i < 6; ++i) *--sp = 0;  // the six registers segc_switch pops
+  c.sp = sp;
+}
+#else
+struct segc_ctx { ucontext_t uc; };
+inline void segc_swap(segc_ctx& from, segc_ctx& to) { swapcontext(&from.uc, &to.uc); }
+inline void segc_make(segc_ctx& c, char* stack, size_t size, void (*entry)()) {
+  getcontext(&c.uc);
+  c.uc.uc_stack.ss_sp = stack;
+  c.uc.uc_stack.ss_size = size;
+  c.uc.uc_link = nullptr;
+  makecontext(&c.uc, entry, 0);
+}
+#endif
+segc_dim3 threadIdx, blockIdx, blockDim, gridDim;
+unsigned segc_lin;  // the running thread's linear index in its block
+enum segc_state : unsigned char { SEGC_RUN, SEGC_BLOCK, SEGC_WARP, SEGC_DONE };
+struct segc_fiber { segc_ctx ctx; segc_state state; };
+segc_fiber segc_fibers[1024];
+segc_ctx segc_sched;
+inline void segc_yield(segc_state s) {
+  segc_fiber& f = segc_fibers[segc_lin];
+  f.state = s;
+  segc_swap(f.ctx, segc_sched);
+}
 float segc_slots[1024];
-inline void __syncthreads() { segc_block->arrive_and_wait(); }
-inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void __syncthreads() { segc_yield(SEGC_BLOCK); }
+inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 inline float __shfl_xor_sync(unsigned, float v, int o) {
   unsigned t = segc_lin, lane = t % 32, base = t - lane;
   segc_slots[t] = v;
-  segc_warps[t / 32]->arrive_and_wait();
+  segc_yield(SEGC_WARP);
   float r = segc_slots[base + (lane ^ o)];
-  segc_warps[t / 32]->arrive_and_wait();
+  segc_yield(SEGC_WARP);
   return r;
 }
-inline unsigned atomicAdd(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }
+inline unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 inline float __ldcg(const float* p) { return *p; }
 inline unsigned short __ldcg(const unsigned short* p) { return *p; }
 inline unsigned __ldcg(const unsigned* p) { return *p; }
 inline long long clock64() {  // a wait that never ends traps after a few thousand looks
-  static std::atomic<long long> now{0};
+  static long long now = 0;
   return now += 1ll << 20;
 }
 inline void __nanosleep(unsigned) {}
@@ -192,65 +227,127 @@ def generated(made: dict[str, Any], call: dict[str, Any], prelude: str = "") -> 
     )
 
 
+# A block run as fibers (EMULATED): each pass resumes every runnable fiber until it waits
+# or ends, the passes in turn forward and backward (a read of another thread's write with
+# no barrier between them sees the old value in one of the two); then a barrier whose live
+# fibers all wait lets them go. Fibers that wait where none can pass end the run.
+SCHEDULER = r"""
+void* segc_body;  // the launch's call of the kernel (a lambda of main's) and its caller
+void (*segc_call)(void*);
+template <typename F> void segc_set_body(F& f) {
+  segc_body = &f;
+  segc_call = [](void* p) { (*static_cast<F*>(p))(); };
+}
+static void segc_entry() {
+  segc_call(segc_body);
+  segc_fibers[segc_lin].state = SEGC_DONE;
+  segc_swap(segc_fibers[segc_lin].ctx, segc_sched);  // never resumed
+  std::abort();
+}
+void segc_block_run(segc_dim3 blk, unsigned nt) {
+  static char* stacks[1024];
+  constexpr size_t stack = 256 * 1024;
+  blockIdx = blk;
+  for (unsigned t = 0; t < nt; ++t) {
+    if (!stacks[t]) stacks[t] = new char[stack];
+    segc_make(segc_fibers[t].ctx, stacks[t], stack, segc_entry);
+    segc_fibers[t].state = SEGC_RUN;
+  }
+  for (unsigned pass = 0;; ++pass) {
+    for (unsigned k = 0; k < nt; ++k) {
+      unsigned t = pass % 2 ? nt - 1 - k : k;
+      if (segc_fibers[t].state != SEGC_RUN) continue;
+      segc_lin = t;
+      threadIdx = {t % blockDim.x, t / blockDim.x, 0u};
+      segc_swap(segc_sched, segc_fibers[t].ctx);
+    }
+    unsigned live = 0, at_block = 0;
+    for (unsigned t = 0; t < nt; ++t) {
+      live += segc_fibers[t].state != SEGC_DONE;
+      at_block += segc_fibers[t].state == SEGC_BLOCK;
+    }
+    if (live == 0) return;
+    bool went = false;
+    if (at_block == live) {  // the block's barrier
+      for (unsigned t = 0; t < nt; ++t) if (segc_fibers[t].state == SEGC_BLOCK) segc_fibers[t].state = SEGC_RUN;
+      went = true;
+    }
+    for (unsigned lo = 0; lo < nt; lo += 32) {  // each warp whose live threads all wait in a shuffle
+      unsigned hi = min(nt, lo + 32), warp_live = 0, waiting = 0;
+      for (unsigned t = lo; t < hi; ++t) {
+        warp_live += segc_fibers[t].state != SEGC_DONE;
+        waiting += segc_fibers[t].state == SEGC_WARP;
+      }
+      if (warp_live == 0 || waiting != warp_live) continue;
+      for (unsigned t = lo; t < hi; ++t) if (segc_fibers[t].state == SEGC_WARP) segc_fibers[t].state = SEGC_RUN;
+      went = true;
+    }
+    if (!went) {
+      std::fprintf(stderr, "block %u: its threads wait at barriers none of them can pass\n", blk.x);
+      std::abort();
+    }
+  }
+}
+"""
+
+
 def _main(made: dict[str, Any], call: dict[str, Any], launches: int) -> str:
     """A ``main`` that reads the inputs, runs the grid ``launches`` times (the inputs, a
     counter among them, kept between launches; the outputs filled with a pattern before
     each, as fresh buffers; the blocks in order, then in reverse) and writes each
     launch's outputs."""
     ins, outs = call["inputs"], call["output_shapes"]
-    lines = ["int main(int argc, char** argv) {", "  (void)argc;", "  const char* dir = argv[1];", "  char path[4096];"]
+    lines = [
+        SCHEDULER,
+        "int main(int argc, char** argv) {",
+        "  (void)argc;",
+        "  const char* dir = argv[1];",
+        "  char path[4096];",
+    ]
     args = []
     for i, x in enumerate(ins):
         n = max(x.nbytes, 1)
         lines += [
-            f"  std::vector<unsigned char> in{i}({n});",
+            f"  unsigned char* in{i} = new unsigned char[{n}];",
             f'  snprintf(path, sizeof path, "%s/in{i}.bin", dir);',
-            f'  {{ FILE* f = fopen(path, "rb"); if (!f || fread(in{i}.data(), 1, {x.nbytes}, f) != {x.nbytes}) return 2; fclose(f); }}',
+            f'  {{ FILE* f = fopen(path, "rb"); if (!f || fread(in{i}, 1, {x.nbytes}, f) != {x.nbytes}) return 2; fclose(f); }}',
         ]
-        args.append(f"reinterpret_cast<const {CTYPES[x.dtype]}*>(in{i}.data())")
+        args.append(f"reinterpret_cast<const {CTYPES[x.dtype]}*>(in{i})")
         if x.ndim > 0 and f"{made['input_names'][i]}_shape" in made["source"]:
             dims = ", ".join(str(s) for s in x.shape)
             lines.append(f"  Shape shape{i} = {{{{{dims}}}}};")
             args.append(f"shape{i}")
     for j, (shape, dt) in enumerate(zip(outs, call["output_dtypes"], strict=True)):
         size = int(np.prod(shape)) * dt.size
-        lines.append(
-            f"  std::vector<unsigned char> out{j}({max(size, 1)}, 0xA5);  // not zero: an unwritten output shows"
-        )
-        args.append(f"reinterpret_cast<{CTYPES[dt]}*>(out{j}.data())")
+        lines.append(f"  unsigned char* out{j} = new unsigned char[{max(size, 1)}];")
+        args.append(f"reinterpret_cast<{CTYPES[dt]}*>(out{j})")
     (gx, gy, gz), (tx, ty, tz) = call["grid"], call["threadgroup"]
     assert gy == ty and gz == tz == 1, "one block along y and z"
     nblocks = -(-gx // tx)
     nt = tx * ty
     lines += [
         f"  blockDim = {{{tx}u, {ty}u, 1u}}; gridDim = {{{nblocks}u, 1u, 1u}};",
+        f"  auto body = [&] {{ mlx::core::cu::{made['name']}({', '.join(args)}); }};",
+        "  segc_set_body(body);",
         f"  for (int launch = 0; launch < {launches}; ++launch) {{",
-        *(f"    std::fill(out{j}.begin(), out{j}.end(), 0xA5);  // a fresh buffer a launch" for j in range(len(outs))),
+        *(
+            f"    memset(out{j}, 0xA5, {max(int(np.prod(s)) * d.size, 1)});  // a fresh buffer a launch; not zero: an unwritten output shows"
+            for j, (s, d) in enumerate(zip(outs, call["output_dtypes"], strict=True))
+        ),
         f"    for (unsigned i = 0; i < {nblocks}u; ++i) {{",
         f"      unsigned blk = launch % 2 ? {nblocks}u - 1u - i : i;  // blocks in either order",
-        f"      std::barrier<> block({nt});",
-        "      segc_block = &block;",
-        "      segc_warps.clear();",
-        f"      for (unsigned w = 0; w < {-(-nt // 32)}u; ++w) segc_warps.emplace_back(new std::barrier<>(std::min(32u, {nt}u - 32u * w)));",
-        "      std::vector<std::thread> threads;",
-        f"      for (unsigned t = 0; t < {nt}u; ++t) threads.emplace_back([&, t] {{",
-        f"        segc_lin = t; threadIdx = {{t % {tx}u, t / {tx}u, 0u}}; blockIdx = {{blk, 0u, 0u}};",
-        f"        mlx::core::cu::{made['name']}({', '.join(args)});",
-        "        segc_warps[t / 32]->arrive_and_drop();",
-        "        block.arrive_and_drop();",
-        "      });",
-        "      for (auto& th : threads) th.join();",
+        f"      segc_block_run({{blk, 0u, 0u}}, {nt}u);",
         "    }",
     ]
-    for j, _ in enumerate(outs):
+    for j, (shape, dt) in enumerate(zip(outs, call["output_dtypes"], strict=True)):
         lines += [
             f'    snprintf(path, sizeof path, "%s/out{j}_%d.bin", dir, launch);',
-            f'    {{ FILE* f = fopen(path, "wb"); fwrite(out{j}.data(), 1, out{j}.size(), f); fclose(f); }}',
+            f'    {{ FILE* f = fopen(path, "wb"); fwrite(out{j}, 1, {max(int(np.prod(shape)) * dt.size, 1)}, f); fclose(f); }}',
         ]
-    for i, _ in enumerate(ins):  # the inputs as the launch left them (a counter's state)
+    for i, x in enumerate(ins):  # the inputs as the launch left them (a counter's state)
         lines += [
             f'    snprintf(path, sizeof path, "%s/in{i}_%d.bin", dir, launch);',
-            f'    {{ FILE* f = fopen(path, "wb"); fwrite(in{i}.data(), 1, in{i}.size(), f); fclose(f); }}',
+            f'    {{ FILE* f = fopen(path, "wb"); fwrite(in{i}, 1, {max(x.nbytes, 1)}, f); fclose(f); }}',
         ]
     lines += ["  }", "  return 0;", "}"]
     return "\n".join(lines) + "\n"

@@ -1,5 +1,5 @@
 """segc's CUDA kernels (the attention, the rotated write, both as one, the one-row
-products) run on the CPU (``tests/cuda_emu.py``: a host thread per CUDA thread, the
+products) run on the CPU (``tests/cuda_emu.py``: a fiber per CUDA thread, the
 host's arithmetic), called through segc's own wrappers with ``mx.fast.cuda_kernel``
 recorded. What the GPU tests check byte for byte is checked here for the logic, before a
 device call: the one attention kernel against the two (the same host arithmetic: the
