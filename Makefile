@@ -36,14 +36,17 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# the suite in WORKERS processes (pytest-xdist; CI's machine has two cores)
+WORKERS ?= 2
+
 pytest: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(WORKERS)
 
 test: lint typecheck pytest
 
 # the quick loop: every test not marked slow (tests/fast holds those that run no MLX)
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest -n $(WORKERS) -m "not slow"
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_llama.py

@@ -37,6 +37,19 @@ from segc.lower import PRIMS, REBUILT, replay_fn
 from segc.runtime import Executor
 from segc.staging.validate import VALIDATE_TOL
 
+# Under pytest-xdist (`make test` runs two workers) each worker compiles MLX's fused CPU
+# kernels into a temporary folder of its own: MLX writes `$TMPDIR/mlx/.../<name>.so` with
+# no lock between processes, so a worker could load one another is still writing. (The
+# CUDA build's device scripts run workers too and keep the shared folder, as before.)
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if _WORKER and mx.default_device() == mx.cpu:
+    import tempfile
+
+    _TMP = os.path.join(tempfile.gettempdir(), "segc-xdist", _WORKER)
+    os.makedirs(_TMP, exist_ok=True)
+    os.environ["TMPDIR"] = _TMP
+    tempfile.tempdir = _TMP
+
 # Hypothesis profiles: HYPOTHESIS_PROFILE=ci (the default, what CI runs), deep (ten
 # times the examples of every property test, for a thorough run before a release) or
 # device (ci's examples, a failure reported as found, not shrunk: on a lent GPU a
