@@ -297,6 +297,8 @@ def _main(made: dict[str, Any], call: dict[str, Any], launches: int) -> str:
     each, as fresh buffers; the blocks in order, then in reverse) and writes each
     launch's outputs."""
     ins, outs = call["inputs"], call["output_shapes"]
+    in_bytes = [max(x.nbytes, 1) for x in ins]
+    out_bytes = [max(int(np.prod(s)) * d.size, 1) for s, d in zip(outs, call["output_dtypes"], strict=True)]
     lines = [
         SCHEDULER,
         "int main(int argc, char** argv) {",
@@ -306,9 +308,8 @@ def _main(made: dict[str, Any], call: dict[str, Any], launches: int) -> str:
     ]
     args = []
     for i, x in enumerate(ins):
-        n = max(x.nbytes, 1)
         lines += [
-            f"  unsigned char* in{i} = new unsigned char[{n}];",
+            f"  unsigned char* in{i} = new unsigned char[{in_bytes[i]}];",
             f'  snprintf(path, sizeof path, "%s/in{i}.bin", dir);',
             f'  {{ FILE* f = fopen(path, "rb"); if (!f || fread(in{i}, 1, {x.nbytes}, f) != {x.nbytes}) return 2; fclose(f); }}',
         ]
@@ -317,9 +318,8 @@ def _main(made: dict[str, Any], call: dict[str, Any], launches: int) -> str:
             dims = ", ".join(str(s) for s in x.shape)
             lines.append(f"  Shape shape{i} = {{{{{dims}}}}};")
             args.append(f"shape{i}")
-    for j, (shape, dt) in enumerate(zip(outs, call["output_dtypes"], strict=True)):
-        size = int(np.prod(shape)) * dt.size
-        lines.append(f"  unsigned char* out{j} = new unsigned char[{max(size, 1)}];")
+    for j, dt in enumerate(call["output_dtypes"]):
+        lines.append(f"  unsigned char* out{j} = new unsigned char[{out_bytes[j]}];")
         args.append(f"reinterpret_cast<{CTYPES[dt]}*>(out{j})")
     (gx, gy, gz), (tx, ty, tz) = call["grid"], call["threadgroup"]
     assert gy == ty and gz == tz == 1, "one block along y and z"
@@ -331,23 +331,23 @@ def _main(made: dict[str, Any], call: dict[str, Any], launches: int) -> str:
         "  segc_set_body(body);",
         f"  for (int launch = 0; launch < {launches}; ++launch) {{",
         *(
-            f"    memset(out{j}, 0xA5, {max(int(np.prod(s)) * d.size, 1)});  // a fresh buffer a launch; not zero: an unwritten output shows"
-            for j, (s, d) in enumerate(zip(outs, call["output_dtypes"], strict=True))
+            f"    memset(out{j}, 0xA5, {n});  // a fresh buffer a launch; not zero: an unwritten output shows"
+            for j, n in enumerate(out_bytes)
         ),
         f"    for (unsigned i = 0; i < {nblocks}u; ++i) {{",
         f"      unsigned blk = launch % 2 ? {nblocks}u - 1u - i : i;  // blocks in either order",
         f"      segc_block_run({{blk, 0u, 0u}}, {nt}u);",
         "    }",
     ]
-    for j, (shape, dt) in enumerate(zip(outs, call["output_dtypes"], strict=True)):
+    for j, n in enumerate(out_bytes):
         lines += [
             f'    snprintf(path, sizeof path, "%s/out{j}_%d.bin", dir, launch);',
-            f'    {{ FILE* f = fopen(path, "wb"); fwrite(out{j}, 1, {max(int(np.prod(shape)) * dt.size, 1)}, f); fclose(f); }}',
+            f'    {{ FILE* f = fopen(path, "wb"); fwrite(out{j}, 1, {n}, f); fclose(f); }}',
         ]
-    for i, x in enumerate(ins):  # the inputs as the launch left them (a counter's state)
+    for i, n in enumerate(in_bytes):  # the inputs as the launch left them (a counter's state)
         lines += [
             f'    snprintf(path, sizeof path, "%s/in{i}_%d.bin", dir, launch);',
-            f'    {{ FILE* f = fopen(path, "wb"); fwrite(in{i}, 1, {max(x.nbytes, 1)}, f); fclose(f); }}',
+            f'    {{ FILE* f = fopen(path, "wb"); fwrite(in{i}, 1, {n}, f); fclose(f); }}',
         ]
     lines += ["  }", "  return 0;", "}"]
     return "\n".join(lines) + "\n"

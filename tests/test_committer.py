@@ -60,7 +60,7 @@ def test_the_later_commits_come_from_the_committing_thread_with_eagers_bytes(lay
         fn, vals, want = _run(mp, layers, groups, offset, lazy)
         got = fn(*vals)
     n = len(_schedule(layers, groups))
-    assert who == ["MainThread", *["segc-committer"] * (n - 1)][:n]
+    assert who == (["MainThread", *["segc-committer"] * (n - 1)] if n else [])  # no commit: none
     assert len(got) == len(want)
     for a, b in zip(got, want, strict=True):
         assert same_bits(a, b)
