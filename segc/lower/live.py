@@ -183,7 +183,8 @@ def staged(
 
 # after the first and second live steps, then every second: the device starts a layer
 # sooner (measured faster than every second on two H100s, ten processes each, and in every
-# process of an interleaved comparison on an H200, 2026-12-07; 1 and 4 slower: docs/runtime.md)
+# process of an interleaved comparison on an H200, 2026-12-07; 1 and 4 slower; on two other
+# H100s fewer commits were faster, where the host was the slower side: docs/runtime.md)
 LIVE_COMMIT_SCHEDULE = (1, 1, 2)
 
 
