@@ -221,6 +221,9 @@ SETTINGS = {  # a variant's "+suffix" (--isolate only)
     "lc4": {"SEGC_LIVE_COMMITS": "4"},
     "lc3": {"SEGC_LIVE_COMMITS": "3"},
     "lc112": {"SEGC_LIVE_COMMITS": "1,1,2"},  # the device started after the first attention
+    "lc3553": {"SEGC_LIVE_COMMITS": "3,5,5,3"},  # four commits, small end groups (16 layers)
+    # chosen by the segment over its first 75 calls (segc.lower.live_tune): time it after --warmup 80
+    "lctune": {"SEGC_LIVE_COMMITS": "tune"},
     # no two consecutive groups of one shape (MLX caches one executable CUDA graph per shape: benchmarks/graph_reuse.py),
     # spelled out for 32 layers: groups of 1 and 2, of 2 and 3, and 1, 1 then 2 and 3, in turn
     "lc12": {"SEGC_LIVE_COMMITS": ",".join(["1,2"] * 11)},

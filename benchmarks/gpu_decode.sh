@@ -6,8 +6,9 @@
 #
 #   bash .gpu/two/stage && PYTHONPATH=/tmp/site:$PWD bash benchmarks/gpu_decode.sh [PARTS]
 #
-# PARTS: any of  thread hostmodes reuse schedule hostsplit teststamps managed devpos live livecommits ab pool dense quant moe concat chain chaintests isolated runtime kernels select products check generate device ablate modes commits census kv attn kvattn kvattndev timeline stage tail bank layers stamps stagedecode inplace prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
-# (default: dense runtime). chain: a layer's MLP, and a decode layer, as one kernel
+# PARTS: any of  tune thread hostmodes reuse schedule hostsplit teststamps managed devpos live livecommits ab pool dense quant moe concat chain chaintests isolated runtime kernels select products check generate device ablate modes commits census kv attn kvattn kvattndev timeline stage tail bank layers stamps stagedecode inplace prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
+# (default: dense runtime). tune: the commit schedule chosen at run time (SEGC_LIVE_COMMITS=tune): its tests,
+# host_modes.py with it interleaved, the decode isolated (about 7 minutes). chain: a layer's MLP, and a decode layer, as one kernel
 # (segc.lower.cuda_chain, cuda_layer; off by default): chain_device.py (device time against
 # the separate kernels, several grids, the tickets alone) and chain_stages.py (each stage's
 # span, waits and work from the blocks' own stamps), each with the compiler's registers and
@@ -66,7 +67,7 @@ parts="${*:-dense runtime}"
 bench() {  # name, extra arguments
   local name=$1
   shift
-  timeout "${BENCH_LIMIT:-400}" $PY benchmarks/bench_llama.py --preset reference --repeats "${REPEATS:-40}" --warmup 5 \
+  timeout "${BENCH_LIMIT:-400}" $PY benchmarks/bench_llama.py --preset reference --repeats "${REPEATS:-40}" --warmup "${WARMUP:-5}" \
     --variants "${VARIANTS:-eager,compile,segc,each,whole,drain}" --isolate --rounds "${ROUNDS:-1}" --json "$OUT/$name.json" "$@" >"$OUT/$name.txt" 2>&1
   echo "$name: rc=$?"
 }
@@ -369,6 +370,18 @@ for p in $parts; do
     timeout 300 $PY benchmarks/host_modes.py --processes "${PROCS:-8}" --by-place 2>&1 | tee "$OUT/host_modes.txt"
     timeout 400 $PY benchmarks/host_modes.py --processes "${PROCSAB:-4}" \
       --variants ${SCHEDULES:-eager default 2 1,2,1,2,1,2,1,2,1,2,1,2,1,2,1,2,1,2,1,2,1,2 0} 2>&1 | tee "$OUT/host_modes_ab.txt"
+    ;;
+  tune)  # the commit schedule chosen at run time (SEGC_LIVE_COMMITS=tune, segc.lower.live_tune; sixty-second
+    # session): its tests, then host_modes.py interleaving eager, 1,1,2, every second, 3,5,5,3 and tune in PROCSAB (4)
+    # processes (the tuner's choice printed), then the decode, VARIANTS (eager, wholefrozen+inplace, +lc3553,
+    # +lctune) each a process, two rounds, 80 calls of warm-up (about 8 minutes)
+    timeout 120 $PY -m pytest -q -p no:benchmark -p no:cacheprovider --timeout 100 tests/test_live_tune.py >"$OUT/tune_tests.txt" 2>&1
+    echo "tune tests: rc=$?"; tail -2 "$OUT/tune_tests.txt"
+    timeout 420 $PY benchmarks/host_modes.py --processes "${PROCSAB:-4}" \
+      --variants ${SCHEDULES:-eager default 2 3,5,5,3 tune} 2>&1 | tee "$OUT/host_modes_tune.txt"
+    VARIANTS=${VARIANTS:-eager,wholefrozen+inplace,wholefrozen+inplace+lc3553,wholefrozen+inplace+lctune} ROUNDS=${ROUNDS:-2} \
+      REPEATS=30 WARMUP=80 BENCH_LIMIT=${BENCH_LIMIT:-300} bench tune --prefill 0 --first-call-layers 0 --no-dispatch
+    grep -A12 "=== isolated" "$OUT/tune.txt"
     ;;
   hostsplit)  # where one segment's host time goes (fifty-seventh session): what a commit holding MLX's cuDNN
     # attention costs (benchmarks/commit_sdpa.py, cuDNN's and MLX's own attention); the decode, VARIANTS (eager,

@@ -5,7 +5,9 @@ some processes and 2-3 ms in others, its host time then nearly the step's).
 The reference llama at a fixed context (``bench_llama.FixedContext``); each of
 ``--variants`` is ``eager`` (mlx-lm as it is) or a ``SEGC_LIVE_COMMITS`` schedule for
 one segment, concatenated, frozen, in place (``wholefrozen+inplace``; ``default``: the
-variable unset; a suffix ``@t`` commits on a thread of its own, ``SEGC_COMMIT_THREAD=1``,
+variable unset; ``tune``: chosen by the segment over its first calls, 80 calls of warm-up
+then, and the tuner's choice printed: its periods hold the other variants' calls too, so
+the isolated decode is where its choice is judged; a suffix ``@t`` commits on a thread of its own, ``SEGC_COMMIT_THREAD=1``,
 ``@t50`` with ``SEGC_COMMIT_SWITCH=50``), a model of its own, its calls interleaved with the others' (a change
 of the host's speed hits every variant alike; the variants share MLX's caches, whose
 keys differ). Each segc call is split by timing wrappers around its ``mx.compile``'d
@@ -96,7 +98,8 @@ def child(variants: list[str], calls: int, context: int, preset: str) -> dict[st
     rows: dict[str, list[tuple[float, ...]]] = {v: [] for v in variants}
     places: dict[str, list[list[float]]] = {v: [] for v in variants}
     probes = []
-    for i in range(10 + calls):
+    warm = 10 if not any(v.startswith("tune") for v in variants) else 80  # a tuner settles in 75 calls
+    for i in range(warm + calls):
         probes.append(host_probe())
         for v in variants:
             fn, fc = steps[v]
@@ -109,7 +112,7 @@ def child(variants: list[str], calls: int, context: int, preset: str) -> dict[st
             u1 = resource.getrusage(resource.RUSAGE_THREAD)
             mx.eval(out, fc.arrays())
             t2 = time.perf_counter()
-            if i >= 10:
+            if i >= warm:
                 switches = (u1.ru_nvcsw - u0.ru_nvcsw, u1.ru_nivcsw - u0.ru_nivcsw)
                 rows[v].append((t2 - t0, t1 - t0, spent["stretch"], spent["async"], t2 - t1, *switches))
                 places[v].append(list(commits))
@@ -124,7 +127,20 @@ def child(variants: list[str], calls: int, context: int, preset: str) -> dict[st
         n = min(len(c) for c in places[v])
         med["places"] = [statistics.median(c[j] for c in places[v]) * 1e3 for j in range(n)]
         med["as_eager"] = got[v] == got["eager"] if "eager" in got else None
+        med["tuned"] = [] if v == "eager" else tuned(steps[v][0])
         out[v] = med
+    return out
+
+
+def tuned(step: Any) -> list[dict[str, Any]]:
+    """The reports of a jitted step's commit-schedule tuners, one a segment run as
+    stretches (``SEGC_LIVE_COMMITS=tune``: ``segc.lower.live_tune``); none otherwise."""
+    out = []
+    for entry in step.entries():
+        for st in getattr(getattr(entry, "_executor", None), "steps", ()):
+            t = getattr(st.fn, "tuner", None)
+            if t is not None:
+                out.append(t.report())
     return out
 
 
@@ -163,6 +179,9 @@ def main() -> None:
             line += f" {'-' if m['as_eager'] is None else m['as_eager']!s:>6s}"
             if a.by_place:
                 line += "  " + " ".join(f"{c:.3f}" for c in m["places"])
+            for t in m["tuned"]:  # the schedule a tuner chose, and each candidate's median period (ms)
+                meds = " ".join(f"{x * 1e3:.3f}" if x is not None else "-" for x in t["medians"])
+                line += f"  tuned to {t['chosen']} of {' '.join(t['schedules'])}: {meds}"
             print(line, flush=True)
 
 

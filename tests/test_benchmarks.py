@@ -758,17 +758,18 @@ def test_the_pool_suffix_reaches_the_variants_process(tmp_path: Path) -> None:
 
 
 def test_host_modes_interleaves_schedules_with_eagers_bytes() -> None:
-    """``benchmarks/host_modes.py`` on the tiny preset: eager and two schedules in one
+    """``benchmarks/host_modes.py`` on the tiny preset: eager and three schedules (one
+    chosen at run time; on the CPU no segment runs as stretches, so nothing to tune) in one
     process, each a row; every segc row reports its logits as eager's bytes (the check is
     the script's own byte comparison, which a wrong schedule's output would fail)."""
     cmd = [sys.executable, str(ROOT / "benchmarks" / "host_modes.py"), "--processes=1", "--calls=2"]
-    cmd += ["--preset=tiny", "--variants", "eager", "default", "1,2"]
+    cmd += ["--preset=tiny", "--variants", "eager", "default", "1,2", "tune"]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=280, cwd=ROOT)
     assert p.returncode == 0, p.stdout + p.stderr
     rows = {r[3]: r for r in (line.split() for line in p.stdout.splitlines()) if len(r) == 13 and r[0] == "0"}
-    assert set(rows) == {"eager", "default", "1,2"}, p.stdout
-    assert rows["default"][-1] == rows["1,2"][-1] == "True", p.stdout
+    assert set(rows) == {"eager", "default", "1,2", "tune"}, p.stdout
+    assert rows["default"][-1] == rows["1,2"][-1] == rows["tune"][-1] == "True", p.stdout
 
 
 def test_graph_reuse_times_every_form() -> None:

@@ -27,6 +27,7 @@ the compiled stretch before the step: only the slices and the attention run eage
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, cast
 
@@ -38,6 +39,7 @@ from ..errors import UsageError
 from ..ir import Eqn
 from ..settings import env_choice, env_counts
 from . import scratch
+from .live_tune import ScheduleTuner, candidates, commit_points
 
 Step = tuple[Callable[..., Any], Eqn, Sequence[str], tuple[str, ...]]
 _VIEWS = frozenset({"Broadcast", "Unflatten", "Reshape", "ExpandDims", "Squeeze", "Flatten", "AsType"})
@@ -127,15 +129,18 @@ def staged(
 
     def build(compile: bool, groups: tuple[int, ...] = ()) -> Callable[..., list[mx.array]]:
         points = commit_points(n_live, groups)
+        tried = candidates(n_live, groups) if points and tune_wanted() else []
+        tuner = ScheduleTuner(n_live, tried) if len(tried) > 1 else None  # SEGC_LIVE_COMMITS=tune
         committing = bool(points)
         c = committer() if committing and thread_wanted() else None  # SEGC_COMMIT_THREAD
-        first = min(points, default=0)
         fns: list[Callable[..., list[mx.array]] | None] = []
         for is_live, steps, ins, outs in layout:
             fn = None if is_live or not outs else steps_fn(steps, consts, ins, outs)
             fns.append(mx.compile(fn) if compile and fn is not None else fn)
 
         def stretches(xs: tuple[mx.array, ...]) -> list[mx.array]:
+            at = points if tuner is None else tuner.next()
+            first = min(at, default=0)
             env: dict[str, Any] = dict(held)
             env.update(zip(in_names, xs))
             made: list[mx.array] = []  # since the last commit (SEGC_LIVE_COMMITS)
@@ -147,7 +152,7 @@ def staged(
                     if committing:
                         made.extend(env[v] for v in o)
                         seen += 1
-                        if seen in points:
+                        if seen in at:
                             if c is None:
                                 mx.async_eval(made)
                             elif seen == first:  # the inputs may be the caller's stream's (committer.py)
@@ -176,6 +181,7 @@ def staged(
             return out
 
         run.compiled = lambda groups=(): build(True, groups)  # type: ignore[attr-defined]
+        run.tuner = tuner  # type: ignore[attr-defined]
         return run
 
     return build(False)
@@ -193,31 +199,25 @@ def live_commits() -> tuple[int, ...]:
     ``"auto"`` commit policy (the other policies name every commit, and make none inside
     a segment): the environment's ``SEGC_LIVE_COMMITS``, group sizes in live steps, the
     last repeated (``2``: after every second; ``1,2``: after the first, then every
-    second; ``0``: none), by default ``LIVE_COMMIT_SCHEDULE`` (``1,1,2``). A long segment
+    second; ``0``: none; ``tune``: chosen at run time, :func:`tune_wanted`), by default
+    ``LIVE_COMMIT_SCHEDULE`` (``1,1,2``). A long segment
     then gets the device started while the host dispatches the rest of it, as a segment per layer
     does, with one compiled call between two attentions where a segment per layer pays
     two; read when segments are built."""
-    what = "0 or whole numbers of live steps separated by commas (group sizes, the last repeated)"
+    what = "tune, 0 or whole numbers of live steps separated by commas (group sizes, the last repeated)"
+    if tune_wanted():  # the default until the tuner has chosen (live_tune.py), as the cost model sees it
+        return LIVE_COMMIT_SCHEDULE
     groups = env_counts("SEGC_LIVE_COMMITS", LIVE_COMMIT_SCHEDULE, 0, what)
     if len(groups) > 1 and 0 in groups:
         raise UsageError(f"SEGC_LIVE_COMMITS must be {what}, not {','.join(map(str, groups))!r}: 0 stands alone")
     return () if groups == (0,) else groups
 
 
-def commit_points(n: int, groups: Sequence[int]) -> frozenset[int]:
-    """After which of a segment's ``n`` live steps (counted from 1) the schedule
-    ``groups`` commits: a group's size at a time, the last size repeated; none for
-    ``()``."""
-    out: set[int] = set()
-    if not groups:
-        return frozenset()
-    k = 0
-    for i in range(n):
-        k += groups[min(i, len(groups) - 1)]
-        if k > n:
-            break
-        out.add(k)
-    return frozenset(out)
+def tune_wanted() -> bool:
+    """Whether ``SEGC_LIVE_COMMITS`` is ``tune``: each segment run as stretches under the
+    commit policy ``"auto"`` then tries a few schedules on its own calls and keeps the
+    fastest (``live_tune.ScheduleTuner``); read when segments are built."""
+    return os.environ.get("SEGC_LIVE_COMMITS", "").strip() == "tune"
 
 
 def steps_fn(
