@@ -22,6 +22,12 @@ from segc.trace import kvcache
 pytestmark = pytest.mark.timeout(120)
 
 
+@pytest.fixture(autouse=True)
+def _nothing_settled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test starts with no schedule kept from another (``live_tune.SETTLED``)."""
+    monkeypatch.setattr(live_tune, "SETTLED", {})
+
+
 @pytest.mark.parametrize(
     ("n", "end", "middle", "want"),
     [(16, 2, 4, (2, 4, 4, 4, 2)), (16, 3, 5, (3, 5, 5, 3)), (32, 3, 5, (3, 5, 5, 4, 4, 4, 4, 3)), (4, 2, 4, (2,))],
@@ -156,6 +162,17 @@ def test_a_staged_segment_tunes_its_commits_and_keeps_eager_s_bytes(monkeypatch:
             assert same_bits(x, y)
         clock.t += 1.0 if expect == (2,) else 3.0
     assert tuner.report()["chosen"] == "2"
+    # the same segment built again (a retrace for a grown cache) keeps the choice, untuned;
+    # another shape (two layers) tunes afresh
+    again = live.compile_segment(_fn(eqns, avals, ins, outs, consts, Live(monkeypatch)), live.live_commits())
+    assert again.tuner.chosen == tried.index((2,)) and again.tuner.report()["chosen"] == "2"
+    committed.clear()
+    for x, y in zip(again(*vals), want, strict=True):
+        assert same_bits(x, y)
+    assert len(committed) == 2  # after the second and fourth layers
+    eqns2, avals2, ins2, outs2, consts2 = _layers(2)
+    other = live.compile_segment(_fn(eqns2, avals2, ins2, outs2, consts2, Live(monkeypatch)), live.live_commits())
+    assert other.tuner is not None and other.tuner.chosen is None
 
 
 def test_no_tuner_where_nothing_commits_inside(monkeypatch: pytest.MonkeyPatch) -> None:

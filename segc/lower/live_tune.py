@@ -34,6 +34,9 @@ WARMUP = 3  # calls before tuning starts: the first compiles every stretch
 BLOCK = 3  # consecutive calls of one schedule; a period counts only inside its block
 ROUNDS = 6  # rounds of every schedule's block: 12 periods each, settled at the 75th call of four
 CLOCK = time.perf_counter  # a tuner's clock unless it is given one
+# the schedule each segment's tuner kept, by its key: a decode retraced for a grown KV cache
+# (a trace per buffer capacity) builds a new segment of the same shape, which keeps the choice
+SETTLED: dict[Any, tuple[int, ...]] = {}
 
 
 def commit_points(n: int, groups: Sequence[int]) -> frozenset[int]:
@@ -79,7 +82,9 @@ def candidates(n: int, default: tuple[int, ...]) -> list[tuple[int, ...]]:
 
 class ScheduleTuner:
     """Picks one of ``schedules`` (group sizes) for a segment of ``n`` live steps:
-    :meth:`next` at the start of each call gives that call's commit points."""
+    :meth:`next` at the start of each call gives that call's commit points. With a
+    ``key``, a choice is kept in :data:`SETTLED`, and a later tuner of the same key starts
+    from it instead of tuning again."""
 
     def __init__(
         self,
@@ -90,6 +95,7 @@ class ScheduleTuner:
         block: int = BLOCK,
         rounds: int = ROUNDS,
         clock: Callable[[], float] | None = None,
+        key: Any = None,
     ):
         if not schedules or rounds < 1 or block < 2 or warmup < 0:
             raise ValueError(
@@ -101,7 +107,11 @@ class ScheduleTuner:
         self._points = [commit_points(n, s) for s in self.schedules]
         self.warmup, self.block, self.rounds, self.clock = warmup, block, rounds, clock or CLOCK
         self.periods: list[list[float]] = [[] for _ in self.schedules]
+        self.key = key
+        kept = SETTLED.get(key) if key is not None else None
         self.chosen: int | None = 0 if len(self.schedules) == 1 else None
+        if kept in self.schedules:  # a segment of this key has chosen before: no tuning again
+            self.chosen = self.schedules.index(kept)
         self._calls = 0
         self._last = 0.0  # the last call's start
 
@@ -120,6 +130,8 @@ class ScheduleTuner:
                 self._last = now
                 return self._points[(k // b) % c if k >= 0 else 0]
             self.chosen = min(range(c), key=lambda i: statistics.median(self.periods[i]))
+            if self.key is not None:
+                SETTLED[self.key] = self.schedules[self.chosen]
         return self._points[self.chosen]
 
     def report(self) -> dict[str, Any]:
