@@ -373,7 +373,7 @@ for p in $parts; do
     ;;
   tune)  # the commit schedule chosen at run time (SEGC_LIVE_COMMITS=tune, segc.lower.live_tune; sixty-second
     # session): its tests, then host_modes.py interleaving eager, 1,1,2, every second, 3,5,5,3 and tune in PROCSAB (4)
-    # processes (the tuner's choice printed), then the decode, VARIANTS (eager, wholefrozen+inplace, +lc3553,
+    # processes (the tuner tunes on 80 calls of its own first; its choice printed), then the decode, VARIANTS (eager, wholefrozen+inplace, +lc3553,
     # +lctune) each a process, two rounds, 80 calls of warm-up (about 8 minutes)
     timeout 120 $PY -m pytest -q -p no:benchmark -p no:cacheprovider --timeout 100 tests/test_live_tune.py >"$OUT/tune_tests.txt" 2>&1
     echo "tune tests: rc=$?"; tail -2 "$OUT/tune_tests.txt"

@@ -5,9 +5,8 @@ some processes and 2-3 ms in others, its host time then nearly the step's).
 The reference llama at a fixed context (``bench_llama.FixedContext``); each of
 ``--variants`` is ``eager`` (mlx-lm as it is) or a ``SEGC_LIVE_COMMITS`` schedule for
 one segment, concatenated, frozen, in place (``wholefrozen+inplace``; ``default``: the
-variable unset; ``tune``: chosen by the segment over its first calls, 80 calls of warm-up
-then, and the tuner's choice printed: its periods hold the other variants' calls too, so
-the isolated decode is where its choice is judged; a suffix ``@t`` commits on a thread of its own, ``SEGC_COMMIT_THREAD=1``,
+variable unset; ``tune``: chosen by the segment over 80 calls of its own before the
+others', each waited for, and the tuner's choice printed; a suffix ``@t`` commits on a thread of its own, ``SEGC_COMMIT_THREAD=1``,
 ``@t50`` with ``SEGC_COMMIT_SWITCH=50``), a model of its own, its calls interleaved with the others' (a change
 of the host's speed hits every variant alike; the variants share MLX's caches, whose
 keys differ). Each segc call is split by timing wrappers around its ``mx.compile``'d
@@ -98,7 +97,12 @@ def child(variants: list[str], calls: int, context: int, preset: str) -> dict[st
     rows: dict[str, list[tuple[float, ...]]] = {v: [] for v in variants}
     places: dict[str, list[list[float]]] = {v: [] for v in variants}
     probes = []
-    warm = 10 if not any(v.startswith("tune") for v in variants) else 80  # a tuner settles in 75 calls
+    for v in variants:  # a tuner's calls alone first, so that its periods are its own calls (75 to settle)
+        if v.startswith("tune"):
+            fn, fc = steps[v]
+            for _ in range(80):
+                mx.eval(fn(x, cache=fc.reset()), fc.arrays())
+    warm = 10
     for i in range(warm + calls):
         probes.append(host_probe())
         for v in variants:
