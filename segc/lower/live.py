@@ -129,10 +129,11 @@ def staged(
 
     def build(compile: bool, groups: tuple[int, ...] = ()) -> Callable[..., list[mx.array]]:
         points = commit_points(n_live, groups)
-        tried = candidates(n_live, groups) if points and tune_wanted() else []
-        # SEGC_LIVE_COMMITS=tune; keyed by the segment's shape, so that a retrace for a grown cache keeps the choice
-        key = ("staged", n_live, tuple(e.prim for _, e, _, _ in plan), len(in_names), len(out_names))
-        tuner = ScheduleTuner(n_live, tried, key=key) if len(tried) > 1 else None
+        tried = candidates(n_live, groups) if points and tune_wanted() else []  # SEGC_LIVE_COMMITS=tune
+        tuner = None
+        if len(tried) > 1:  # keyed by the segment's shape: a retrace for a grown cache keeps the choice
+            key = ("staged", n_live, tuple(e.prim for _, e, _, _ in plan), len(in_names), len(out_names))
+            tuner = ScheduleTuner(n_live, tried, key=key)
         committing = bool(points)
         c = committer() if committing and thread_wanted() else None  # SEGC_COMMIT_THREAD
         fns: list[Callable[..., list[mx.array]] | None] = []
