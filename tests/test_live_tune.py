@@ -61,7 +61,7 @@ def test_the_candidates_start_with_the_default_and_commit_differently(n: int) ->
 
 
 class Clock:
-    """A clock the test moves: ``tick`` adds a call's period."""
+    """A clock the test moves: it reads ``t``, which the test advances by each call's period."""
 
     def __init__(self) -> None:
         self.t = 0.0
