@@ -25,6 +25,7 @@ it. Commits never change what is computed: every schedule gives the same bits.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -129,7 +130,8 @@ class ScheduleTuner:
                 self._calls += 1
                 self._last = now
                 return self._points[(k // b) % c if k >= 0 else 0]
-            self.chosen = min(range(c), key=lambda i: statistics.median(self.periods[i]))
+            # (a schedule without a period, possible only where threads share the segment, never wins)
+            self.chosen = min(range(c), key=lambda i: statistics.median(self.periods[i] or [math.inf]))
             if self.key is not None:
                 SETTLED[self.key] = self.schedules[self.chosen]
         return self._points[self.chosen]
