@@ -33,6 +33,37 @@ def test_a_reshape_after_a_transpose_copies_as_mlx_does(perm: tuple[int, ...]) -
     assert copied == (perm == (0, 3, 2, 1))  # worked out by hand: only that one reorders elements
 
 
+def _own_buffer_start(shape: tuple[int, ...]) -> tuple[mx.array, int]:
+    x = mx.zeros(shape) + 1  # (a buffer of its own: ``zeros`` alone is a broadcast scalar)
+    mx.eval(x)
+    return x, np.asarray(x).__array_interface__["data"][0]
+
+
+@pytest.mark.parametrize(
+    ("shape", "views"),
+    [
+        # axes of size 1 between two that make one run: (2, 1, 1, 2) with strides (32, 1, 1, 16)
+        ((2, 2, 16), lambda a: mx.transpose(mx.expand_dims(a, 0), (1, 0, 3, 2))[0:2, 0:1, 0:1, 0:2]),
+        # a first axis of size 1 before a strided one: (1, 2) with strides (16, 2)
+        ((1, 16), lambda a: a[0:1, 0:3:2]),
+    ],
+)
+def test_a_reshape_skips_axes_of_size_one_as_mlx_does(shape, views) -> None:
+    """Two views hypothesis found (2026-12-07) whose flattening MLX 0.32.4 makes a view,
+    where an analysis that kept axes of size 1 in a run (MLX's several-array collapse, or
+    0.32.2's first axis) said it copies: MLX's own result decides, and both stay views
+    (worked out by hand: the elements are evenly spaced)."""
+    x, start = _own_buffer_start(shape)
+    y = mx.reshape(views(x), (-1,))
+    mx.eval(y)
+    at = np.asarray(y).__array_interface__["data"][0]
+    copied = not start <= at < start + x.nbytes
+    g = trace_graph(lambda a: mx.reshape(views(a), (-1,)), x)
+    lv = liveness(g)
+    assert not copied
+    assert copied == (lv.root[g.outputs[0]] != lv.root[g.inputs[0].var.name])
+
+
 def _view(draw, x: mx.array) -> mx.array:
     """One random view of ``x``: a slice (steps and ends included), a transpose, a
     reshape (flattened, split or merged axes), an added or dropped axis of size 1."""

@@ -6,8 +6,8 @@ with new strides, and sets two flags that decide what later views cost: ``row``
 slice of columns of a one-row matrix keeps it) and ``holes`` (not MLX's
 ``flags().contiguous``: a slice that skips elements). A reshape of a row-contiguous
 value is a view; of another, it is a view where the new shape splits and merges the
-input's contiguous runs of axes (MLX's ``prepare_reshape`` over
-``collapse_contiguous_dims``), else a copy. :func:`view_layout` follows MLX's rules for
+input's contiguous runs of axes (MLX's ``prepare_reshape`` over its one-array
+``collapse_contiguous_dims``, which skips axes of size 1), else a copy. :func:`view_layout` follows MLX's rules for
 each view primitive (``mlx/backend/common/common.cpp``, ``slicing.cpp``,
 ``utils.h``'s ``check_contiguity``), so the analyses count the copies MLX makes and no
 others: a reshape of a transposed matrix copies; a reshape of a slice of one row's
@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..ir import Eqn
+
+_INT32_MAX = 2**31 - 1  # collapse_contiguous_dims' default size_cap
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,16 +54,25 @@ def check_contiguity(shape: Sequence[int], strides: Sequence[int]) -> tuple[int,
 
 
 def _collapse(shape: Sequence[int], strides: Sequence[int]) -> tuple[list[int], list[int]]:
-    """MLX's ``collapse_contiguous_dims`` for one array: runs of axes that are one run in
-    memory merged, axes of size 1 dropped."""
-    groups: list[list[int]] = [[0]] if shape[0] != 1 else [[]]
-    for i in range(1, len(shape)):
-        if strides[i] * shape[i] != strides[i - 1]:
-            groups.append([])
-        if shape[i] != 1:
-            groups[-1].append(i)
-    groups = [g for g in groups if g]
-    return [math.prod(shape[i] for i in g) for g in groups], [strides[g[-1]] for g in groups]
+    """MLX's one-array ``collapse_contiguous_dims`` (``utils.cpp``, what ``prepare_reshape``
+    calls) as MLX 0.32.4 runs it: axes of size 1 skipped, the first too, and each other
+    axis merged into the run before it where its stride times its size is that run's
+    stride (and the run stays within ``int32``), else a run of its own. (MLX 0.32.2's
+    source kept a first axis of size 1, which 0.32.4 reshapes as a view without copying:
+    ``tests/test_analysis_mlx.py``; the several-array form MLX's kernels use breaks a run
+    at an axis of size 1, which a reshape's does not.)"""
+    out_shape: list[int] = []
+    out_strides: list[int] = []
+    for n, st in zip(shape, strides):
+        if n == 1:
+            continue
+        if not out_shape or st * n != out_strides[-1] or out_shape[-1] * n > _INT32_MAX:
+            out_shape.append(n)
+            out_strides.append(st)
+        else:
+            out_shape[-1] *= n
+            out_strides[-1] = st
+    return out_shape, out_strides
 
 
 def _reshape(src: Layout, in_shape: Sequence[int], out_shape: Sequence[int]) -> Layout | None:
