@@ -8,7 +8,7 @@
 #
 # PARTS: any of  tune thread hostmodes reuse schedule hostsplit teststamps managed devpos live livecommits ab pool dense quant moe concat chain chaintests isolated runtime kernels select products check generate device ablate modes commits census kv attn kvattn kvattndev timeline stage tail bank layers stamps stagedecode inplace prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
 # (default: dense runtime). tune: the commit schedule chosen at run time (SEGC_LIVE_COMMITS=tune): its tests,
-# host_modes.py with it interleaved, the decode isolated (about 7 minutes). chain: a layer's MLP, and a decode layer, as one kernel
+# host_modes.py with it interleaved, the decode isolated (about 8 minutes). chain: a layer's MLP, and a decode layer, as one kernel
 # (segc.lower.cuda_chain, cuda_layer; off by default): chain_device.py (device time against
 # the separate kernels, several grids, the tickets alone) and chain_stages.py (each stage's
 # span, waits and work from the blocks' own stamps), each with the compiler's registers and

@@ -102,8 +102,7 @@ def child(variants: list[str], calls: int, context: int, preset: str) -> dict[st
             fn, fc = steps[v]
             for _ in range(80):
                 mx.eval(fn(x, cache=fc.reset()), fc.arrays())
-    warm = 10
-    for i in range(warm + calls):
+    for i in range(10 + calls):
         probes.append(host_probe())
         for v in variants:
             fn, fc = steps[v]
@@ -116,7 +115,7 @@ def child(variants: list[str], calls: int, context: int, preset: str) -> dict[st
             u1 = resource.getrusage(resource.RUSAGE_THREAD)
             mx.eval(out, fc.arrays())
             t2 = time.perf_counter()
-            if i >= warm:
+            if i >= 10:
                 switches = (u1.ru_nvcsw - u0.ru_nvcsw, u1.ru_nivcsw - u0.ru_nivcsw)
                 rows[v].append((t2 - t0, t1 - t0, spent["stretch"], spent["async"], t2 - t1, *switches))
                 places[v].append(list(commits))

@@ -33,10 +33,19 @@ def test_a_reshape_after_a_transpose_copies_as_mlx_does(perm: tuple[int, ...]) -
     assert copied == (perm == (0, 3, 2, 1))  # worked out by hand: only that one reorders elements
 
 
-def _own_buffer_start(shape: tuple[int, ...]) -> tuple[mx.array, int]:
+def _copies(shape: tuple[int, ...], run, trace=None) -> tuple[bool, bool]:
+    """Whether MLX's evaluation of ``run`` over a buffer of ``shape`` gives its output a
+    buffer of its own (its data outside the input's: a copy), and whether the analysis
+    of ``trace``'s graph (``run``'s unless given) says so."""
     x = mx.zeros(shape) + 1  # (a buffer of its own: ``zeros`` alone is a broadcast scalar)
     mx.eval(x)
-    return x, np.asarray(x).__array_interface__["data"][0]
+    start = np.asarray(x).__array_interface__["data"][0]
+    y = run(x)
+    mx.eval(y)
+    at = np.asarray(y).__array_interface__["data"][0]
+    g = trace_graph(trace or run, x)
+    lv = liveness(g)
+    return not start <= at < start + x.nbytes, lv.root[g.outputs[0]] != lv.root[g.inputs[0].var.name]
 
 
 @pytest.mark.parametrize(
@@ -53,15 +62,9 @@ def test_a_reshape_skips_axes_of_size_one_as_mlx_does(shape, views) -> None:
     where an analysis that kept axes of size 1 in a run (MLX's several-array collapse, or
     0.32.2's first axis) said it copies: MLX's own result decides, and both stay views
     (worked out by hand: the elements are evenly spaced)."""
-    x, start = _own_buffer_start(shape)
-    y = mx.reshape(views(x), (-1,))
-    mx.eval(y)
-    at = np.asarray(y).__array_interface__["data"][0]
-    copied = not start <= at < start + x.nbytes
-    g = trace_graph(lambda a: mx.reshape(views(a), (-1,)), x)
-    lv = liveness(g)
+    copied, analysed = _copies(shape, lambda a: mx.reshape(views(a), (-1,)))
     assert not copied
-    assert copied == (lv.root[g.outputs[0]] != lv.root[g.inputs[0].var.name])
+    assert copied == analysed
 
 
 def _view(draw, x: mx.array) -> mx.array:
@@ -102,9 +105,6 @@ def test_the_analysis_copies_where_mlx_copies_over_random_views(shape, data) -> 
     """Random chains of views ending in a reshape (``segc.passes.layout``): the output
     owns a buffer in the analysis exactly where MLX's evaluation gives it one (its data
     outside the input's buffer: a copy)."""
-    x = mx.zeros((*shape, 16)) + 1  # (a buffer of its own: ``zeros`` alone is a broadcast scalar)
-    mx.eval(x)
-    start = np.asarray(x).__array_interface__["data"][0]
     steps = data.draw(hst.integers(1, 4), label="views")
     draws: list = []
 
@@ -122,14 +122,8 @@ def test_the_analysis_copies_where_mlx_copies_over_random_views(shape, data) -> 
             a = _view(draw, a)
         return mx.reshape(a, (-1,))
 
-    y = f(x)
-    mx.eval(y)
-    at = np.asarray(y).__array_interface__["data"][0]
-    copied = not start <= at < start + x.nbytes
-    g = trace_graph(lambda a: f(a, replay=True), x)
-    lv = liveness(g)
-    out = g.outputs[0]
-    assert copied == (lv.root[out] != lv.root[g.inputs[0].var.name]), (shape, draws)
+    copied, analysed = _copies((*shape, 16), f, lambda a: f(a, replay=True))
+    assert copied == analysed, (shape, draws)
 
 
 def test_a_broadcast_mask_split_into_groups_is_a_view_as_in_mlx() -> None:

@@ -136,14 +136,17 @@ def staged(
             tuner = ScheduleTuner(n_live, tried, key=key)
         committing = bool(points)
         c = committer() if committing and thread_wanted() else None  # SEGC_COMMIT_THREAD
+        first_point = min(points, default=0)
         fns: list[Callable[..., list[mx.array]] | None] = []
         for is_live, steps, ins, outs in layout:
             fn = None if is_live or not outs else steps_fn(steps, consts, ins, outs)
             fns.append(mx.compile(fn) if compile and fn is not None else fn)
 
         def stretches(xs: tuple[mx.array, ...]) -> list[mx.array]:
-            at = points if tuner is None else tuner.next()
-            first = min(at, default=0)
+            at, first = points, first_point
+            if tuner is not None:  # this call's schedule (SEGC_LIVE_COMMITS=tune)
+                at = tuner.next()
+                first = min(at, default=0)
             env: dict[str, Any] = dict(held)
             env.update(zip(in_names, xs))
             made: list[mx.array] = []  # since the last commit (SEGC_LIVE_COMMITS)
