@@ -8,7 +8,7 @@
 #
 # PARTS: any of  tune thread hostmodes reuse schedule hostsplit teststamps managed devpos live livecommits ab pool dense quant moe concat chain chaintests isolated runtime kernels select products check generate device ablate modes commits census kv attn kvattn kvattndev timeline stage tail bank layers stamps stagedecode inplace prefill prefillproducts dequantized experts experiment paging hostcost segment plandevice argcost hostkinds perf
 # (default: dense runtime). tune: the commit schedule chosen at run time (SEGC_LIVE_COMMITS=tune): its tests,
-# host_modes.py with it interleaved, the decode isolated (about 8 minutes). chain: a layer's MLP, and a decode layer, as one kernel
+# host_modes.py with it interleaved, the decode isolated (about 8 minutes; TUNE=host or TUNE=iso: either half, a device call each). chain: a layer's MLP, and a decode layer, as one kernel
 # (segc.lower.cuda_chain, cuda_layer; off by default): chain_device.py (device time against
 # the separate kernels, several grids, the tickets alone) and chain_stages.py (each stage's
 # span, waits and work from the blocks' own stamps), each with the compiler's registers and
@@ -374,14 +374,20 @@ for p in $parts; do
   tune)  # the commit schedule chosen at run time (SEGC_LIVE_COMMITS=tune, segc.lower.live_tune; sixty-second
     # session): its tests, then host_modes.py interleaving eager, 1,1,2, every second, 3,5,5,3 and tune in PROCSAB (4)
     # processes (the tuner tunes on 80 calls of its own first; its choice printed), then the decode, VARIANTS (eager, wholefrozen+inplace, +lc3553,
-    # +lctune) each a process, two rounds, 80 calls of warm-up (about 8 minutes)
-    timeout 120 $PY -m pytest -q -p no:benchmark -p no:cacheprovider --timeout 100 tests/test_live_tune.py >"$OUT/tune_tests.txt" 2>&1
-    echo "tune tests: rc=$?"; tail -2 "$OUT/tune_tests.txt"
-    timeout 420 $PY benchmarks/host_modes.py --processes "${PROCSAB:-4}" \
-      --variants ${SCHEDULES:-eager default 2 3,5,5,3 tune} 2>&1 | tee "$OUT/host_modes_tune.txt"
-    VARIANTS=${VARIANTS:-eager,wholefrozen+inplace,wholefrozen+inplace+lc3553,wholefrozen+inplace+lctune} ROUNDS=${ROUNDS:-2} \
-      REPEATS=30 WARMUP=80 BENCH_LIMIT=${BENCH_LIMIT:-300} bench tune --prefill 0 --first-call-layers 0 --no-dispatch
-    grep -A12 "=== isolated" "$OUT/tune.txt"
+    # +lctune) each a process, two rounds, 80 calls of warm-up (about 8 minutes). TUNE=host: the tests and
+    # host_modes alone (about 4 minutes), TUNE=iso: the isolated decode alone (about 4 minutes): two device
+    # calls, each well inside a call's 600 s, where the whole might not be
+    if [ "${TUNE:-all}" != iso ]; then
+      timeout 120 $PY -m pytest -q -p no:benchmark -p no:cacheprovider --timeout 100 tests/test_live_tune.py >"$OUT/tune_tests.txt" 2>&1
+      echo "tune tests: rc=$?"; tail -2 "$OUT/tune_tests.txt"
+      timeout 420 $PY benchmarks/host_modes.py --processes "${PROCSAB:-4}" \
+        --variants ${SCHEDULES:-eager default 2 3,5,5,3 tune} 2>&1 | tee "$OUT/host_modes_tune.txt"
+    fi
+    if [ "${TUNE:-all}" != host ]; then
+      VARIANTS=${VARIANTS:-eager,wholefrozen+inplace,wholefrozen+inplace+lc3553,wholefrozen+inplace+lctune} ROUNDS=${ROUNDS:-2} \
+        REPEATS=30 WARMUP=80 BENCH_LIMIT=${BENCH_LIMIT:-300} bench tune --prefill 0 --first-call-layers 0 --no-dispatch
+      grep -A12 "=== isolated" "$OUT/tune.txt"
+    fi
     ;;
   hostsplit)  # where one segment's host time goes (fifty-seventh session): what a commit holding MLX's cuDNN
     # attention costs (benchmarks/commit_sdpa.py, cuDNN's and MLX's own attention); the decode, VARIANTS (eager,
