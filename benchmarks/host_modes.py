@@ -18,7 +18,10 @@ median by its place (``--by-place``), and whether one more call's logits are eag
 bytes (``=eager``, where eager is among the variants; the models and caches are seeded
 alike); per process, the median of ``bench_llama.host_probe``
 (``probe``: the host's speed) and the CPU the main thread last ran on. ``--processes``
-fresh processes run one after another.
+fresh processes run one after another. With ``tune`` and two fixed schedules or more
+(not eager, no committing thread), a line a process says whether the tuner chose the
+schedule whose step was the fastest interleaved there, and tune's step against it; the
+last line, in how many processes it did (``verdict``).
 
     python benchmarks/host_modes.py [--processes 8] [--calls 40] [--variants default]
     python benchmarks/host_modes.py --processes 3 --variants eager default 1,1,2 1,2,1,2,1,2,1,2,1,2,1,2
@@ -160,6 +163,7 @@ def main() -> None:
     if a.child:
         print(json.dumps(child(a.variants, a.calls, a.context, a.preset)))
         return
+    picks: list[tuple[bool, float]] = []  # per process with a settled tuner: (chose the fastest?, tune's step / it)
     print(f"MLX {mx.__version__} on {mx.default_device()}; ms a call, medians; rest = host - stretch - async")
     head = f"{'proc':>4s} {'probe':>6s} {'cpu':>3s} {'variant':24s} {'step':>7s} {'host':>7s} {'stretch':>8s} {'async':>7s}"
     print(head + f" {'rest':>7s} {'wait':>7s} {'vcsw':>5s} {'ivcsw':>5s} {'=eager':>6s}")
@@ -186,6 +190,35 @@ def main() -> None:
                 meds = " ".join(f"{x * 1e3:.3f}" if x is not None else "-" for x in t["medians"])
                 line += f"  tuned to {t['chosen']} of {' '.join(t['schedules'])}: {meds}"
             print(line, flush=True)
+        said = verdict(d, a.variants)
+        if said is not None:
+            print(f"proc {p}: {said[0]}", flush=True)
+            picks.append(said[1:])
+    if picks:
+        hits = sum(1 for ok, _ in picks if ok)
+        ratio = statistics.median(r for _, r in picks)
+        print(f"tune picked the interleaved fastest schedule in {hits} of {len(picks)} processes;"
+              f" its step {ratio:.3f}x the fastest's (median)")  # fmt: skip
+
+
+def verdict(d: dict[str, Any], variants: list[str]) -> tuple[str, bool, float] | None:
+    """Whether a process's tuner chose the schedule that ran fastest interleaved there
+    (the fixed schedules among ``variants``: not eager, not tune, no committing thread),
+    and tune's step against that one's: its line, the answer, the ratio. None without a
+    tune variant whose tuner settled or without two fixed schedules to rank."""
+    from segc.lower.live import LIVE_COMMIT_SCHEDULE
+
+    fixed = [v for v in variants if v not in ("eager", "tune") and "@" not in v]
+    tuned = d.get("tune", {}).get("tuned") or []
+    if len(fixed) < 2 or not tuned or tuned[0]["chosen"] is None:
+        return None
+    default = ",".join(map(str, LIVE_COMMIT_SCHEDULE))
+    fastest = min(fixed, key=lambda v: d[v]["step"])
+    name = default if fastest == "default" else fastest
+    chosen = [t["chosen"] for t in tuned]
+    ok = all(c == name for c in chosen)
+    ratio = d["tune"]["step"] / d[fastest]["step"]
+    return f"tune chose {' '.join(chosen)}; fastest interleaved {name} ({ok}); tune's step {ratio:.3f}x its", ok, ratio
 
 
 if __name__ == "__main__":

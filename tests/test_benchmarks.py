@@ -772,6 +772,38 @@ def test_host_modes_interleaves_schedules_with_eagers_bytes() -> None:
     assert rows["default"][-1] == rows["1,2"][-1] == rows["tune"][-1] == "True", p.stdout
 
 
+def test_host_modes_verdict_compares_the_tuners_choice_with_the_fastest_fixed_schedule() -> None:
+    """``host_modes.verdict``: the fixed schedule with the smallest step among the variants
+    (eager, tune and a committing thread's left out; ``default`` named by its groups) is
+    the one the tuner had to choose; tune's step is divided by that one's; no verdict
+    without a settled tuner or two fixed schedules."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import host_modes
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    from segc.lower.live import LIVE_COMMIT_SCHEDULE
+
+    default = ",".join(map(str, LIVE_COMMIT_SCHEDULE))
+    variants = ["eager", "default", "2", "3,5,5,3", "2@t", "tune"]
+
+    def run(steps: dict[str, float], chosen: str | None) -> dict:
+        d: dict = {v: {"step": t} for v, t in steps.items()}
+        d["tune"]["tuned"] = [{"chosen": chosen}]
+        return d
+
+    steps = {"eager": 1.0, "default": 3.0, "2": 2.0, "3,5,5,3": 2.5, "2@t": 1.5, "tune": 2.2}
+    said = host_modes.verdict(run(steps, "2"), variants)
+    assert said is not None and said[1] is True and said[2] == pytest.approx(2.2 / 2.0), said
+    said = host_modes.verdict(run(steps, "3,5,5,3"), variants)
+    assert said is not None and said[1] is False, said
+    steps["default"] = 1.9  # the default fastest: its groups are the name to choose
+    said = host_modes.verdict(run(steps, default), variants)
+    assert said is not None and said[1] is True and said[2] == pytest.approx(2.2 / 1.9), said
+    assert host_modes.verdict(run(steps, None), variants) is None  # still tuning
+    assert host_modes.verdict(run(steps, "2"), ["eager", "2", "tune"]) is None  # nothing to rank
+
+
 def test_graph_reuse_times_every_form() -> None:
     """``benchmarks/graph_reuse.py`` at a small size: a row for each form, host and wall
     times positive, the host's no longer than the wall's."""
