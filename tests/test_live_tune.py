@@ -101,8 +101,9 @@ def test_the_tuner_keeps_the_schedule_whose_calls_came_fastest(base, lag, noise,
         period = (
             base[which] + lag[before] + noise[i % len(noise)] + (10.0 if 0 <= k < c * block and k % block == 0 else 0.0)
         )
-        if k >= 0 and k % block:
-            kept[which].append(base[which] + lag[which] + noise[i % len(noise)])  # both calls this schedule's
+        if k >= 0 and k % block:  # both calls this schedule's: the period as the clock will read it
+            # (a difference of two readings, rounded as floats round: bases an ulp apart can tie there)
+            kept[which].append((clock.t + period) - clock.t)
             assert before == which
         clock.t += period
         before = which
