@@ -116,6 +116,12 @@ def test_the_tuner_keeps_the_schedule_whose_calls_came_fastest(base, lag, noise,
     assert tuner.chosen == best and tuner.report()["chosen"] == ",".join(map(str, schedules[best]))
     assert tuner.report()["medians"] == pytest.approx(medians)
 
+    def unread() -> float:
+        raise AssertionError("a settled tuner read its clock: a call's dispatch pays for nothing it uses")
+
+    tuner.clock = unread
+    assert tuner.next() == frozenset(_schedule(n, schedules[best]))
+
 
 def test_a_tuner_refuses_what_it_cannot_rank() -> None:
     for kw in ({"rounds": 0}, {"warmup": -1}, {"block": 1}):

@@ -118,9 +118,10 @@ class ScheduleTuner:
 
     def next(self) -> frozenset[int]:
         """This call's commit points; records the period since the last call's start
-        where both calls are one block's."""
-        now = self.clock()
+        where both calls are one block's (the clock read only while tuning: once a
+        schedule is kept, a call costs a lookup)."""
         if self.chosen is None:
+            now = self.clock()
             c, b = len(self.schedules), self.block
             k = self._calls - self.warmup  # calls into tuning: this one's
             j = k - 1  # the last call, whose period ends now
